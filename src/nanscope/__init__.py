@@ -1,0 +1,20 @@
+"""nanscope: a numerics debugger for deep-learning programs.
+
+Importing ``nanscope`` imports no deep-learning framework; backends load their
+framework only when they are enabled.
+"""
+
+from nanscope._version import __version__
+from nanscope.events.writer import DumpWriter
+from nanscope.format.files import DumpNotFoundError
+from nanscope.format.modes import TensorDebugMode
+
+
+__all__ = [
+    "DumpNotFoundError",
+
+    "DumpWriter",
+    "TensorDebugMode",
+    "__version__",
+
+]

@@ -1,0 +1,5 @@
+import sys
+
+from nanscope.cli import main
+
+sys.exit(main())

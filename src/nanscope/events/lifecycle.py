@@ -1,0 +1,118 @@
+"""Making sure buffered events reach the disk when a program ends.
+
+Open writers are closed (flushed) at interpreter exit, when an exception
+escapes to the top of the main thread or of another thread, and on SIGTERM
+and SIGINT. Nothing here can help against SIGKILL or a crash of the
+interpreter itself; for those, the writer's periodic flush bounds what is lost
+(see ``docs/FORMAT.md``, "What survives a crash").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+from types import FrameType, TracebackType
+from typing import Any, Protocol
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_writers: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
+_lock = threading.Lock()
+
+
+def register(writer: Closable) -> None:
+    """Close ``writer`` at exit, on an uncaught exception and on SIGTERM/SIGINT."""
+    global _installed
+    with _lock:
+        _writers.add(writer)
+        if not _installed:
+            _installed = True
+            _install()
+
+
+def unregister(writer: Closable) -> None:
+    with _lock:
+        _writers.discard(writer)
+
+
+def close_all() -> None:
+    for w in list(_writers):
+        try:
+            w.close()
+        except Exception as exc:  # never mask the program's own exit status
+            print(f"nanscope: could not flush a dump: {exc}", file=sys.stderr)
+
+
+def _install() -> None:
+    atexit.register(close_all)
+
+    previous_excepthook = sys.excepthook
+
+    def excepthook(
+        tp: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        close_all()
+        previous_excepthook(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+    previous_thread_hook = threading.excepthook
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        # An exception that kills a worker thread may be the last thing the
+        # program does before it is killed: get what we have onto the disk.
+        for w in list(_writers):
+            flush = getattr(w, "flush", None)
+            if flush is not None:
+                try:
+                    flush(timeout=5.0)
+                except Exception:
+                    pass
+        previous_thread_hook(args)
+
+    threading.excepthook = thread_hook
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            _chain_signal(signum)
+
+
+def _chain_signal(signum: int) -> None:
+    previous = signal.getsignal(signum)
+    if previous is None or previous is signal.SIG_IGN:
+        return
+
+    def handler(num: int, frame: FrameType | None) -> None:
+        if num == signal.SIGINT and callable(previous):
+            # Python's default SIGINT handler raises KeyboardInterrupt; the
+            # exit path then closes the writers, so only flush what we have.
+            for w in list(_writers):
+                flush = getattr(w, "flush", None)
+                if flush is not None:
+                    try:
+                        flush(timeout=5.0)
+                    except Exception:
+                        pass
+            previous(num, frame)
+            return
+        close_all()
+        if callable(previous):
+            previous(num, frame)
+            return
+        # Default action (terminate): restore it and re-deliver, so the exit
+        # status still says "killed by SIGTERM".
+        signal.signal(num, signal.SIG_DFL)
+        os.kill(os.getpid(), num)
+
+    try:
+        signal.signal(signum, handler)
+    except (ValueError, OSError):  # not in the main thread of the main interpreter
+        pass

@@ -1,0 +1,152 @@
+"""Stack-frame and source-file interning.
+
+Each distinct ``(file, line, function)`` becomes one ``StackFrameWithId``
+record and each distinct file one ``SourceFile`` record, written once per
+process; events then refer to a whole stack by a small integer. Lookups on the
+hot path are dictionary hits keyed by code objects, so a stack that was seen
+before costs one walk over the Python frames and no formatting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Literal
+
+SnapshotPolicy = Literal["user", "all", "none"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple(
+    os.path.abspath(p) + os.sep
+    for p in {
+        sysconfig.get_paths().get("stdlib", ""),
+        sysconfig.get_paths().get("platstdlib", ""),
+        sysconfig.get_paths().get("purelib", ""),
+        sysconfig.get_paths().get("platlib", ""),
+    }
+    if p
+)
+
+
+def is_library_file(path: str) -> bool:
+    """True for files of the standard library and installed packages (not the user's code)."""
+    if path.startswith("<"):
+        return True
+    p = os.path.abspath(path)
+    if "site-packages" in p or "dist-packages" in p:
+        return True
+    return p.startswith(_LIBRARY_DIRS)
+
+
+def is_nanscope_file(path: str) -> bool:
+    return os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep)
+
+
+# A sink receives, in order, ("source_file", index, path, snapshot) and
+# ("stack_frame", frame_id, file_index, line, func) tuples.
+Sink = Callable[[tuple[object, ...]], None]
+
+
+class StackInterner:
+    """Assigns ids to frames, files and whole stacks, announcing new ones to ``sink``."""
+
+    def __init__(self, sink: Sink, snapshot: SnapshotPolicy = "user") -> None:
+        self._sink = sink
+        self._snapshot = snapshot
+        self._lock = threading.Lock()
+        self._files: dict[str, int] = {}
+        self._frames: dict[tuple[str, int, str], str] = {}
+        self._code_frames: dict[tuple[CodeType, int], str] = {}
+        self._skip_code: dict[CodeType, bool] = {}
+        self._stacks: dict[tuple[str, ...], int] = {}
+        self.stacks: list[tuple[str, ...]] = []
+        # Frames are looked up by id string when a reader resolves them; keep
+        # the reverse map for backends that want to print a stack.
+        self.frame_info: dict[str, tuple[str, int, str]] = {}
+
+    def _file_index(self, path: str) -> int:
+        index = self._files.get(path)
+        if index is None:
+            index = len(self._files)
+            self._files[path] = index
+            if self._snapshot == "all":
+                snap = True
+            elif self._snapshot == "none":
+                snap = False
+            else:
+                snap = not is_library_file(path)
+            self._sink(("source_file", index, path, snap))
+        return index
+
+    def frame_id(self, path: str, line: int, func: str) -> str:
+        """The id of one frame, announcing its file and itself the first time."""
+        key = (path, line, func)
+        fid = self._frames.get(key)
+        if fid is not None:
+            return fid
+        with self._lock:
+            fid = self._frames.get(key)
+            if fid is None:
+                file_index = self._file_index(path)
+                fid = f"{len(self._frames):x}"
+                self._frames[key] = fid
+                self.frame_info[fid] = key
+                self._sink(("stack_frame", fid, file_index, line, func))
+        return fid
+
+    def intern(self, frame_ids: tuple[str, ...]) -> int:
+        """The stack id of a tuple of frame ids (outermost first)."""
+        sid = self._stacks.get(frame_ids)
+        if sid is None:
+            with self._lock:
+                sid = self._stacks.get(frame_ids)
+                if sid is None:
+                    sid = len(self.stacks)
+                    self.stacks.append(frame_ids)
+                    self._stacks[frame_ids] = sid
+        return sid
+
+    def intern_frames(self, frames: list[tuple[str, int, str]]) -> int:
+        """The stack id of explicit ``(file, line, function)`` frames, outermost first."""
+        return self.intern(tuple(self.frame_id(*f) for f in frames))
+
+    def capture(self, frame: FrameType | None = None, limit: int = 64) -> int:
+        """The stack id of the running Python stack, nanscope's own frames left out.
+
+        ``frame`` defaults to the caller's caller. At most ``limit`` innermost
+        frames are kept (deep recursion would otherwise make every record huge).
+        """
+        f = frame if frame is not None else sys._getframe(2)
+        ids: list[str] = []
+        code_frames = self._code_frames
+        skip = self._skip_code
+        while f is not None and len(ids) < limit:
+            code = f.f_code
+            drop = skip.get(code)
+            if drop is None:
+                drop = skip[code] = is_nanscope_file(code.co_filename)
+            if not drop:
+                key = (code, f.f_lineno)
+                fid = code_frames.get(key)
+                if fid is None:
+                    fid = self.frame_id(
+                        os.path.abspath(code.co_filename), f.f_lineno, code.co_name
+                    )
+                    code_frames[key] = fid
+                ids.append(fid)
+            f = f.f_back
+        ids.reverse()
+        return self.intern(tuple(ids))
+
+
+def read_source_lines(path: str) -> list[str]:
+    """The lines of a source file without newlines; empty when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
+    except OSError:
+        return []

@@ -1,0 +1,202 @@
+"""Where framed records go: append-only files, and the two circular files.
+
+``.execution`` and ``.graph_execution_traces`` are written through an
+:class:`EventStream`, which also maintains the sidecar index. With a positive
+``capacity`` it keeps, like TensorFlow, only the most recent events, but it
+never lets go of the first non-finite event and the ``window`` events on each
+side of it (the origin users are looking for is usually early, and a plain
+ring buffer would have evicted it by the time training has filled with NaN).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from nanscope.format import sidecar
+from nanscope.format.files import INDEX_SUFFIX
+from nanscope.format.records import frame
+
+# Row tuples in the order of sidecar.ROW_DTYPE without offset and length:
+# (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf, nan,
+#  nonfinite, phase, device).
+RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
+
+
+class AppendFile:
+    """An append-only record file (metadata, source files, stack frames, graphs)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: BinaryIO = open(path, "ab")  # noqa: SIM115 - owned for the writer's life
+        self.offset = self._fh.tell()
+
+    def write(self, payload: bytes) -> int:
+        """Frame and append one payload; returns its record's offset."""
+        return self.write_framed(frame(payload))
+
+    def write_framed(self, records: bytes) -> int:
+        """Append already framed records; returns the offset of the first."""
+        offset = self.offset
+        self._fh.write(records)
+        self.offset += len(records)
+        return offset
+
+    def flush(self, sync: bool = False) -> None:
+        self._fh.flush()
+        if sync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            self._fh.close()
+
+
+class StringTable:
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {"": 0}
+        self.strings: list[str] = [""]
+        self.flushed = 1
+
+    def id(self, value: str) -> int:
+        i = self.index.get(value)
+        if i is None:
+            i = self.index[value] = len(self.strings)
+            self.strings.append(value)
+        return i
+
+    def take_new(self) -> list[str]:
+        new = self.strings[self.flushed :]
+        self.flushed = len(self.strings)
+        return new
+
+
+class EventStream:
+    """A circular (``capacity > 0``) or unbounded event file with its sidecar index."""
+
+    def __init__(self, path: Path, capacity: int, window: int) -> None:
+        self.path = path
+        self.index_path = Path(str(path) + INDEX_SUFFIX)
+        self.capacity = capacity
+        self.window = max(0, window)
+        self.strings = StringTable()
+        self.origin_seen = False
+        self.dirty = False
+        self.dropped = 0
+        if capacity > 0:
+            # Circular: the files are rewritten whole at each flush.
+            self._ring: deque[tuple[bytes, RowTuple]] = deque()
+            self._before: deque[tuple[bytes, RowTuple]] = deque()
+            self._protected: list[tuple[bytes, RowTuple]] = []
+            self._after_left = 0
+            for p in (self.path, self.index_path):
+                p.touch()
+        else:
+            self._data = AppendFile(path)
+            self._index = AppendFile(self.index_path)
+            self._pending_records: list[bytes] = []
+            self._pending_rows: list[tuple[int, RowTuple]] = []
+
+    @property
+    def circular(self) -> bool:
+        return self.capacity > 0
+
+    def add(self, payload: bytes, row: RowTuple, nonfinite: bool) -> None:
+        record = frame(payload)
+        self.dirty = True
+        if not self.circular:
+            self._pending_records.append(record)
+            self._pending_rows.append((len(record), row))
+            return
+        item = (record, row)
+        if not self.origin_seen and nonfinite:
+            self.origin_seen = True
+            keep = min(self.window, len(self._ring))
+            tail = [self._ring.pop() for _ in range(keep)]
+            tail.reverse()
+            self._before = self._ring
+            self._ring = deque()
+            self._protected = [*tail, item]
+            self._after_left = self.window
+            return
+        if self._after_left > 0:
+            self._protected.append(item)
+            self._after_left -= 1
+            return
+        self._ring.append(item)
+        if len(self._ring) > self.capacity:
+            self._ring.popleft()
+            self.dropped += 1
+        # Pre-origin events beyond what the capacity allows are dropped too.
+        while self._before and len(self._before) + len(self._ring) > self.capacity:
+            self._before.popleft()
+            self.dropped += 1
+
+    def kept(self) -> int:
+        if not self.circular:
+            return 0
+        return len(self._before) + len(self._protected) + len(self._ring)
+
+    def flush(self, sync: bool = False) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        if self.circular:
+            self._rewrite(sync)
+        else:
+            self._append(sync)
+
+    def _rows(self, entries: list[tuple[int, RowTuple]], start: int) -> np.ndarray:
+        records = []
+        offset = start
+        for length, r in entries:
+            records.append((offset, length, *r))
+            offset += length
+        return np.array(records, dtype=sidecar.ROW_DTYPE)
+
+    def _append(self, sync: bool) -> None:
+        if not self._pending_records:
+            return
+        start = self._data.write_framed(b"".join(self._pending_records))
+        rows = self._rows(self._pending_rows, start)
+        self._pending_records.clear()
+        self._pending_rows.clear()
+        # Data before index: a reader never finds a row whose record is not there yet.
+        self._data.flush(sync)
+        new = self.strings.take_new()
+        if new:
+            self._index.write(sidecar.strings_chunk(new))
+        self._index.write(sidecar.rows_chunk(rows))
+        self._index.flush(sync)
+
+    def _rewrite(self, sync: bool) -> None:
+        items = [*self._before, *self._protected, *self._ring]
+        data = b"".join(rec for rec, _ in items)
+        rows = self._rows([(len(rec), row) for rec, row in items], 0)
+        index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + frame(
+            sidecar.rows_chunk(rows)
+        )
+        _replace(self.path, data, sync)
+        _replace(self.index_path, index, sync)
+
+    def close(self) -> None:
+        self.flush(sync=True)
+        if not self.circular:
+            self._data.close()
+            self._index.close()
+
+
+def _replace(path: Path, data: bytes, sync: bool) -> None:
+    """Atomically replace ``path`` with ``data`` (a reader sees the old or the new file whole)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,454 @@
+"""The dump writer: one file set per process, fed by any thread, written by one.
+
+The training thread's cost per event is building a small object and one
+``deque.append``; a background thread turns events into records, keeps the
+circular buffers and the sidecar index, and writes. Files reach the disk every
+``flush_interval`` seconds, on :meth:`DumpWriter.flush`, and on close (which
+runs at exit, on uncaught exceptions and on SIGTERM/SIGINT).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from nanscope._version import __version__
+from nanscope.events import lifecycle
+from nanscope.events.encode import Encoder, Health
+from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
+from nanscope.events.streams import AppendFile, EventStream
+from nanscope.format import files
+from nanscope.format.modes import TensorDebugMode, parse_mode
+from nanscope.format.proto import debug_event_pb2 as pb
+
+FILE_VERSION = "debug.Event:1"
+
+
+def default_run_id() -> str:
+    """The run id shared by all processes of one run.
+
+    ``NANSCOPE_RUN_ID`` wins; then torchrun's ``TORCHELASTIC_RUN_ID``; else a
+    fresh id (like TensorFlow: 8 characters of a uuid4).
+    """
+    for var in ("NANSCOPE_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(var, "")
+        if value and value != "none":
+            return value
+    return uuid.uuid4().hex[:8]
+
+
+def default_rank() -> int | None:
+    for var in ("NANSCOPE_RANK", "RANK"):
+        value = os.environ.get(var)
+        if value is not None and value.lstrip("-").isdigit():
+            return int(value)
+    return None
+
+
+@dataclass
+class WriterStats:
+    """Counters of a writer, for tests, benchmarks and the end-of-run message."""
+
+    executions: int = 0
+    traces: int = 0
+    executions_kept: int = 0
+    traces_kept: int = 0
+    errors: int = 0
+
+
+class DumpWriter:
+    """Writes one tfdbg2 file set.
+
+    **Arguments:**
+
+    - ``dump_root``: the directory (created if needed).
+    - ``tensor_debug_mode``: a name or number; summaries handed to the writer
+      must use its layout.
+    - ``circular_buffer_size``: as in TensorFlow, the number of most recent
+      ``.execution`` and ``.graph_execution_traces`` events kept; ``<= 0`` keeps
+      all. In addition, the first event with a non-finite value and
+      ``origin_window`` events on each side of it are always kept.
+    - ``framework``: e.g. ``"torch 2.13.0"``, recorded in the metadata.
+    - ``run_id``, ``rank``, ``world_size``: identity in a multi-process run;
+      the rank (or else the pid) goes into the file names.
+    - ``flush_interval``: seconds between flushes; this bounds what a process
+      killed by SIGKILL loses.
+    - ``source_snapshots``: ``"user"`` records the lines of the user's own files
+      (not of the standard library or installed packages), ``"all"`` or ``"none"``.
+    - ``max_queue``: events waiting for the background thread beyond which the
+      producing thread waits (bounds memory when events come faster than disk).
+    """
+
+    def __init__(
+        self,
+        dump_root: str | os.PathLike[str],
+        tensor_debug_mode: str | int = "FULL_HEALTH",
+        circular_buffer_size: int = 1000,
+        *,
+        framework: str = "",
+        run_id: str | None = None,
+        rank: int | None = None,
+        world_size: int = 0,
+        host_name: str | None = None,
+        origin_window: int = 100,
+        flush_interval: float = 1.0,
+        source_snapshots: SnapshotPolicy = "user",
+        max_queue: int = 1_000_000,
+    ) -> None:
+        self.mode = parse_mode(tensor_debug_mode)
+        self.circular_buffer_size = int(circular_buffer_size)
+        self.dump_root = Path(dump_root)
+        try:
+            self.dump_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"cannot create dump directory {self.dump_root}: {exc.strerror}") from exc
+        self.run_id = run_id or default_run_id()
+        self.rank = default_rank() if rank is None else rank
+        self.host_name = host_name or socket.gethostname()
+        self.pid = os.getpid()
+        who = f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
+        self.start_time = time.time()
+        self.prefix = files.file_set_prefix(
+            self.dump_root, self.start_time, f"{self.host_name}-{who}"
+        )
+        self.file_set = files.FileSet(self.prefix)
+        self.flush_interval = flush_interval
+        self.max_queue = max_queue
+        self.stats = WriterStats()
+
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._seq_lock = threading.Lock()
+        self._exec_seq = itertools.count(1)
+        self._trace_seq = 1
+        self._devices: dict[str, int] = {}
+        self.stacks = StackInterner(self._queue.append, source_snapshots)
+        self._encoder = Encoder(self.mode, self.host_name, self.stacks.stacks)
+        self._closed = False
+        self._wake = threading.Event()
+        self._warned = False
+
+        # Files, in TensorFlow's creation order.
+        self._source_files = AppendFile(self.file_set.path(files.SOURCE_FILES))
+        self._stack_frames = AppendFile(self.file_set.path(files.STACK_FRAMES))
+        self._graphs = AppendFile(self.file_set.path(files.GRAPHS))
+        metadata = AppendFile(self.file_set.path(files.METADATA))
+        self._executions = EventStream(
+            self.file_set.path(files.EXECUTION), self.circular_buffer_size, origin_window
+        )
+        self._traces = EventStream(
+            self.file_set.path(files.GRAPH_EXECUTION_TRACES),
+            self.circular_buffer_size,
+            origin_window,
+        )
+        meta = pb.DebugEvent(wall_time=self.start_time)
+        m = meta.debug_metadata
+        m.tensorflow_version = ""
+        m.file_version = FILE_VERSION
+        m.tfdbg_run_id = self.run_id
+        m.framework = framework
+        m.nanscope_version = __version__
+        m.process_rank = self.rank if self.rank is not None else -1
+        m.world_size = world_size
+        m.pid = self.pid
+        m.tensor_debug_mode = int(self.mode)
+        m.circular_buffer_size = self.circular_buffer_size
+        metadata.write(meta.SerializeToString())
+        metadata.close()
+
+        self._thread = threading.Thread(target=self._run, name="nanscope-writer", daemon=True)
+        self._thread.start()
+        lifecycle.register(self)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    # -- the producer side (any thread) ------------------------------------------------------
+
+    def capture_stack(self, frame: FrameType | None = None, limit: int = 64) -> int:
+        """The stack id of the caller's Python stack (nanscope's frames left out)."""
+        return self.stacks.capture(frame if frame is not None else sys._getframe(1), limit)
+
+    def register_device(self, device_name: str) -> int:
+        """The id of a device (from 1, in first-seen order), written once to ``.graphs``."""
+        did = self._devices.get(device_name)
+        if did is None:
+            with self._seq_lock:
+                did = self._devices.get(device_name)
+                if did is None:
+                    did = self._devices[device_name] = len(self._devices) + 1
+                    self._put(("device", device_name, did))
+        return did
+
+    def write_graph(self, graph: Graph) -> None:
+        self._put(("graph", graph, time.time()))
+
+    def write_graph_op(self, op: GraphOp) -> None:
+        self._put(("graph_op", op, time.time()))
+
+    def write_execution(self, event: ExecutionEvent) -> int:
+        """Enqueue an execution; returns its sequence number (1-based, never reused)."""
+        with self._seq_lock:
+            seq = next(self._exec_seq)
+            self._queue.append(("exec", event, seq, event.wall_time or time.time()))
+        if len(self._queue) > self.max_queue:
+            self._backpressure()
+        return seq
+
+    def write_trace(self, event: TraceEvent) -> int:
+        with self._seq_lock:
+            seq = self._trace_seq
+            self._trace_seq += 1
+            self._queue.append(("trace", event, seq, event.wall_time or time.time()))
+        if len(self._queue) > self.max_queue:
+            self._backpressure()
+        return seq
+
+    def write_traces(
+        self,
+        graph_id: str,
+        op_names: Sequence[str],
+        output_slots: Sequence[int],
+        summaries: np.ndarray,
+        *,
+        device_name: str = "",
+        step: int = 0,
+    ) -> int:
+        """Enqueue one graph call's traces: row ``i`` of ``summaries`` belongs to ``op_names[i]``.
+
+        ``summaries`` may be a host array or any object with ``resolve()``
+        returning one (e.g. an asynchronous device-to-host copy).
+        """
+        n = len(op_names)
+        with self._seq_lock:
+            first = self._trace_seq
+            self._trace_seq += n
+            self._queue.append(
+                ("traces", graph_id, op_names, output_slots, summaries, device_name, step, first,
+                 time.time())
+            )
+        return first
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        self._queue.append(item)
+
+    def _backpressure(self) -> None:
+        self._wake.set()
+        while len(self._queue) > self.max_queue // 2 and self._thread.is_alive():
+            time.sleep(0.001)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Write everything enqueued so far to disk; True when done within ``timeout``."""
+        if self._closed or not self._thread.is_alive():
+            return self._closed
+        done = threading.Event()
+        self._put(("flush", done))
+        self._wake.set()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Flush and close the files; the writer cannot be used afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        lifecycle.unregister(self)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._put(("close",))
+            self._wake.set()
+            self._thread.join(timeout)
+        else:
+            self._drain()
+            self._close_files()
+
+    def __enter__(self) -> DumpWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _forget_in_child(self) -> None:
+        # A forked child (a DataLoader worker, say) must not write into the
+        # parent's files, and has no writer thread anyway.
+        self._closed = True
+        self._queue.clear()
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        interval = self.flush_interval
+        while True:
+            self._wake.wait(min(0.05, interval))
+            self._wake.clear()
+            stop = self._drain()
+            now = time.monotonic()
+            if stop:
+                self._close_files()
+                return
+            if now - last_flush >= interval:
+                started = time.monotonic()
+                self._flush_files(sync=False)
+                last_flush = time.monotonic()
+                # A huge circular buffer (FULL_TENSOR) makes each rewrite
+                # expensive: never spend more than ~10% of the time rewriting.
+                interval = max(self.flush_interval, 10 * (last_flush - started))
+
+    def _drain(self) -> bool:
+        """Process queued items; True when a close request was seen."""
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            kind = item[0]
+            try:
+                if kind == "exec":
+                    self._on_execution(item[1], item[2], item[3])
+                elif kind == "trace":
+                    self._on_trace(item[1], item[2], item[3])
+                elif kind == "traces":
+                    self._on_traces(*item[1:])
+                elif kind == "stack_frame":
+                    self._on_stack_frame(*item[1:])
+                elif kind == "source_file":
+                    self._on_source_file(*item[1:])
+                elif kind == "graph":
+                    self._on_graph(item[1], item[2])
+                elif kind == "graph_op":
+                    self._on_graph_op(item[1], item[2])
+                elif kind == "device":
+                    self._on_device(item[1], item[2])
+                elif kind == "flush":
+                    self._flush_files(sync=False)
+                    item[1].set()
+                elif kind == "close":
+                    return True
+            except Exception as exc:
+                self.stats.errors += 1
+                if not self._warned:
+                    self._warned = True
+                    print(
+                        f"nanscope: dropped an event that could not be written ({exc!r}); "
+                        "the dump goes on without it",
+                        file=sys.stderr,
+                    )
+        return False
+
+    def _flush_files(self, sync: bool) -> None:
+        for f in (self._source_files, self._stack_frames, self._graphs):
+            f.flush(sync)
+        self._executions.flush(sync)
+        self._traces.flush(sync)
+        self.stats.executions_kept = self._executions.kept()
+        self.stats.traces_kept = self._traces.kept()
+
+    def _close_files(self) -> None:
+        self._flush_files(sync=True)
+        for f in (self._source_files, self._stack_frames, self._graphs):
+            f.close()
+        self._executions.close()
+        self._traces.close()
+
+    def _row(
+        self, stream: EventStream, name: str, graph: str, slot: int, wall: float, step: int,
+        seq: int, h: Health, phase: int = 0, device: int = 0,
+    ) -> tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]:
+        st = stream.strings
+        return (st.id(name), st.id(graph), slot, wall, step, seq, h.size, h.neg_inf, h.pos_inf,
+                h.nan, h.nonfinite, phase, device)
+
+    def _on_execution(self, ev: ExecutionEvent, seq: int, wall: float) -> None:
+        payload, h, _ = self._encoder.execution(ev, seq, wall)
+        device = ev.output_device_ids[0] if ev.output_device_ids else 0
+        num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
+        row = self._row(self._executions, ev.op_type, ev.graph_id, num_outputs, wall, ev.step,
+                        seq, h, int(ev.phase), device)
+        self._executions.add(payload, row, h.nonfinite == 1)
+        self.stats.executions += 1
+
+    def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
+        payload, h = self._encoder.trace(ev, seq, wall)
+        row = self._row(self._traces, ev.op_name, ev.graph_id, ev.output_slot, wall, ev.step,
+                        seq, h)
+        self._traces.add(payload, row, h.nonfinite == 1)
+        self.stats.traces += 1
+
+    def _on_traces(
+        self, graph_id: str, op_names: Sequence[str], slots: Sequence[int], summaries: Any,
+        device_name: str, step: int, first: int, wall: float,
+    ) -> None:
+        matrix = summaries.resolve() if hasattr(summaries, "resolve") else summaries
+        payloads, health = self._encoder.trace_batch(
+            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
+        )
+        st = self._traces.strings
+        gid = st.id(graph_id)
+        add = self._traces.add
+        for i, payload in enumerate(payloads):
+            size, ni, pi, nn, nf = health[i].tolist()
+            add(payload, (st.id(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
+                          nn, nf, 0, 0), nf == 1)
+        self.stats.traces += len(payloads)
+
+    def _on_stack_frame(self, fid: str, file_index: int, line: int, func: str) -> None:
+        ev = pb.DebugEvent(wall_time=time.time())
+        sf = ev.stack_frame_with_id
+        sf.id = fid
+        sf.file_line_col.file_index = file_index
+        sf.file_line_col.line = line
+        sf.file_line_col.func = func
+        self._stack_frames.write(ev.SerializeToString())
+
+    def _on_source_file(self, index: int, path: str, snapshot: bool) -> None:
+        ev = pb.DebugEvent(wall_time=time.time())
+        ev.source_file.file_path = path
+        ev.source_file.host_name = self.host_name
+        if snapshot:
+            ev.source_file.lines.extend(read_source_lines(path))
+        self._source_files.write(ev.SerializeToString())
+
+    def _on_graph(self, g: Graph, wall: float) -> None:
+        ev = pb.DebugEvent(wall_time=wall)
+        dg = ev.debugged_graph
+        dg.graph_id = g.graph_id
+        dg.graph_name = g.graph_name
+        dg.outer_context_id = g.outer_graph_id
+        dg.instrumented_ops.extend(g.instrumented_ops)
+        self._graphs.write(ev.SerializeToString())
+
+    def _on_graph_op(self, op: GraphOp, wall: float) -> None:
+        ev = pb.DebugEvent(wall_time=wall)
+        goc = ev.graph_op_creation
+        goc.op_type = op.op_type
+        goc.op_name = op.op_name
+        goc.graph_name = op.graph_name
+        goc.graph_id = op.graph_id
+        goc.device_name = op.device_name
+        goc.input_names.extend(op.input_names)
+        goc.num_outputs = op.num_outputs
+        goc.output_tensor_ids.extend(op.output_tensor_ids)
+        if op.stack >= 0:
+            goc.code_location.ParseFromString(self._encoder.code_location(op.stack))
+        goc.module_path = op.module_path
+        if op.forward_stack >= 0:
+            goc.forward_code_location.ParseFromString(
+                self._encoder.code_location(op.forward_stack)
+            )
+        self._graphs.write(ev.SerializeToString())
+
+    def _on_device(self, name: str, device_id: int) -> None:
+        ev = pb.DebugEvent(wall_time=time.time())
+        ev.debugged_device.device_name = name
+        ev.debugged_device.device_id = device_id
+        self._graphs.write(ev.SerializeToString())
+

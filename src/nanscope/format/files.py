@@ -1,0 +1,95 @@
+"""File-set naming and discovery.
+
+A dump root holds one or more file sets, each
+``tfdbg_events.<10-digit seconds>.<host>.<suffix>`` for the six suffixes
+below. TensorFlow writes one set per host; nanscope writes one set per
+process and puts the rank or pid into the host part, so two processes on
+one machine never share a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "tfdbg_events"
+METADATA = "metadata"
+SOURCE_FILES = "source_files"
+STACK_FRAMES = "stack_frames"
+GRAPHS = "graphs"
+EXECUTION = "execution"
+GRAPH_EXECUTION_TRACES = "graph_execution_traces"
+
+# Creation order, as TensorFlow creates them.
+SUFFIXES = (SOURCE_FILES, STACK_FRAMES, GRAPHS, METADATA, EXECUTION, GRAPH_EXECUTION_TRACES)
+CIRCULAR_SUFFIXES = (EXECUTION, GRAPH_EXECUTION_TRACES)
+
+# nanscope's sidecar index next to each circular file (see events/sidecar.py).
+INDEX_SUFFIX = ".nsidx"
+
+_SAFE_HOST = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def file_set_prefix(dump_root: str | os.PathLike[str], seconds: float, host: str) -> Path:
+    """The common prefix of one file set, e.g. ``<root>/tfdbg_events.1593123456.myhost``."""
+    host = _SAFE_HOST.sub("_", host) or "localhost"
+    return Path(dump_root) / f"{PREFIX}.{int(seconds):010d}.{host}"
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """The six files that one writer (one TensorFlow host, one nanscope process) produced."""
+
+    prefix: Path
+
+    def path(self, suffix: str) -> Path:
+        return Path(f"{self.prefix}.{suffix}")
+
+    @property
+    def name(self) -> str:
+        """``<seconds>.<host>``: what tells this set from its siblings."""
+        return self.prefix.name[len(PREFIX) + 1 :]
+
+    @property
+    def host(self) -> str:
+        return self.name.split(".", 1)[1] if "." in self.name else self.name
+
+    def missing(self) -> list[str]:
+        return [s for s in SUFFIXES if not self.path(s).is_file()]
+
+
+class DumpNotFoundError(Exception):
+    """The dump root does not exist or holds no tfdbg2 file set."""
+
+
+def discover(dump_root: str | os.PathLike[str]) -> list[FileSet]:
+    """The file sets directly under ``dump_root``, found by their ``.metadata`` file.
+
+    Like TensorFlow's reader, this does not recurse: point it at the dump root.
+    """
+    root = Path(dump_root)
+    if not root.exists():
+        raise DumpNotFoundError(
+            f"{root}: no such directory; pass the --logdir/dump_root the program wrote to"
+        )
+    if not root.is_dir():
+        raise DumpNotFoundError(f"{root}: not a directory; pass the dump root directory")
+    suffix = "." + METADATA
+    sets = [
+        FileSet(Path(str(p)[: -len(suffix)]))
+        for p in sorted(root.glob(f"{PREFIX}.*{suffix}"))
+        if p.is_file()
+    ]
+    if not sets:
+        hint = ""
+        subdirs = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and any(p.glob(f"{PREFIX}.*{suffix}"))
+        )
+        if subdirs:
+            hint = f" (found dumps in subdirectories: {', '.join(subdirs[:5])}; pass one of them)"
+        raise DumpNotFoundError(
+            f"{root}: no tfdbg2 dump here (no {PREFIX}.*.metadata file){hint}"
+        )
+    return sets

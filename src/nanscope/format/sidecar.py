@@ -1,0 +1,72 @@
+"""The sidecar index next to each circular file: ``<file>.nsidx``.
+
+TensorFlow's reader parses every record to learn anything about a dump.
+nanscope's writer also writes, beside ``.execution`` and
+``.graph_execution_traces``, one fixed-size row per record: where it is, when
+and at which step it ran, and its health counts. A reader can then answer
+"which events hold Inf/NaN" or "events i..j" from numpy columns without
+decoding records. TensorFlow ignores the extra file.
+
+The sidecar is itself a TFRecord stream (so torn tails and corruption are
+detected the same way). Each record is one chunk: a one-byte kind, then
+
+* ``R``: ``n`` rows of :data:`ROW_DTYPE`;
+* ``S``: new entries of the chunk's string table, UTF-8, NUL-separated
+  (op types, op names, graph ids; row columns ``name`` and ``graph`` index it,
+  entry 0 being the empty string).
+
+Readers must treat the sidecar as a hint: a row is trusted only if the record
+header at its offset in the data file agrees with its length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROW_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("length", "<u4"),
+        ("name", "<u4"),  # executions: op_type; traces: op_name (string-table index)
+        ("graph", "<u4"),  # executions: graph_id; traces: tfdbg_context_id
+        ("slot", "<i4"),  # executions: num_outputs; traces: output_slot
+        ("wall_time", "<f8"),
+        ("step", "<i8"),
+        ("sequence", "<i8"),
+        ("size", "<i8"),  # elements summed over the summarised outputs; -1 unknown
+        ("neg_inf", "<i8"),  # -1 where the mode does not count
+        ("pos_inf", "<i8"),
+        ("nan", "<i8"),
+        ("nonfinite", "i1"),  # 1 yes, 0 no, -1 the mode does not tell
+        ("phase", "i1"),
+        ("device", "<i2"),
+    ]
+)
+
+KIND_ROWS = b"R"
+KIND_STRINGS = b"S"
+
+
+def rows_chunk(rows: np.ndarray) -> bytes:
+    return KIND_ROWS + np.ascontiguousarray(rows, dtype=ROW_DTYPE).tobytes()
+
+
+def strings_chunk(strings: list[str]) -> bytes:
+    return KIND_STRINGS + "\0".join(strings).encode()
+
+
+def empty_rows(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=ROW_DTYPE)
+
+
+def decode_chunk(payload: bytes | memoryview) -> tuple[np.ndarray | None, list[str] | None]:
+    """``(rows, None)`` or ``(None, strings)``; raises ``ValueError`` on a malformed chunk."""
+    data = bytes(payload)
+    kind, body = data[:1], data[1:]
+    if kind == KIND_ROWS:
+        if len(body) % ROW_DTYPE.itemsize:
+            raise ValueError("row chunk size is not a multiple of the row size")
+        return np.frombuffer(body, dtype=ROW_DTYPE), None
+    if kind == KIND_STRINGS:
+        return None, body.decode("utf-8", errors="replace").split("\0")
+    raise ValueError(f"unknown sidecar chunk kind {kind!r}")
