@@ -8,13 +8,14 @@ from nanscope._version import __version__
 from nanscope.events.writer import DumpWriter
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
+from nanscope.reader import DumpReader, open_dump
 
 
 __all__ = [
     "DumpNotFoundError",
-
+    "DumpReader",
     "DumpWriter",
     "TensorDebugMode",
     "__version__",
-
+    "open_dump",
 ]

@@ -7,31 +7,16 @@ from its summaries, so the writer never decodes what it just encoded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
-
 import numpy as np
 
 from nanscope.events import wire
 from nanscope.events.model import ExecutionEvent, Pending, TraceEvent
-from nanscope.format.modes import TensorDebugMode, full_tensor_health
+from nanscope.format.modes import UNKNOWN_HEALTH, HealthRow, TensorDebugMode, summary_health
 from nanscope.format.tensors import array_to_proto
 
 _EMPTY_TENSOR = wire.len_field(7, b"")  # Execution.tensor_protos entry for a skipped output
 # TensorFlow's NO_TENSOR graph trace: an empty float32 tensor of shape [0].
 _NO_TENSOR_PROTO = b"\x08\x01" + wire.len_field(2, wire.len_field(2, b""))
-
-
-class Health(NamedTuple):
-    """Aggregated over an event's outputs: -1 where unknown."""
-
-    size: int
-    neg_inf: int
-    pos_inf: int
-    nan: int
-    nonfinite: int  # 1, 0, or -1 (the mode does not tell)
-
-
-UNKNOWN_HEALTH = Health(-1, -1, -1, -1, -1)
 
 
 def resolve(summaries: Sequence[np.ndarray | None] | Pending) -> Sequence[np.ndarray | None]:
@@ -40,66 +25,6 @@ def resolve(summaries: Sequence[np.ndarray | None] | Pending) -> Sequence[np.nda
     if hasattr(summaries, "resolve"):
         return summaries.resolve()
     return list(summaries)  # type: ignore[arg-type]
-
-
-def summary_health(mode: TensorDebugMode, summaries: Sequence[np.ndarray | None]) -> Health:
-    """Sum the health slots of per-output summaries written in ``mode``."""
-    if mode == TensorDebugMode.FULL_HEALTH:
-        size = ni = pi = nn = 0
-        seen = False
-        for s in summaries:
-            if s is None or len(s) < 11:
-                continue
-            v = s.tolist()
-            seen = True
-            size += int(v[4])
-            ni += int(v[5])
-            pi += int(v[6])
-            nn += int(v[7])
-        if not seen:
-            return UNKNOWN_HEALTH
-        return Health(size, ni, pi, nn, int(ni + pi + nn > 0))
-    if mode == TensorDebugMode.CONCISE_HEALTH:
-        size = ni = pi = nn = 0
-        seen = False
-        for s in summaries:
-            if s is None or len(s) < 5:
-                continue
-            v = s.tolist()
-            seen = True
-            size += int(v[1])
-            ni += int(v[2])
-            pi += int(v[3])
-            nn += int(v[4])
-        if not seen:
-            return UNKNOWN_HEALTH
-        return Health(size, ni, pi, nn, int(ni + pi + nn > 0))
-    if mode == TensorDebugMode.CURT_HEALTH:
-        flags = [bool(s[1] != 0) for s in summaries if s is not None and len(s) >= 2]
-        if not flags:
-            return UNKNOWN_HEALTH
-        return Health(-1, -1, -1, -1, int(any(flags)))
-    if mode == TensorDebugMode.SHAPE:
-        sizes = [int(s[3]) for s in summaries if s is not None and len(s) >= 4]
-        return Health(sum(sizes) if sizes else -1, -1, -1, -1, -1)
-    if mode == TensorDebugMode.FULL_TENSOR:
-        size = ni = pi = nn = 0
-        any_nf = False
-        seen = False
-        for s in summaries:
-            if s is None:
-                continue
-            h = full_tensor_health(np.asarray(s))
-            seen = True
-            size += h.size or 0
-            ni += h.neg_inf or 0
-            pi += h.pos_inf or 0
-            nn += h.nan or 0
-            any_nf = any_nf or bool(h.any_nonfinite)
-        if not seen:
-            return UNKNOWN_HEALTH
-        return Health(size, ni, pi, nn, int(any_nf))
-    return UNKNOWN_HEALTH
 
 
 class Encoder:
@@ -152,7 +77,7 @@ class Encoder:
 
     def execution(
         self, ev: ExecutionEvent, sequence: int, wall_time: float
-    ) -> tuple[bytes, Health, Sequence[np.ndarray | None]]:
+    ) -> tuple[bytes, HealthRow, Sequence[np.ndarray | None]]:
         """``(payload, health, resolved output summaries)`` for one execution."""
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         hkey = (ev.op_type, num_outputs, ev.graph_id)
@@ -220,7 +145,7 @@ class Encoder:
             dev = self._trace_devices[device_name] = wire.str_field(6, device_name)
         return dev
 
-    def trace(self, ev: TraceEvent, sequence: int, wall_time: float) -> tuple[bytes, Health]:
+    def trace(self, ev: TraceEvent, sequence: int, wall_time: float) -> tuple[bytes, HealthRow]:
         if self.mode == TensorDebugMode.NO_TENSOR:
             value = _NO_TENSOR_PROTO
         else:

@@ -27,12 +27,12 @@ import numpy as np
 
 from nanscope._version import __version__
 from nanscope.events import lifecycle
-from nanscope.events.encode import Encoder, Health
+from nanscope.events.encode import Encoder
 from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files
-from nanscope.format.modes import TensorDebugMode, parse_mode
+from nanscope.format.modes import HealthRow, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
 
 FILE_VERSION = "debug.Event:1"
@@ -361,7 +361,7 @@ class DumpWriter:
 
     def _row(
         self, stream: EventStream, name: str, graph: str, slot: int, wall: float, step: int,
-        seq: int, h: Health, phase: int = 0, device: int = 0,
+        seq: int, h: HealthRow, phase: int = 0, device: int = 0,
     ) -> tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]:
         st = stream.strings
         return (st.id(name), st.id(graph), slot, wall, step, seq, h.size, h.neg_inf, h.pos_inf,

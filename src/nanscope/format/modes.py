@@ -15,7 +15,9 @@ written by nanscope means the same thing to TensorBoard and vice versa:
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -165,3 +167,76 @@ def shape_from_summary(vector: np.ndarray) -> tuple[int | None, ...]:
     rank = int(vector[2])
     kept = [int(d) for d in vector[4 : 4 + min(rank, SHAPE_SLOTS)]]
     return (None,) * max(0, rank - SHAPE_SLOTS) + tuple(kept)
+
+
+class HealthRow(NamedTuple):
+    """Health aggregated over an event's outputs, as the index stores it: -1 where unknown."""
+
+    size: int
+    neg_inf: int
+    pos_inf: int
+    nan: int
+    nonfinite: int  # 1, 0, or -1 (the mode does not tell)
+
+
+UNKNOWN_HEALTH = HealthRow(-1, -1, -1, -1, -1)
+
+
+def summary_health(mode: TensorDebugMode, summaries: Sequence[np.ndarray | None]) -> HealthRow:
+    """Sum the health slots of per-output summaries written in ``mode``."""
+    if mode == TensorDebugMode.FULL_HEALTH:
+        size = ni = pi = nn = 0
+        seen = False
+        for s in summaries:
+            if s is None or len(s) < 11:
+                continue
+            v = s.tolist()
+            seen = True
+            size += int(v[4])
+            ni += int(v[5])
+            pi += int(v[6])
+            nn += int(v[7])
+        if not seen:
+            return UNKNOWN_HEALTH
+        return HealthRow(size, ni, pi, nn, int(ni + pi + nn > 0))
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        size = ni = pi = nn = 0
+        seen = False
+        for s in summaries:
+            if s is None or len(s) < 5:
+                continue
+            v = s.tolist()
+            seen = True
+            size += int(v[1])
+            ni += int(v[2])
+            pi += int(v[3])
+            nn += int(v[4])
+        if not seen:
+            return UNKNOWN_HEALTH
+        return HealthRow(size, ni, pi, nn, int(ni + pi + nn > 0))
+    if mode == TensorDebugMode.CURT_HEALTH:
+        flags = [bool(s[1] != 0) for s in summaries if s is not None and len(s) >= 2]
+        if not flags:
+            return UNKNOWN_HEALTH
+        return HealthRow(-1, -1, -1, -1, int(any(flags)))
+    if mode == TensorDebugMode.SHAPE:
+        sizes = [int(s[3]) for s in summaries if s is not None and len(s) >= 4]
+        return HealthRow(sum(sizes) if sizes else -1, -1, -1, -1, -1)
+    if mode == TensorDebugMode.FULL_TENSOR:
+        size = ni = pi = nn = 0
+        any_nf = False
+        seen = False
+        for s in summaries:
+            if s is None:
+                continue
+            h = full_tensor_health(np.asarray(s))
+            seen = True
+            size += h.size or 0
+            ni += h.neg_inf or 0
+            pi += h.pos_inf or 0
+            nn += h.nan or 0
+            any_nf = any_nf or bool(h.any_nonfinite)
+        if not seen:
+            return UNKNOWN_HEALTH
+        return HealthRow(size, ni, pi, nn, int(any_nf))
+    return UNKNOWN_HEALTH

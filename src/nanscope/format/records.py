@@ -28,7 +28,7 @@ _CRC = struct.Struct("<I")
 MAX_RECORD_SIZE = 1 << 31
 
 
-def masked_crc32c(data: bytes | memoryview) -> int:
+def masked_crc32c(data: bytes) -> int:
     """The CRC32C of ``data``, masked the way TFRecord stores it."""
     crc = google_crc32c.value(data)
     return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
@@ -57,7 +57,7 @@ class Record:
     """A payload and where its record starts in the file."""
 
     offset: int
-    payload: memoryview
+    payload: bytes
 
 
 @dataclass
@@ -65,14 +65,28 @@ class ScanResult:
     """What one pass over a byte range found.
 
     ``end`` is where the next pass should resume: the end of the last complete
-    record. A torn tail (a record still being written) is not an error; it is
-    reported through ``torn`` and read again by the next pass.
+    record, or the start of a torn tail (a record still being written, which is
+    not an error and is read again by the next pass; ``torn`` says so).
+    Corrupt records are skipped and listed in ``errors``; when a corrupt length
+    makes the next record's position unknown, the scan searches forward for a
+    valid record header (at most ``resync_limit`` bytes) and says how many bytes
+    it skipped.
     """
 
     records: list[Record]
     end: int
     torn: bool
-    error: RecordError | None
+    errors: list[RecordError]
+
+
+def _find_header(view: bytes, start: int, stop: int) -> int:
+    """The first offset in ``[start, stop)`` where a record header's length CRC checks out."""
+    unpack_header = _HEADER.unpack_from
+    for pos in range(start, min(stop, len(view) - HEADER_SIZE + 1)):
+        length, length_crc = unpack_header(view, pos)
+        if length <= MAX_RECORD_SIZE and masked_crc32c(view[pos : pos + 8]) == length_crc:
+            return pos
+    return -1
 
 
 def scan(
@@ -81,59 +95,71 @@ def scan(
     start: int = 0,
     limit: int | None = None,
     verify_payload: bool = True,
+    base: int = 0,
+    resync_limit: int = 1 << 20,
 ) -> ScanResult:
     """Walk the records of ``data`` from ``start``.
 
-    Stops at the first corrupt record (bad length CRC, bad payload CRC, or an
-    absurd length) and returns it as ``error``, together with every good record
-    before it. Stops quietly at a record that runs past the end of the data.
-    ``limit`` caps the number of records returned in one call.
+    Offsets in the result are ``base + position in data`` (so a caller can scan
+    a chunk read from the middle of a file). ``limit`` caps the number of
+    records returned in one call.
     """
-    view = memoryview(data)
+    # google-crc32c wants bytes, not memoryviews; slicing bytes copies, which
+    # costs less than the conversion would.
+    view = data if isinstance(data, bytes) else bytes(data)
     size = len(view)
     records: list[Record] = []
+    errors: list[RecordError] = []
     offset = start
     unpack_header = _HEADER.unpack_from
     unpack_crc = _CRC.unpack_from
     crc = masked_crc32c
     while offset < size:
         if limit is not None and len(records) >= limit:
-            return ScanResult(records, offset, False, None)
+            return ScanResult(records, base + offset, False, errors)
         if offset + HEADER_SIZE > size:
-            return ScanResult(records, offset, True, None)
+            return ScanResult(records, base + offset, True, errors)
         length, length_crc = unpack_header(view, offset)
-        if crc(view[offset : offset + 8]) != length_crc:
-            return ScanResult(records, offset, False, RecordError(path, offset, "bad length CRC"))
-        if length > MAX_RECORD_SIZE:
-            return ScanResult(
-                records, offset, False, RecordError(path, offset, f"record length {length} is absurd")
+        if length > MAX_RECORD_SIZE or crc(view[offset : offset + 8]) != length_crc:
+            found = _find_header(view, offset + 1, offset + 1 + resync_limit)
+            reason = "bad length CRC" if length <= MAX_RECORD_SIZE else f"absurd length {length}"
+            if found < 0:
+                errors.append(
+                    RecordError(path, base + offset, f"{reason}; no valid record follows")
+                )
+                return ScanResult(records, base + size, False, errors)
+            errors.append(
+                RecordError(path, base + offset, f"{reason}; skipped {found - offset} bytes")
             )
+            offset = found
+            continue
         body = offset + HEADER_SIZE
         end = body + length + FOOTER_SIZE
         if end > size:
-            return ScanResult(records, offset, True, None)
+            return ScanResult(records, base + offset, True, errors)
         payload = view[body : body + length]
         if verify_payload and crc(payload) != unpack_crc(view, body + length)[0]:
-            return ScanResult(records, offset, False, RecordError(path, offset, "bad payload CRC"))
-        records.append(Record(offset, payload))
+            errors.append(RecordError(path, base + offset, "bad payload CRC; record skipped"))
+        else:
+            records.append(Record(base + offset, payload))
         offset = end
-    return ScanResult(records, offset, False, None)
+    return ScanResult(records, base + offset, False, errors)
 
 
-def read_at(data: bytes | memoryview, path: str, offset: int) -> memoryview:
+def read_at(data: bytes | memoryview, path: str, offset: int) -> bytes:
     """The verified payload of the record at ``offset``; raises :class:`RecordError`."""
-    result = scan(data, path, offset, limit=1)
-    if result.records:
+    result = scan(data, path, offset, limit=1, resync_limit=0)
+    if result.records and result.records[0].offset == offset:
         return result.records[0].payload
-    if result.error is not None:
-        raise result.error
+    if result.errors:
+        raise result.errors[0]
     raise RecordError(path, offset, "no complete record at this offset (truncated file?)")
 
 
-def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[memoryview]:
+def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:
     """Every payload in ``data``; raises :class:`RecordError` at the first corrupt one."""
-    result = scan(data, path)
+    result = scan(data, path, resync_limit=0)
     for record in result.records:
         yield record.payload
-    if result.error is not None:
-        raise result.error
+    if result.errors:
+        raise result.errors[0]

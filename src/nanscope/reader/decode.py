@@ -1,0 +1,77 @@
+"""Decoding ``DebugEvent`` payloads into index rows and reader records."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanscope.format.modes import (
+    UNKNOWN_HEALTH,
+    HealthRow,
+    TensorDebugMode,
+    summary_health,
+)
+from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.proto.tensor_pb2 import TensorProto
+from nanscope.format.tensors import proto_to_array
+
+
+class DecodeError(ValueError):
+    """A record whose CRC checks out but whose content is not a valid event."""
+
+
+def parse_event(payload: bytes | memoryview) -> pb.DebugEvent:
+    event = pb.DebugEvent()
+    try:
+        event.ParseFromString(bytes(payload))
+    except Exception as exc:  # protobuf raises DecodeError, but also others on garbage
+        raise DecodeError(f"not a DebugEvent ({exc})") from None
+    return event
+
+
+def _mode(value: int) -> TensorDebugMode:
+    try:
+        return TensorDebugMode(value)
+    except ValueError:
+        return TensorDebugMode.UNSPECIFIED
+
+
+def tensor_values(protos: list[TensorProto]) -> list[np.ndarray | None]:
+    out: list[np.ndarray | None] = []
+    for p in protos:
+        try:
+            out.append(proto_to_array(p))
+        except ValueError:
+            out.append(None)
+    return out
+
+
+def health_of(mode: TensorDebugMode, values: list[np.ndarray | None]) -> HealthRow:
+    if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.UNSPECIFIED):
+        return UNKNOWN_HEALTH
+    if mode == TensorDebugMode.REDUCE_INF_NAN_THREE_SLOTS:
+        flags = [bool(np.any(v != 0)) for v in values if v is not None and v.size >= 3]
+        return HealthRow(-1, -1, -1, -1, int(any(flags)) if flags else -1)
+    return summary_health(mode, values)
+
+
+# Row tuple: (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf,
+# nan, nonfinite, phase, device), strings as str (the caller interns them).
+RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, int]
+
+
+def execution_row(event: pb.DebugEvent) -> RowData:
+    ex = event.execution
+    mode = _mode(ex.tensor_debug_mode)
+    h = health_of(mode, tensor_values(list(ex.tensor_protos)))
+    device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
+    return (ex.op_type, ex.graph_id, ex.num_outputs, event.wall_time, event.step, ex.sequence,
+            h.size, h.neg_inf, h.pos_inf, h.nan, h.nonfinite, ex.phase, device)
+
+
+def trace_row(event: pb.DebugEvent) -> RowData:
+    tr = event.graph_execution_trace
+    mode = _mode(tr.tensor_debug_mode)
+    values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else []
+    h = health_of(mode, values)
+    return (tr.op_name, tr.tfdbg_context_id, tr.output_slot, event.wall_time, event.step,
+            tr.sequence, h.size, h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)

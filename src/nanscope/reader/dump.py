@@ -1,0 +1,635 @@
+"""``DumpReader``: the one way every nanscope tool reads a dump.
+
+Pure Python and numpy: no TensorFlow needed. It reads dumps written by
+nanscope and by TensorFlow, with one or many file sets (hosts, processes,
+ranks), while they are still being written (call :meth:`DumpReader.update`
+again to catch up), and keeps only a columnar index in memory: records are
+decoded on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanscope.format import files
+from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health
+from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.records import RecordError
+from nanscope.format.sidecar import ROW_DTYPE
+from nanscope.reader.data import (
+    Execution,
+    GraphExecutionTrace,
+    GraphInfo,
+    GraphOpInfo,
+    Problem,
+    ProcessInfo,
+    SourceFileInfo,
+    StackFrame,
+)
+from nanscope.reader.decode import execution_row, parse_event, tensor_values, trace_row
+from nanscope.reader.eventfile import EventFile, StringPool
+from nanscope.reader.logs import RecordLog
+
+SUPPORTED_FILE_VERSION = 1
+EXECUTIONS = "execution"
+TRACES = "graph_execution_trace"
+
+
+class DumpError(Exception):
+    """A dump that cannot be read at all (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class EventRef:
+    """A pointer to one event: ``kind`` is ``"execution"`` or ``"graph_execution_trace"``."""
+
+    kind: str
+    index: int
+    process: int
+    wall_time: float
+
+
+class _Process:
+    """Everything read from one file set."""
+
+    def __init__(self, index: int, file_set: files.FileSet, strings: StringPool) -> None:
+        self.index = index
+        self.file_set = file_set
+        self.info: ProcessInfo | None = None
+        self.source_log = RecordLog(file_set.path(files.SOURCE_FILES))
+        self.frames_log = RecordLog(file_set.path(files.STACK_FRAMES))
+        self.graphs_log = RecordLog(file_set.path(files.GRAPHS))
+        self.executions = EventFile(
+            file_set.path(files.EXECUTION), execution_row, EXECUTIONS, strings
+        )
+        self.traces = EventFile(
+            file_set.path(files.GRAPH_EXECUTION_TRACES), trace_row, TRACES, strings
+        )
+        # (host, path, offset, num_lines) in file-index order.
+        self.source_files: list[tuple[str, str, int, int]] = []
+        self.frames: dict[str, tuple[int, int, str]] = {}
+        self.graphs: dict[str, GraphInfo] = {}
+        self.devices: dict[int, str] = {}
+
+    def close(self) -> None:
+        self.executions.close()
+        self.traces.close()
+
+
+class DumpReader:
+    """Reads a tfdbg2 dump root.
+
+    **Arguments:**
+
+    - ``dump_root``: the directory holding ``tfdbg_events.*`` file sets.
+
+    Raises :class:`nanscope.DumpNotFoundError` when there is no dump there.
+    Damage that can be worked around (a torn last record, a corrupt record, a
+    missing file) is reported in :attr:`problems` instead of raising.
+    Call :meth:`update` to read what was added since (the constructor calls
+    it once).
+    """
+
+    def __init__(self, dump_root: str | os.PathLike[str]) -> None:
+        self.dump_root = Path(dump_root)
+        self._strings = StringPool()
+        self._problems: dict[str, Problem] = {}
+        self._processes: list[_Process] = []
+        self._known_sets: set[str] = set()
+        self._exec_rows = np.zeros(0, dtype=ROW_DTYPE)
+        self._exec_process = np.zeros(0, dtype=np.int16)
+        self._trace_rows = np.zeros(0, dtype=ROW_DTYPE)
+        self._trace_process = np.zeros(0, dtype=np.int16)
+        self._trace_types: np.ndarray | None = None
+        self.generation = 0
+        files.discover(self.dump_root)  # a clear error for a missing or empty dump root
+        self.update()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for p in self._processes:
+            p.close()
+
+    def __enter__(self) -> DumpReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def problems(self) -> list[Problem]:
+        """What is wrong with the dump (each problem once), oldest first."""
+        return list(self._problems.values())
+
+    def _problem(self, severity: str, message: str) -> None:
+        self._problems.setdefault(message, Problem(severity, message))
+
+    def update(self) -> bool:
+        """Read what was written since the last call; True when anything changed."""
+        problems: list[Problem] = []
+        changed = self._discover(problems)
+        for proc in self._processes:
+            if proc.info is None:
+                self._read_metadata(proc, problems)
+            changed |= self._read_sources(proc, problems)
+            changed |= self._read_frames(proc, problems)
+            changed |= self._read_graphs(proc, problems)
+        exec_changed = trace_changed = False
+        exec_resets = sum(p.executions.reset_count for p in self._processes)
+        trace_resets = sum(p.traces.reset_count for p in self._processes)
+        for proc in self._processes:
+            exec_changed |= proc.executions.update(problems)
+            trace_changed |= proc.traces.update(problems)
+            for log, name in ((proc.executions, "execution"), (proc.traces, "trace")):
+                if log.torn_at is not None:
+                    self._problem(
+                        "warning",
+                        f"{log.path}: ends in an incomplete record at byte offset {log.torn_at} "
+                        f"(the writer was interrupted or is still writing); the {name} records "
+                        "before it were read",
+                    )
+        if exec_changed:
+            self._exec_rows, self._exec_process = self._concat("executions")
+        if trace_changed:
+            self._trace_rows, self._trace_process = self._concat("traces")
+            self._trace_types = None
+        if (
+            sum(p.executions.reset_count for p in self._processes) != exec_resets
+            or sum(p.traces.reset_count for p in self._processes) != trace_resets
+            or (len(self._processes) > 1 and (exec_changed or trace_changed))
+        ):
+            # Indices of earlier events may have moved: tell live viewers to reload.
+            self.generation += 1
+        for p in problems:
+            self._problem(p.severity, p.message)
+        return changed or exec_changed or trace_changed
+
+    def _concat(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        parts = [getattr(p, which).rows for p in self._processes]
+        procs = [np.full(len(r), p.index, dtype=np.int16) for r, p in zip(parts, self._processes, strict=True)]
+        if not parts:
+            return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int16)
+        return np.concatenate(parts), np.concatenate(procs)
+
+    def _discover(self, problems: list[Problem]) -> bool:
+        try:
+            sets = files.discover(self.dump_root)
+        except files.DumpNotFoundError:
+            if self._processes:
+                return False  # deleted under us: keep what we have
+            raise
+        new = [s for s in sets if s.name not in self._known_sets]
+        if not new:
+            return False
+        for s in new:
+            missing = s.missing()
+            if missing:
+                problems.append(Problem(
+                    "warning",
+                    f"{s.prefix}: file set is incomplete, missing "
+                    + ", ".join("." + m for m in missing)
+                    + " (copied partially? events of those files are not shown)",
+                ))
+            self._known_sets.add(s.name)
+            proc = _Process(len(self._processes), s, self._strings)
+            self._read_metadata(proc, problems)
+            self._processes.append(proc)
+        # Earliest first, as TensorFlow's reader orders hosts; indices follow.
+        self._processes.sort(key=lambda p: (p.info.start_time if p.info else 0.0, p.file_set.name))
+        for i, p in enumerate(self._processes):
+            p.index = i
+        run_ids = {p.info.run_id for p in self._processes if p.info and p.info.run_id}
+        if len(run_ids) > 1:
+            problems.append(Problem(
+                "warning",
+                f"{self.dump_root}: file sets from different runs ({', '.join(sorted(run_ids))}) "
+                "share this directory; write each run to its own logdir",
+            ))
+        return True
+
+    # -- the append-only files ---------------------------------------------------------------
+
+    def _read_metadata(self, proc: _Process, problems: list[Problem]) -> None:
+        log = RecordLog(proc.file_set.path(files.METADATA))
+        for _, event in log.new_events(problems):
+            if event.WhichOneof("what") != "debug_metadata":
+                continue
+            m = event.debug_metadata
+            version = m.file_version
+            number = version.rpartition(":")[2]
+            if number.isdigit() and int(number) > SUPPORTED_FILE_VERSION:
+                problems.append(Problem(
+                    "warning",
+                    f"{log.path}: written in format {version!r}, newer than this nanscope reads "
+                    f"(debug.Event:{SUPPORTED_FILE_VERSION}); upgrade nanscope "
+                    "(pip install -U nanscope); reading it as best it can",
+                ))
+            framework = m.framework or (
+                f"tensorflow {m.tensorflow_version}" if m.tensorflow_version else ""
+            )
+            has_ext = bool(m.nanscope_version)
+            try:
+                mode: TensorDebugMode | None = TensorDebugMode(m.tensor_debug_mode) if has_ext else None
+            except ValueError:
+                mode = None
+            proc.info = ProcessInfo(
+                index=proc.index,
+                name=proc.file_set.name,
+                host=proc.file_set.host,
+                run_id=m.tfdbg_run_id,
+                file_version=version,
+                tensorflow_version=m.tensorflow_version,
+                framework=framework,
+                nanscope_version=m.nanscope_version,
+                rank=m.process_rank if has_ext and m.process_rank >= 0 else None,
+                world_size=m.world_size,
+                pid=m.pid if has_ext and m.pid else None,
+                tensor_debug_mode=mode,
+                circular_buffer_size=m.circular_buffer_size if has_ext else None,
+                start_time=event.wall_time,
+            )
+            return
+        if proc.info is None:
+            problems.append(Problem(
+                "warning", f"{log.path}: holds no metadata record (empty or damaged file)"
+            ))
+            proc.info = ProcessInfo(
+                proc.index, proc.file_set.name, proc.file_set.host, "", "", "", "", "", None, 0,
+                None, None, None, 0.0,
+            )
+
+    def _read_sources(self, proc: _Process, problems: list[Problem]) -> bool:
+        changed = False
+        for offset, event in proc.source_log.new_events(problems):
+            if event.WhichOneof("what") == "source_file":
+                sf = event.source_file
+                proc.source_files.append((sf.host_name, sf.file_path, offset, len(sf.lines)))
+                changed = True
+        return changed
+
+    def _read_frames(self, proc: _Process, problems: list[Problem]) -> bool:
+        changed = False
+        for _, event in proc.frames_log.new_events(problems):
+            if event.WhichOneof("what") == "stack_frame_with_id":
+                f = event.stack_frame_with_id
+                flc = f.file_line_col
+                proc.frames[f.id] = (flc.file_index, flc.line, flc.func)
+                changed = True
+        return changed
+
+    def _read_graphs(self, proc: _Process, problems: list[Problem]) -> bool:
+        changed = False
+        for _, event in proc.graphs_log.new_events(problems):
+            what = event.WhichOneof("what")
+            changed = True
+            if what == "debugged_graph":
+                g = event.debugged_graph
+                info = proc.graphs.get(g.graph_id)
+                if info is None:
+                    info = proc.graphs[g.graph_id] = GraphInfo(
+                        g.graph_id, g.graph_name, g.outer_context_id, proc.index
+                    )
+                else:  # ops arrived before their graph: fill in the graph's own facts
+                    info.name, info.outer_graph_id = g.graph_name, g.outer_context_id
+                if g.outer_context_id:
+                    outer = proc.graphs.setdefault(
+                        g.outer_context_id, GraphInfo(g.outer_context_id, "", "", proc.index)
+                    )
+                    if g.graph_id not in outer.inner_graph_ids:
+                        outer.inner_graph_ids.append(g.graph_id)
+            elif what == "graph_op_creation":
+                op = event.graph_op_creation
+                info = proc.graphs.setdefault(
+                    op.graph_id, GraphInfo(op.graph_id, op.graph_name, "", proc.index)
+                )
+                info.ops[op.op_name] = GraphOpInfo(
+                    graph_id=op.graph_id,
+                    op_type=op.op_type,
+                    op_name=op.op_name,
+                    graph_name=op.graph_name,
+                    input_names=tuple(op.input_names),
+                    num_outputs=op.num_outputs,
+                    output_tensor_ids=tuple(op.output_tensor_ids),
+                    device_name=op.device_name,
+                    host_name=op.code_location.host_name,
+                    stack_frame_ids=tuple(op.code_location.stack_frame_ids),
+                    module_path=op.module_path,
+                    forward_stack_frame_ids=tuple(op.forward_code_location.stack_frame_ids),
+                )
+                info._consumers = None
+            elif what == "debugged_device":
+                d = event.debugged_device
+                proc.devices[d.device_id] = d.device_name
+        return changed
+
+    # -- run facts ---------------------------------------------------------------------------
+
+    @property
+    def processes(self) -> list[ProcessInfo]:
+        """One entry per file set, earliest first."""
+        return [p.info for p in self._processes if p.info is not None]
+
+    @property
+    def run_id(self) -> str:
+        ids = [p.run_id for p in self.processes if p.run_id]
+        return ids[0] if ids else ""
+
+    @property
+    def tensor_debug_mode(self) -> TensorDebugMode | None:
+        """The mode the dump was written in (from metadata, else from the first event)."""
+        for p in self.processes:
+            if p.tensor_debug_mode is not None:
+                return p.tensor_debug_mode
+        for kind in (TRACES, EXECUTIONS):
+            if self.num(kind):
+                ev = self.trace(0) if kind == TRACES else self.execution(0)
+                return ev.tensor_debug_mode
+        return None
+
+    @property
+    def framework(self) -> str:
+        names = sorted({p.framework for p in self.processes if p.framework})
+        return ", ".join(names)
+
+    # -- the columnar index ------------------------------------------------------------------
+
+    def num_executions(self) -> int:
+        return len(self._exec_rows)
+
+    def num_graph_execution_traces(self) -> int:
+        return len(self._trace_rows)
+
+    def num(self, kind: str) -> int:
+        return self.num_executions() if kind == EXECUTIONS else self.num_graph_execution_traces()
+
+    def index(self, kind: str) -> np.ndarray:
+        """The index rows (:data:`nanscope.format.sidecar.ROW_DTYPE`) of one kind of event.
+
+        Columns ``name``/``graph`` are ids into :meth:`string`; ``process`` is
+        given by :meth:`processes_of`. Do not modify the array.
+        """
+        return self._exec_rows if kind == EXECUTIONS else self._trace_rows
+
+    def processes_of(self, kind: str) -> np.ndarray:
+        return self._exec_process if kind == EXECUTIONS else self._trace_process
+
+    def string(self, sid: int) -> str:
+        return self._strings.strings[sid]
+
+    def string_id(self, value: str) -> int | None:
+        return self._strings.id(value)
+
+    def trace_op_types(self) -> np.ndarray:
+        """The op type (string id) of every trace, resolved through the graphs."""
+        if self._trace_types is None or len(self._trace_types) != len(self._trace_rows):
+            rows = self._trace_rows
+            key = (
+                self._trace_process.astype(np.uint64) << np.uint64(48)
+                | rows["graph"].astype(np.uint64) << np.uint64(24)
+                | rows["name"].astype(np.uint64)
+            )
+            uniq, inverse = np.unique(key, return_inverse=True)
+            types = np.zeros(len(uniq), dtype=np.uint32)
+            for i, k in enumerate(uniq.tolist()):
+                proc = self._processes[k >> 48]
+                graph = proc.graphs.get(self.string((k >> 24) & 0xFFFFFF))
+                op = graph.ops.get(self.string(k & 0xFFFFFF)) if graph else None
+                types[i] = self._strings.intern(op.op_type if op else "")
+            self._trace_types = types[inverse]
+        return self._trace_types
+
+    def nonfinite(self, kind: str) -> np.ndarray:
+        """Indices of the events whose recorded outputs hold Inf or NaN, in order."""
+        return np.flatnonzero(self.index(kind)["nonfinite"] == 1)
+
+    def first_nonfinite(self, kind: str | None = None) -> EventRef | None:
+        """The first event with Inf or NaN.
+
+        Within a process, "first" is the order of execution (file order); across
+        processes, the earliest wall time. With ``kind=None`` executions and traces
+        are compared by wall time.
+        """
+        best: EventRef | None = None
+        for k in ((kind,) if kind else (EXECUTIONS, TRACES)):
+            rows, procs = self.index(k), self.processes_of(k)
+            hits = np.flatnonzero(rows["nonfinite"] == 1)
+            if not hits.size:
+                continue
+            # The first hit of each process, then the earliest of those.
+            _, first_of_proc = np.unique(procs[hits], return_index=True)
+            for i in hits[first_of_proc].tolist():
+                ref = EventRef(k, i, int(procs[i]), float(rows["wall_time"][i]))
+                if best is None or ref.wall_time < best.wall_time:
+                    best = ref
+        return best
+
+    # -- decoding single events --------------------------------------------------------------
+
+    def _event_at(self, kind: str, index: int) -> tuple[_Process, Any, pb.DebugEvent]:
+        n = self.num(kind)
+        if not 0 <= index < n:
+            raise IndexError(f"{kind} index {index} out of range (0..{n - 1})")
+        row = self.index(kind)[index]
+        proc = self._processes[int(self.processes_of(kind)[index])]
+        efile = proc.executions if kind == EXECUTIONS else proc.traces
+        offset, length = int(row["offset"]), int(row["length"])
+        blob = efile.read(offset, length)
+        from nanscope.format.records import scan
+
+        result = scan(blob, str(efile.path), base=offset, limit=1, resync_limit=0)
+        if not result.records:
+            err = result.errors[0] if result.errors else RecordError(
+                str(efile.path), offset, "record missing (file changed; call update())"
+            )
+            raise err
+        return proc, row, parse_event(result.records[0].payload)
+
+    def execution(self, index: int) -> Execution:
+        """Execution ``index`` (0-based over all processes), decoded."""
+        proc, row, event = self._event_at(EXECUTIONS, index)
+        ex = event.execution
+        mode = _mode(ex.tensor_debug_mode)
+        values = tensor_values(list(ex.tensor_protos))
+        summaries: tuple[np.ndarray | None, ...] | None
+        full: tuple[np.ndarray | None, ...] | None = None
+        if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
+            summaries = None
+            if mode == TensorDebugMode.FULL_TENSOR:
+                full = tuple(values)
+        else:
+            summaries = tuple(values)
+        return Execution(
+            index=index,
+            process=proc.index,
+            wall_time=event.wall_time,
+            step=event.step,
+            sequence=ex.sequence,
+            op_type=ex.op_type,
+            num_outputs=ex.num_outputs,
+            graph_id=ex.graph_id,
+            input_tensor_ids=tuple(ex.input_tensor_ids),
+            output_tensor_ids=tuple(ex.output_tensor_ids),
+            output_tensor_device_ids=tuple(ex.output_tensor_device_ids),
+            tensor_debug_mode=mode,
+            debug_tensor_values=summaries,
+            host_name=ex.code_location.host_name,
+            stack_frame_ids=tuple(ex.code_location.stack_frame_ids),
+            health=combined_health(mode, values),
+            module_path=ex.module_path,
+            phase=ex.phase,
+            forward_sequence=ex.forward_sequence,
+            forward_stack_frame_ids=tuple(ex.forward_code_location.stack_frame_ids),
+            input_debug_tensor_values=tuple(tensor_values(list(ex.input_tensor_protos))),
+            tensor_values=full,
+        )
+
+    def executions(self, begin: int = 0, end: int | None = None) -> list[Execution]:
+        end = self.num_executions() if end is None else min(end, self.num_executions())
+        return [self.execution(i) for i in range(max(0, begin), end)]
+
+    def trace(self, index: int) -> GraphExecutionTrace:
+        """Graph execution trace ``index`` (0-based over all processes), decoded."""
+        proc, row, event = self._event_at(TRACES, index)
+        tr = event.graph_execution_trace
+        mode = _mode(tr.tensor_debug_mode)
+        values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else [None]
+        value = values[0]
+        summary = None if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR) else value
+        graph = proc.graphs.get(tr.tfdbg_context_id)
+        op = graph.ops.get(tr.op_name) if graph else None
+        return GraphExecutionTrace(
+            index=index,
+            process=proc.index,
+            wall_time=event.wall_time,
+            step=event.step,
+            sequence=tr.sequence,
+            op_name=tr.op_name,
+            op_type=op.op_type if op else "",
+            output_slot=tr.output_slot,
+            graph_id=tr.tfdbg_context_id,
+            graph_ids=tuple(self._graph_chain(proc, tr.tfdbg_context_id)),
+            tensor_debug_mode=mode,
+            debug_tensor_value=summary,
+            device_name=tr.device_name,
+            health=combined_health(mode, [value]),
+            tensor_value=value if mode == TensorDebugMode.FULL_TENSOR else None,
+        )
+
+    def traces(self, begin: int = 0, end: int | None = None) -> list[GraphExecutionTrace]:
+        n = self.num_graph_execution_traces()
+        end = n if end is None else min(end, n)
+        return [self.trace(i) for i in range(max(0, begin), end)]
+
+    # -- graphs, stacks, sources -------------------------------------------------------------
+
+    def _graph_chain(self, proc: _Process, graph_id: str) -> list[str]:
+        chain: list[str] = []
+        g = proc.graphs.get(graph_id)
+        seen: set[str] = set()
+        while g is not None and g.graph_id not in seen:
+            seen.add(g.graph_id)
+            chain.append(g.graph_id)
+            g = proc.graphs.get(g.outer_graph_id) if g.outer_graph_id else None
+        if not chain and graph_id:
+            chain.append(graph_id)
+        chain.reverse()
+        return chain
+
+    def graphs(self, process: int = 0) -> dict[str, GraphInfo]:
+        return self._processes[process].graphs if self._processes else {}
+
+    def graph(self, graph_id: str, process: int = 0) -> GraphInfo | None:
+        return self.graphs(process).get(graph_id)
+
+    def graph_op(self, graph_id: str, op_name: str, process: int = 0) -> GraphOpInfo | None:
+        g = self.graph(graph_id, process)
+        return g.ops.get(op_name) if g else None
+
+    def devices(self, process: int = 0) -> dict[int, str]:
+        return dict(self._processes[process].devices) if self._processes else {}
+
+    def stack_frames(self, frame_ids: Sequence[str], process: int = 0) -> list[StackFrame]:
+        """Resolve frame ids (outermost first); unknown ids are skipped."""
+        proc = self._processes[process]
+        out = []
+        for fid in frame_ids:
+            f = proc.frames.get(fid)
+            if f is None:
+                continue
+            file_index, line, func = f
+            if 0 <= file_index < len(proc.source_files):
+                host, path = proc.source_files[file_index][:2]
+            else:
+                host, path = "", f"<file #{file_index}>"
+            out.append(StackFrame(host, path, line, func, file_index))
+        return out
+
+    def stack(self, event: Execution | GraphOpInfo, process: int = 0) -> list[StackFrame]:
+        proc = event.process if isinstance(event, Execution) else process
+        return self.stack_frames(event.stack_frame_ids, proc)
+
+    def source_files(self, process: int = 0) -> list[SourceFileInfo]:
+        if not self._processes:
+            return []
+        proc = self._processes[process]
+        return [
+            SourceFileInfo(i, process, host, path, n)
+            for i, (host, path, _, n) in enumerate(proc.source_files)
+        ]
+
+    def source_lines(self, file_index: int, process: int = 0) -> list[str]:
+        """The recorded lines of a source file (empty when the writer did not snapshot it)."""
+        proc = self._processes[process]
+        if not 0 <= file_index < len(proc.source_files):
+            raise IndexError(f"source file index {file_index} out of range")
+        offset = proc.source_files[file_index][2]
+        event = proc.source_log.read_event(offset)
+        return list(event.source_file.lines)
+
+
+def _mode(value: int) -> TensorDebugMode:
+    try:
+        return TensorDebugMode(value)
+    except ValueError:
+        return TensorDebugMode.UNSPECIFIED
+
+
+def combined_health(mode: TensorDebugMode, values: Sequence[np.ndarray | None]) -> Health:
+    """Health summed over outputs; fields the mode does not give stay ``None``."""
+    parts = [
+        (full_tensor_health(v) if mode == TensorDebugMode.FULL_TENSOR else health(mode, v))
+        for v in values
+        if v is not None
+    ]
+    if not parts:
+        return Health()
+    if len(parts) == 1:
+        return parts[0]
+
+    def total(name: str) -> int | None:
+        vals = [getattr(p, name) for p in parts]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    flags = [p.any_nonfinite for p in parts]
+    return Health(
+        size=total("size"),
+        neg_inf=total("neg_inf"),
+        pos_inf=total("pos_inf"),
+        nan=total("nan"),
+        neg=total("neg"),
+        zero=total("zero"),
+        pos=total("pos"),
+        any_nonfinite=None if all(f is None for f in flags) else any(bool(f) for f in flags),
+    )
+
+
+def open_dump(dump_root: str | os.PathLike[str]) -> DumpReader:
+    """Open a dump root for reading (see :class:`DumpReader`)."""
+    return DumpReader(dump_root)

@@ -1,0 +1,248 @@
+"""The columnar index of one ``.execution`` or ``.graph_execution_traces`` file.
+
+Rows come from the sidecar index when the writer left one that agrees with the
+data file, and otherwise from decoding the records themselves (TensorFlow's
+dumps, a damaged sidecar, or the tail that the writer has not indexed yet).
+``update()`` is incremental: an appended file is read from where the last
+call stopped; a file that was replaced (a circular buffer's periodic rewrite)
+is indexed again from scratch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from nanscope.format import sidecar
+from nanscope.format.files import INDEX_SUFFIX
+from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
+from nanscope.reader.decode import DecodeError, RowData, parse_event
+from nanscope.reader.data import Problem
+from nanscope.reader.logs import describe
+
+CHUNK = 32 << 20
+
+
+class StringPool:
+    """Strings shared by every index of one reader (op types, op names, graph ids)."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = [""]
+        self._ids: dict[str, int] = {"": 0}
+
+    def intern(self, value: str) -> int:
+        i = self._ids.get(value)
+        if i is None:
+            i = self._ids[value] = len(self.strings)
+            self.strings.append(value)
+        return i
+
+    def id(self, value: str) -> int | None:
+        return self._ids.get(value)
+
+ROW_DTYPE = sidecar.ROW_DTYPE
+_SAMPLES = 64
+
+
+class EventFile:
+    """Index rows of one event file; ``name`` and ``graph`` index :attr:`strings`."""
+
+    def __init__(
+        self, path: Path, row_of: Callable[[pb.DebugEvent], RowData], field: str, strings: StringPool
+    ) -> None:
+        self.path = path
+        self.index_path = Path(str(path) + INDEX_SUFFIX)
+        self._row_of = row_of
+        self._field = field  # "execution" or "graph_execution_trace"
+        self._intern = strings.intern
+        self._fh: BinaryIO | None = None
+        self.reset_count = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self._identity: tuple[int, int] | None = None
+        self._confirmed: list[np.ndarray] = []  # rows from the sidecar or a finished scan
+        self._confirmed_end = 0  # data offset covered by confirmed rows
+        self._sidecar_offset = 0
+        self._sidecar_strings: list[str] = []
+        self._sidecar_ok = True
+        self._tail = np.zeros(0, dtype=ROW_DTYPE)  # scanned, not yet in the sidecar
+        self.torn_at: int | None = None
+        self.rows = np.zeros(0, dtype=ROW_DTYPE)
+        self.reset_count += 1
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The bytes of one indexed record, from the very file that was indexed.
+
+        The handle stays open, so a circular file replaced since the last
+        ``update()`` still yields the records its index points at.
+        """
+        if self._fh is None:
+            raise RecordError(str(self.path), offset, "file not indexed yet; call update()")
+        return os.pread(self._fh.fileno(), length, offset)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def update(self, problems: list[Problem]) -> bool:
+        """Catch up with the file; True when rows changed (False: nothing new)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        identity = (st.st_ino, st.st_dev)
+        if self._identity is not None and (identity != self._identity or st.st_size < self._confirmed_end):
+            self._reset()  # replaced (circular rewrite) or truncated
+        first = self._identity is None
+        if first:
+            try:
+                self._fh = open(self.path, "rb")  # noqa: SIM115 - kept for read()
+            except OSError:
+                return False
+            identity = (os.fstat(self._fh.fileno()).st_ino, os.fstat(self._fh.fileno()).st_dev)
+            size = os.fstat(self._fh.fileno()).st_size
+        else:
+            size = st.st_size
+        self._identity = identity
+        before = len(self.rows)
+        before_end = self._confirmed_end + self._tail.size
+        if self._sidecar_ok and self.index_path.exists():
+            self._read_sidecar(size)
+        if self._confirmed_end < size:
+            self._tail = self._scan(self._confirmed_end, size, problems, confirm=not self.index_path.exists() or not self._sidecar_ok)
+        else:
+            self._tail = np.zeros(0, dtype=ROW_DTYPE)
+        parts = [*self._confirmed, self._tail]
+        self.rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
+
+    # -- the sidecar path ------------------------------------------------------------------
+
+    def _read_sidecar(self, data_size: int) -> None:
+        try:
+            with open(self.index_path, "rb") as fh:
+                fh.seek(self._sidecar_offset)
+                blob = fh.read()
+        except OSError:
+            return
+        result = scan(blob, str(self.index_path), base=self._sidecar_offset, resync_limit=0)
+        new_rows: list[np.ndarray] = []
+        strings = list(self._sidecar_strings)
+        try:
+            for rec in result.records:
+                rows, new_strings = sidecar.decode_chunk(rec.payload)
+                if new_strings is not None:
+                    strings.extend(new_strings)
+                elif rows is not None and rows.size:
+                    new_rows.append(rows)
+        except ValueError:
+            self._sidecar_ok = False
+            return
+        if result.errors:
+            self._sidecar_ok = False
+            return
+        if not new_rows:
+            self._sidecar_offset = result.end
+            self._sidecar_strings = strings
+            return
+        rows = np.concatenate(new_rows) if len(new_rows) > 1 else new_rows[0].copy()
+        if not self._consistent(rows, data_size, len(strings)):
+            # A sidecar that disagrees with its data file is ignored from now on.
+            self._sidecar_ok = False
+            return
+        rows = rows.copy()
+        remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
+        rows["name"] = remap[rows["name"]]
+        rows["graph"] = remap[rows["graph"]]
+        self._confirmed.append(rows)
+        self._confirmed_end = int(rows["offset"][-1]) + int(rows["length"][-1])
+        self._sidecar_offset = result.end
+        self._sidecar_strings = strings
+
+    def _consistent(self, rows: np.ndarray, data_size: int, n_strings: int) -> bool:
+        """Rows must tile the data file from where we are, and agree with sampled headers."""
+        offsets = rows["offset"].astype(np.int64)
+        lengths = rows["length"].astype(np.int64)
+        if offsets[0] != self._confirmed_end:
+            return False
+        if np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+            return False
+        if offsets[-1] + lengths[-1] > data_size:
+            return False
+        if rows["name"].max(initial=0) >= n_strings or rows["graph"].max(initial=0) >= n_strings:
+            return False
+        picks = np.unique(np.linspace(0, len(rows) - 1, min(_SAMPLES, len(rows))).astype(np.int64))
+        try:
+            for i in picks:
+                header = self.read(int(offsets[i]), 8)
+                if int.from_bytes(header, "little") != lengths[i] - HEADER_SIZE - 4:
+                    return False
+        except OSError:
+            return False
+        return True
+
+    # -- the scanning path -----------------------------------------------------------------
+
+    def _scan(self, start: int, size: int, problems: list[Problem], confirm: bool) -> np.ndarray:
+        out: list[RowData] = []
+        offsets: list[tuple[int, int]] = []
+        offset = start
+        self.torn_at = None
+        want = CHUNK
+        while offset < size:
+            blob = self.read(offset, min(want, size - offset))
+            want = CHUNK
+            result = scan(blob, str(self.path), base=offset)
+            for err in result.errors:
+                problems.append(Problem("error", describe(err)))
+            for rec in result.records:
+                try:
+                    event = parse_event(rec.payload)
+                except DecodeError as exc:
+                    problems.append(Problem(
+                        "error", f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped"
+                    ))
+                    continue
+                if event.WhichOneof("what") != self._field:
+                    continue
+                out.append(self._row_of(event))
+                offsets.append((rec.offset, len(rec.payload) + OVERHEAD))
+            if result.torn and result.end == offset:
+                if offset + len(blob) >= size:
+                    self.torn_at = offset  # the file ends in a partial record
+                    break
+                # One record larger than a chunk: read exactly that record next.
+                want = int.from_bytes(blob[:8], "little") + OVERHEAD
+                continue
+            offset = result.end
+        rows = np.zeros(len(out), dtype=ROW_DTYPE)
+        if out:
+            intern = self._intern
+            rows["offset"] = [o for o, _ in offsets]
+            rows["length"] = [n for _, n in offsets]
+            rows["name"] = [intern(r[0]) for r in out]
+            rows["graph"] = [intern(r[1]) for r in out]
+            cols = list(zip(*(r[2:] for r in out), strict=True))
+            for name, col in zip(
+                ("slot", "wall_time", "step", "sequence", "size", "neg_inf", "pos_inf", "nan",
+                 "nonfinite", "phase", "device"), cols, strict=True,
+            ):
+                rows[name] = col
+        if confirm:
+            # Without a sidecar, what was scanned is final: keep it and resume
+            # from its end (a torn tail is read again by the next update).
+            self._confirmed.append(rows)
+            self._confirmed_end = self.torn_at if self.torn_at is not None else min(offset, size)
+            return np.zeros(0, dtype=ROW_DTYPE)
+        return rows
+
