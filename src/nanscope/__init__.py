@@ -10,7 +10,6 @@ from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import DumpReader, open_dump
 
-
 __all__ = [
     "DumpNotFoundError",
     "DumpReader",

@@ -7,6 +7,7 @@ from its summaries, so the writer never decodes what it just encoded.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from nanscope.events import wire
@@ -24,13 +25,15 @@ def resolve(summaries: Sequence[np.ndarray | None] | Pending) -> Sequence[np.nda
         return summaries
     if hasattr(summaries, "resolve"):
         return summaries.resolve()
-    return list(summaries)  # type: ignore[arg-type]
+    return list(summaries)
 
 
 class Encoder:
     """Turns events into ``DebugEvent`` payloads, caching every constant part."""
 
-    def __init__(self, mode: TensorDebugMode, host_name: str, stacks: list[tuple[str, ...]]) -> None:
+    def __init__(
+        self, mode: TensorDebugMode, host_name: str, stacks: list[tuple[str, ...]]
+    ) -> None:
         self.mode = mode
         self.host_name = host_name
         self._stacks = stacks
@@ -114,13 +117,13 @@ class Encoder:
         if self.mode != TensorDebugMode.NO_TENSOR and ev.input_summaries:
             for s in resolve(ev.input_summaries):
                 parts.append(
-                    wire.len_field(1006, b"") if s is None else wire.len_field(1006, self.value_proto(s))
+                    wire.len_field(1006, b"")
+                    if s is None
+                    else wire.len_field(1006, self.value_proto(s))
                 )
         body = b"".join(parts)
         payload = (
-            wire.double_field(1, wall_time)
-            + wire.int_field(2, ev.step)
-            + wire.len_field(9, body)
+            wire.double_field(1, wall_time) + wire.int_field(2, ev.step) + wire.len_field(9, body)
         )
         return payload, summary_health(self.mode, summaries), summaries
 
@@ -212,4 +215,3 @@ class Encoder:
         elif self.mode == TensorDebugMode.SHAPE and width >= 4:
             health[:, 0] = m[:, 3]
         return payloads, health
-

@@ -10,6 +10,7 @@ interpreter itself; for those, the writer's periodic flush bounds what is lost
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -51,14 +52,21 @@ def close_all() -> None:
             print(f"nanscope: could not flush a dump: {exc}", file=sys.stderr)
 
 
+def flush_all(timeout: float = 5.0) -> None:
+    """Flush every open writer without closing it."""
+    for w in list(_writers):
+        flush = getattr(w, "flush", None)
+        if flush is not None:
+            with contextlib.suppress(Exception):
+                flush(timeout=timeout)
+
+
 def _install() -> None:
     atexit.register(close_all)
 
     previous_excepthook = sys.excepthook
 
-    def excepthook(
-        tp: type[BaseException], value: BaseException, tb: TracebackType | None
-    ) -> None:
+    def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         close_all()
         previous_excepthook(tp, value, tb)
 
@@ -69,13 +77,7 @@ def _install() -> None:
     def thread_hook(args: threading.ExceptHookArgs) -> None:
         # An exception that kills a worker thread may be the last thing the
         # program does before it is killed: get what we have onto the disk.
-        for w in list(_writers):
-            flush = getattr(w, "flush", None)
-            if flush is not None:
-                try:
-                    flush(timeout=5.0)
-                except Exception:
-                    pass
+        flush_all()
         previous_thread_hook(args)
 
     threading.excepthook = thread_hook
@@ -94,13 +96,7 @@ def _chain_signal(signum: int) -> None:
         if num == signal.SIGINT and callable(previous):
             # Python's default SIGINT handler raises KeyboardInterrupt; the
             # exit path then closes the writers, so only flush what we have.
-            for w in list(_writers):
-                flush = getattr(w, "flush", None)
-                if flush is not None:
-                    try:
-                        flush(timeout=5.0)
-                    except Exception:
-                        pass
+            flush_all()
             previous(num, frame)
             return
         close_all()
@@ -112,7 +108,6 @@ def _chain_signal(signum: int) -> None:
         signal.signal(num, signal.SIG_DFL)
         os.kill(os.getpid(), num)
 
-    try:
+    # Fails outside the main thread of the main interpreter: then no handler.
+    with contextlib.suppress(ValueError, OSError):
         signal.signal(signum, handler)
-    except (ValueError, OSError):  # not in the main thread of the main interpreter
-        pass

@@ -37,13 +37,24 @@ def is_library_file(path: str) -> bool:
     if path.startswith("<"):
         return True
     p = os.path.abspath(path)
+    if p.startswith(_USER_CODE_IN_PACKAGE):
+        return False
     if "site-packages" in p or "dist-packages" in p:
         return True
     return p.startswith(_LIBRARY_DIRS)
 
 
+# nanscope's own example programs are user code as far as stacks are concerned.
+_USER_CODE_IN_PACKAGE = (
+    os.path.join(_PACKAGE_DIR, "examples") + os.sep,
+    os.path.join(_PACKAGE_DIR, "demo.py"),
+)
+
+
 def is_nanscope_file(path: str) -> bool:
-    return os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep)
+    """True for nanscope's own machinery, whose frames are left out of recorded stacks."""
+    p = os.path.abspath(path)
+    return p.startswith(_PACKAGE_DIR + os.sep) and not p.startswith(_USER_CODE_IN_PACKAGE)
 
 
 # A sink receives, in order, ("source_file", index, path, snapshot) and
@@ -120,7 +131,7 @@ class StackInterner:
         ``frame`` defaults to the caller's caller. At most ``limit`` innermost
         frames are kept (deep recursion would otherwise make every record huge).
         """
-        f = frame if frame is not None else sys._getframe(2)
+        f: FrameType | None = frame if frame is not None else sys._getframe(2)
         ids: list[str] = []
         code_frames = self._code_frames
         skip = self._skip_code
@@ -133,9 +144,7 @@ class StackInterner:
                 key = (code, f.f_lineno)
                 fid = code_frames.get(key)
                 if fid is None:
-                    fid = self.frame_id(
-                        os.path.abspath(code.co_filename), f.f_lineno, code.co_name
-                    )
+                    fid = self.frame_id(os.path.abspath(code.co_filename), f.f_lineno, code.co_name)
                     code_frames[key] = fid
                 ids.append(fid)
             f = f.f_back

@@ -155,17 +155,17 @@ class DumpWriter:
             origin_window,
         )
         meta = pb.DebugEvent(wall_time=self.start_time)
-        m = meta.debug_metadata
-        m.tensorflow_version = ""
-        m.file_version = FILE_VERSION
-        m.tfdbg_run_id = self.run_id
-        m.framework = framework
-        m.nanscope_version = __version__
-        m.process_rank = self.rank if self.rank is not None else -1
-        m.world_size = world_size
-        m.pid = self.pid
-        m.tensor_debug_mode = int(self.mode)
-        m.circular_buffer_size = self.circular_buffer_size
+        md = meta.debug_metadata
+        md.tensorflow_version = ""
+        md.file_version = FILE_VERSION
+        md.tfdbg_run_id = self.run_id
+        md.framework = framework
+        md.nanscope_version = __version__
+        md.process_rank = self.rank if self.rank is not None else -1
+        md.world_size = world_size
+        md.pid = self.pid
+        md.tensor_debug_mode = self.mode.value  # type: ignore[assignment]
+        md.circular_buffer_size = self.circular_buffer_size
         metadata.write(meta.SerializeToString())
         metadata.close()
 
@@ -236,8 +236,17 @@ class DumpWriter:
             first = self._trace_seq
             self._trace_seq += n
             self._queue.append(
-                ("traces", graph_id, op_names, output_slots, summaries, device_name, step, first,
-                 time.time())
+                (
+                    "traces",
+                    graph_id,
+                    op_names,
+                    output_slots,
+                    summaries,
+                    device_name,
+                    step,
+                    first,
+                    time.time(),
+                )
             )
         return first
 
@@ -360,32 +369,72 @@ class DumpWriter:
         self._traces.close()
 
     def _row(
-        self, stream: EventStream, name: str, graph: str, slot: int, wall: float, step: int,
-        seq: int, h: HealthRow, phase: int = 0, device: int = 0,
+        self,
+        stream: EventStream,
+        name: str,
+        graph: str,
+        slot: int,
+        wall: float,
+        step: int,
+        seq: int,
+        h: HealthRow,
+        phase: int = 0,
+        device: int = 0,
     ) -> tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]:
         st = stream.strings
-        return (st.id(name), st.id(graph), slot, wall, step, seq, h.size, h.neg_inf, h.pos_inf,
-                h.nan, h.nonfinite, phase, device)
+        return (
+            st.id(name),
+            st.id(graph),
+            slot,
+            wall,
+            step,
+            seq,
+            h.size,
+            h.neg_inf,
+            h.pos_inf,
+            h.nan,
+            h.nonfinite,
+            phase,
+            device,
+        )
 
     def _on_execution(self, ev: ExecutionEvent, seq: int, wall: float) -> None:
         payload, h, _ = self._encoder.execution(ev, seq, wall)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
-        row = self._row(self._executions, ev.op_type, ev.graph_id, num_outputs, wall, ev.step,
-                        seq, h, int(ev.phase), device)
+        row = self._row(
+            self._executions,
+            ev.op_type,
+            ev.graph_id,
+            num_outputs,
+            wall,
+            ev.step,
+            seq,
+            h,
+            int(ev.phase),
+            device,
+        )
         self._executions.add(payload, row, h.nonfinite == 1)
         self.stats.executions += 1
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
         payload, h = self._encoder.trace(ev, seq, wall)
-        row = self._row(self._traces, ev.op_name, ev.graph_id, ev.output_slot, wall, ev.step,
-                        seq, h)
+        row = self._row(
+            self._traces, ev.op_name, ev.graph_id, ev.output_slot, wall, ev.step, seq, h
+        )
         self._traces.add(payload, row, h.nonfinite == 1)
         self.stats.traces += 1
 
     def _on_traces(
-        self, graph_id: str, op_names: Sequence[str], slots: Sequence[int], summaries: Any,
-        device_name: str, step: int, first: int, wall: float,
+        self,
+        graph_id: str,
+        op_names: Sequence[str],
+        slots: Sequence[int],
+        summaries: Any,
+        device_name: str,
+        step: int,
+        first: int,
+        wall: float,
     ) -> None:
         matrix = summaries.resolve() if hasattr(summaries, "resolve") else summaries
         payloads, health = self._encoder.trace_batch(
@@ -396,8 +445,25 @@ class DumpWriter:
         add = self._traces.add
         for i, payload in enumerate(payloads):
             size, ni, pi, nn, nf = health[i].tolist()
-            add(payload, (st.id(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
-                          nn, nf, 0, 0), nf == 1)
+            add(
+                payload,
+                (
+                    st.id(op_names[i]),
+                    gid,
+                    slots[i],
+                    wall,
+                    step,
+                    first + i,
+                    size,
+                    ni,
+                    pi,
+                    nn,
+                    nf,
+                    0,
+                    0,
+                ),
+                nf == 1,
+            )
         self.stats.traces += len(payloads)
 
     def _on_stack_frame(self, fid: str, file_index: int, line: int, func: str) -> None:
@@ -441,9 +507,7 @@ class DumpWriter:
             goc.code_location.ParseFromString(self._encoder.code_location(op.stack))
         goc.module_path = op.module_path
         if op.forward_stack >= 0:
-            goc.forward_code_location.ParseFromString(
-                self._encoder.code_location(op.forward_stack)
-            )
+            goc.forward_code_location.ParseFromString(self._encoder.code_location(op.forward_stack))
         self._graphs.write(ev.SerializeToString())
 
     def _on_device(self, name: str, device_id: int) -> None:
@@ -451,4 +515,3 @@ class DumpWriter:
         ev.debugged_device.device_name = name
         ev.debugged_device.device_id = device_id
         self._graphs.write(ev.SerializeToString())
-

@@ -89,7 +89,5 @@ def discover(dump_root: str | os.PathLike[str]) -> list[FileSet]:
         )
         if subdirs:
             hint = f" (found dumps in subdirectories: {', '.join(subdirs[:5])}; pass one of them)"
-        raise DumpNotFoundError(
-            f"{root}: no tfdbg2 dump here (no {PREFIX}.*.metadata file){hint}"
-        )
+        raise DumpNotFoundError(f"{root}: no tfdbg2 dump here (no {PREFIX}.*.metadata file){hint}")
     return sets

@@ -30,7 +30,7 @@ MAX_RECORD_SIZE = 1 << 31
 
 def masked_crc32c(data: bytes) -> int:
     """The CRC32C of ``data``, masked the way TFRecord stores it."""
-    crc = google_crc32c.value(data)
+    crc: int = google_crc32c.value(data)
     return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
 
 

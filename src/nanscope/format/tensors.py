@@ -101,7 +101,7 @@ def _ml_dtype(name: str) -> np.dtype[Any] | None:
         import ml_dtypes
     except ImportError:  # optional: TensorFlow and JAX bring it
         return None
-    return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(getattr(ml_dtypes, name))  # type: ignore[no-any-return]
 
 
 _NUMPY: dict[DataType, str] = {
@@ -163,7 +163,7 @@ def data_type_of(array: np.ndarray) -> DataType:
 def summary_to_proto(vector: np.ndarray) -> tensor_pb2.TensorProto:
     """A 1-D float64 summary vector as TensorFlow's graph path stores it."""
     v = np.ascontiguousarray(vector, dtype="<f8")
-    proto = tensor_pb2.TensorProto(dtype=DataType.DT_DOUBLE, tensor_content=v.tobytes())
+    proto = tensor_pb2.TensorProto(dtype=int(DataType.DT_DOUBLE), tensor_content=v.tobytes())  # type: ignore[arg-type]
     proto.tensor_shape.dim.add(size=v.shape[0])
     return proto
 
@@ -171,7 +171,7 @@ def summary_to_proto(vector: np.ndarray) -> tensor_pb2.TensorProto:
 def array_to_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     """A full tensor value (FULL_TENSOR mode)."""
     dtype = data_type_of(array)
-    proto = tensor_pb2.TensorProto(dtype=dtype)
+    proto = tensor_pb2.TensorProto(dtype=int(dtype))  # type: ignore[arg-type]
     for d in array.shape:
         proto.tensor_shape.dim.add(size=int(d))
     if dtype == DataType.DT_STRING:

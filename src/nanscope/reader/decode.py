@@ -64,8 +64,21 @@ def execution_row(event: pb.DebugEvent) -> RowData:
     mode = _mode(ex.tensor_debug_mode)
     h = health_of(mode, tensor_values(list(ex.tensor_protos)))
     device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
-    return (ex.op_type, ex.graph_id, ex.num_outputs, event.wall_time, event.step, ex.sequence,
-            h.size, h.neg_inf, h.pos_inf, h.nan, h.nonfinite, ex.phase, device)
+    return (
+        ex.op_type,
+        ex.graph_id,
+        ex.num_outputs,
+        event.wall_time,
+        event.step,
+        ex.sequence,
+        h.size,
+        h.neg_inf,
+        h.pos_inf,
+        h.nan,
+        h.nonfinite,
+        ex.phase,
+        device,
+    )
 
 
 def trace_row(event: pb.DebugEvent) -> RowData:
@@ -73,5 +86,18 @@ def trace_row(event: pb.DebugEvent) -> RowData:
     mode = _mode(tr.tensor_debug_mode)
     values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else []
     h = health_of(mode, values)
-    return (tr.op_name, tr.tfdbg_context_id, tr.output_slot, event.wall_time, event.step,
-            tr.sequence, h.size, h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)
+    return (
+        tr.op_name,
+        tr.tfdbg_context_id,
+        tr.output_slot,
+        event.wall_time,
+        event.step,
+        tr.sequence,
+        h.size,
+        h.neg_inf,
+        h.pos_inf,
+        h.nan,
+        h.nonfinite,
+        0,
+        0,
+    )

@@ -13,14 +13,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from nanscope.format import files
 from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import RecordError
+from nanscope.format.records import RecordError, scan
 from nanscope.format.sidecar import ROW_DTYPE
 from nanscope.reader.data import (
     Execution,
@@ -173,7 +172,10 @@ class DumpReader:
 
     def _concat(self, which: str) -> tuple[np.ndarray, np.ndarray]:
         parts = [getattr(p, which).rows for p in self._processes]
-        procs = [np.full(len(r), p.index, dtype=np.int16) for r, p in zip(parts, self._processes, strict=True)]
+        procs = [
+            np.full(len(r), p.index, dtype=np.int16)
+            for r, p in zip(parts, self._processes, strict=True)
+        ]
         if not parts:
             return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int16)
         return np.concatenate(parts), np.concatenate(procs)
@@ -191,12 +193,14 @@ class DumpReader:
         for s in new:
             missing = s.missing()
             if missing:
-                problems.append(Problem(
-                    "warning",
-                    f"{s.prefix}: file set is incomplete, missing "
-                    + ", ".join("." + m for m in missing)
-                    + " (copied partially? events of those files are not shown)",
-                ))
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"{s.prefix}: file set is incomplete, missing "
+                        + ", ".join("." + m for m in missing)
+                        + " (copied partially? events of those files are not shown)",
+                    )
+                )
             self._known_sets.add(s.name)
             proc = _Process(len(self._processes), s, self._strings)
             self._read_metadata(proc, problems)
@@ -207,11 +211,13 @@ class DumpReader:
             p.index = i
         run_ids = {p.info.run_id for p in self._processes if p.info and p.info.run_id}
         if len(run_ids) > 1:
-            problems.append(Problem(
-                "warning",
-                f"{self.dump_root}: file sets from different runs ({', '.join(sorted(run_ids))}) "
-                "share this directory; write each run to its own logdir",
-            ))
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{self.dump_root}: file sets from different runs ({', '.join(sorted(run_ids))}) "
+                    "share this directory; write each run to its own logdir",
+                )
+            )
         return True
 
     # -- the append-only files ---------------------------------------------------------------
@@ -225,18 +231,22 @@ class DumpReader:
             version = m.file_version
             number = version.rpartition(":")[2]
             if number.isdigit() and int(number) > SUPPORTED_FILE_VERSION:
-                problems.append(Problem(
-                    "warning",
-                    f"{log.path}: written in format {version!r}, newer than this nanscope reads "
-                    f"(debug.Event:{SUPPORTED_FILE_VERSION}); upgrade nanscope "
-                    "(pip install -U nanscope); reading it as best it can",
-                ))
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"{log.path}: written in format {version!r}, newer than this nanscope reads "
+                        f"(debug.Event:{SUPPORTED_FILE_VERSION}); upgrade nanscope "
+                        "(pip install -U nanscope); reading it as best it can",
+                    )
+                )
             framework = m.framework or (
                 f"tensorflow {m.tensorflow_version}" if m.tensorflow_version else ""
             )
             has_ext = bool(m.nanscope_version)
             try:
-                mode: TensorDebugMode | None = TensorDebugMode(m.tensor_debug_mode) if has_ext else None
+                mode: TensorDebugMode | None = (
+                    TensorDebugMode(m.tensor_debug_mode) if has_ext else None
+                )
             except ValueError:
                 mode = None
             proc.info = ProcessInfo(
@@ -257,12 +267,24 @@ class DumpReader:
             )
             return
         if proc.info is None:
-            problems.append(Problem(
-                "warning", f"{log.path}: holds no metadata record (empty or damaged file)"
-            ))
+            problems.append(
+                Problem("warning", f"{log.path}: holds no metadata record (empty or damaged file)")
+            )
             proc.info = ProcessInfo(
-                proc.index, proc.file_set.name, proc.file_set.host, "", "", "", "", "", None, 0,
-                None, None, None, 0.0,
+                proc.index,
+                proc.file_set.name,
+                proc.file_set.host,
+                "",
+                "",
+                "",
+                "",
+                "",
+                None,
+                0,
+                None,
+                None,
+                None,
+                0.0,
             )
 
     def _read_sources(self, proc: _Process, problems: list[Problem]) -> bool:
@@ -417,7 +439,7 @@ class DumpReader:
         are compared by wall time.
         """
         best: EventRef | None = None
-        for k in ((kind,) if kind else (EXECUTIONS, TRACES)):
+        for k in (kind,) if kind else (EXECUTIONS, TRACES):
             rows, procs = self.index(k), self.processes_of(k)
             hits = np.flatnonzero(rows["nonfinite"] == 1)
             if not hits.size:
@@ -432,7 +454,7 @@ class DumpReader:
 
     # -- decoding single events --------------------------------------------------------------
 
-    def _event_at(self, kind: str, index: int) -> tuple[_Process, Any, pb.DebugEvent]:
+    def _event_at(self, kind: str, index: int) -> tuple[_Process, pb.DebugEvent]:
         n = self.num(kind)
         if not 0 <= index < n:
             raise IndexError(f"{kind} index {index} out of range (0..{n - 1})")
@@ -441,19 +463,21 @@ class DumpReader:
         efile = proc.executions if kind == EXECUTIONS else proc.traces
         offset, length = int(row["offset"]), int(row["length"])
         blob = efile.read(offset, length)
-        from nanscope.format.records import scan
-
         result = scan(blob, str(efile.path), base=offset, limit=1, resync_limit=0)
         if not result.records:
-            err = result.errors[0] if result.errors else RecordError(
-                str(efile.path), offset, "record missing (file changed; call update())"
+            err = (
+                result.errors[0]
+                if result.errors
+                else RecordError(
+                    str(efile.path), offset, "record missing (file changed; call update())"
+                )
             )
             raise err
-        return proc, row, parse_event(result.records[0].payload)
+        return proc, parse_event(result.records[0].payload)
 
     def execution(self, index: int) -> Execution:
         """Execution ``index`` (0-based over all processes), decoded."""
-        proc, row, event = self._event_at(EXECUTIONS, index)
+        proc, event = self._event_at(EXECUTIONS, index)
         ex = event.execution
         mode = _mode(ex.tensor_debug_mode)
         values = tensor_values(list(ex.tensor_protos))
@@ -496,12 +520,14 @@ class DumpReader:
 
     def trace(self, index: int) -> GraphExecutionTrace:
         """Graph execution trace ``index`` (0-based over all processes), decoded."""
-        proc, row, event = self._event_at(TRACES, index)
+        proc, event = self._event_at(TRACES, index)
         tr = event.graph_execution_trace
         mode = _mode(tr.tensor_debug_mode)
         values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else [None]
         value = values[0]
-        summary = None if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR) else value
+        summary = (
+            None if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR) else value
+        )
         graph = proc.graphs.get(tr.tfdbg_context_id)
         op = graph.ops.get(tr.op_name) if graph else None
         return GraphExecutionTrace(

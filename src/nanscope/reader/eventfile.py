@@ -21,8 +21,8 @@ from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
-from nanscope.reader.decode import DecodeError, RowData, parse_event
 from nanscope.reader.data import Problem
+from nanscope.reader.decode import DecodeError, RowData, parse_event
 from nanscope.reader.logs import describe
 
 CHUNK = 32 << 20
@@ -45,6 +45,7 @@ class StringPool:
     def id(self, value: str) -> int | None:
         return self._ids.get(value)
 
+
 ROW_DTYPE = sidecar.ROW_DTYPE
 _SAMPLES = 64
 
@@ -53,7 +54,11 @@ class EventFile:
     """Index rows of one event file; ``name`` and ``graph`` index :attr:`strings`."""
 
     def __init__(
-        self, path: Path, row_of: Callable[[pb.DebugEvent], RowData], field: str, strings: StringPool
+        self,
+        path: Path,
+        row_of: Callable[[pb.DebugEvent], RowData],
+        field: str,
+        strings: StringPool,
     ) -> None:
         self.path = path
         self.index_path = Path(str(path) + INDEX_SUFFIX)
@@ -101,7 +106,9 @@ class EventFile:
         except FileNotFoundError:
             return False
         identity = (st.st_ino, st.st_dev)
-        if self._identity is not None and (identity != self._identity or st.st_size < self._confirmed_end):
+        if self._identity is not None and (
+            identity != self._identity or st.st_size < self._confirmed_end
+        ):
             self._reset()  # replaced (circular rewrite) or truncated
         first = self._identity is None
         if first:
@@ -119,12 +126,19 @@ class EventFile:
         if self._sidecar_ok and self.index_path.exists():
             self._read_sidecar(size)
         if self._confirmed_end < size:
-            self._tail = self._scan(self._confirmed_end, size, problems, confirm=not self.index_path.exists() or not self._sidecar_ok)
+            self._tail = self._scan(
+                self._confirmed_end,
+                size,
+                problems,
+                confirm=not self.index_path.exists() or not self._sidecar_ok,
+            )
         else:
             self._tail = np.zeros(0, dtype=ROW_DTYPE)
         parts = [*self._confirmed, self._tail]
         self.rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
+        return (
+            first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
+        )
 
     # -- the sidecar path ------------------------------------------------------------------
 
@@ -209,9 +223,12 @@ class EventFile:
                 try:
                     event = parse_event(rec.payload)
                 except DecodeError as exc:
-                    problems.append(Problem(
-                        "error", f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped"
-                    ))
+                    problems.append(
+                        Problem(
+                            "error",
+                            f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped",
+                        )
+                    )
                     continue
                 if event.WhichOneof("what") != self._field:
                     continue
@@ -234,8 +251,21 @@ class EventFile:
             rows["graph"] = [intern(r[1]) for r in out]
             cols = list(zip(*(r[2:] for r in out), strict=True))
             for name, col in zip(
-                ("slot", "wall_time", "step", "sequence", "size", "neg_inf", "pos_inf", "nan",
-                 "nonfinite", "phase", "device"), cols, strict=True,
+                (
+                    "slot",
+                    "wall_time",
+                    "step",
+                    "sequence",
+                    "size",
+                    "neg_inf",
+                    "pos_inf",
+                    "nan",
+                    "nonfinite",
+                    "phase",
+                    "device",
+                ),
+                cols,
+                strict=True,
             ):
                 rows[name] = col
         if confirm:
@@ -245,4 +275,3 @@ class EventFile:
             self._confirmed_end = self.torn_at if self.torn_at is not None else min(offset, size)
             return np.zeros(0, dtype=ROW_DTYPE)
         return rows
-

@@ -27,10 +27,15 @@ class RecordLog:
             with open(self.path, "rb") as fh:
                 st = os.fstat(fh.fileno())
                 identity = (st.st_ino, st.st_dev)
-                if self._identity is not None and (identity != self._identity or st.st_size < self.offset):
-                    problems.append(Problem(
-                        "warning", f"{self.path}: file was replaced or truncated while being read"
-                    ))
+                if self._identity is not None and (
+                    identity != self._identity or st.st_size < self.offset
+                ):
+                    problems.append(
+                        Problem(
+                            "warning",
+                            f"{self.path}: file was replaced or truncated while being read",
+                        )
+                    )
                     self.offset = 0
                 self._identity = identity
                 if st.st_size <= self.offset:
@@ -48,9 +53,11 @@ class RecordLog:
             try:
                 yield rec.offset, parse_event(rec.payload)
             except DecodeError as exc:
-                problems.append(Problem(
-                    "error", f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped"
-                ))
+                problems.append(
+                    Problem(
+                        "error", f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped"
+                    )
+                )
 
     def read_event(self, offset: int) -> pb.DebugEvent:
         with open(self.path, "rb") as fh:
