@@ -78,8 +78,17 @@ class DumpSpec:
 
 
 DUMPS: tuple[DumpSpec, ...] = (
-    *(DumpSpec(mode, mode) for mode in (
-        "NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_TENSOR")),
+    *(
+        DumpSpec(mode, mode)
+        for mode in (
+            "NO_TENSOR",
+            "CURT_HEALTH",
+            "CONCISE_HEALTH",
+            "FULL_HEALTH",
+            "SHAPE",
+            "FULL_TENSOR",
+        )
+    ),
     DumpSpec("FULL_HEALTH_circular", "FULL_HEALTH", circular_buffer_size=CIRCULAR_BUFFER_SIZE),
     DumpSpec("FULL_HEALTH_eager_only", "FULL_HEALTH", eager_only=True),
 )
@@ -102,8 +111,14 @@ def child_env() -> dict[str, str]:
 
 
 def make_dump(spec: DumpSpec, dump_root: Path) -> None:
-    cmd = [sys.executable, str(PROGRAM), spec.mode, str(dump_root),
-           "--circular-buffer-size", str(spec.circular_buffer_size)]
+    cmd = [
+        sys.executable,
+        str(PROGRAM),
+        spec.mode,
+        str(dump_root),
+        "--circular-buffer-size",
+        str(spec.circular_buffer_size),
+    ]
     if spec.eager_only:
         cmd.append("--eager-only")
     print(f"[{spec.name}] {' '.join(cmd[1:])}", flush=True)
@@ -140,8 +155,7 @@ def encode_array(array: Any) -> Json:
     if array is None:
         return None
     array = np.asarray(array)
-    entry: dict[str, Json] = {"dtype": str(array.dtype), "shape": list(array.shape),
-                              "values": None}
+    entry: dict[str, Json] = {"dtype": str(array.dtype), "shape": list(array.shape), "values": None}
     if array.size >= MAX_VALUE_ELEMENTS:
         return entry
     if array.dtype.kind in "biu":
@@ -149,16 +163,18 @@ def encode_array(array: Any) -> Json:
     elif array.dtype.kind == "f" or str(array.dtype) == "bfloat16":
         entry["values"] = encode(array.astype(np.float64).tolist())
     elif array.dtype.kind == "c":
-        entry["values"] = encode(np.stack([array.real, array.imag], -1)
-                                 .astype(np.float64).tolist())
+        entry["values"] = encode(np.stack([array.real, array.imag], -1).astype(np.float64).tolist())
     return entry
 
 
 # --------------------------------------------------------------------------- reading dumps
 
 
-NONFINITE_SLOTS = {"CURT_HEALTH": slice(1, 2), "CONCISE_HEALTH": slice(2, 5),
-                   "FULL_HEALTH": slice(5, 8)}
+NONFINITE_SLOTS = {
+    "CURT_HEALTH": slice(1, 2),
+    "CONCISE_HEALTH": slice(2, 5),
+    "FULL_HEALTH": slice(5, 8),
+}
 
 
 def is_nonfinite(mode: str, summary: Any) -> bool:
@@ -195,8 +211,12 @@ def count_stack_frames(dump_root: Path) -> int:
 
 def log_origin(reader: Any, traces: list[Any]) -> Json:
     """The first Log trace holding -inf (FULL_HEALTH slot 5) and where it was created."""
-    index = first_index([t.op_type == "Log" and t.debug_tensor_value is not None
-                         and t.debug_tensor_value[5] > 0 for t in traces])
+    index = first_index(
+        [
+            t.op_type == "Log" and t.debug_tensor_value is not None and t.debug_tensor_value[5] > 0
+            for t in traces
+        ]
+    )
     if index is None:
         return None
     trace = traces[index]
@@ -243,7 +263,8 @@ def describe_dump(spec: DumpSpec, dump_root: Path) -> Json:
             }
             if full_tensor:
                 entry["tensor_values"] = [
-                    encode_array(v) for v in reader.execution_to_tensor_values(execution)]
+                    encode_array(v) for v in reader.execution_to_tensor_values(execution)
+                ]
             execution_entries.append(entry)
 
         trace_entries = []
@@ -260,7 +281,8 @@ def describe_dump(spec: DumpSpec, dump_root: Path) -> Json:
             }
             if full_tensor:
                 entry["tensor_value"] = encode_array(
-                    reader.graph_execution_trace_to_tensor_value(trace))
+                    reader.graph_execution_trace_to_tensor_value(trace)
+                )
             trace_entries.append(entry)
 
         graphs = all_graphs(reader)
@@ -274,8 +296,10 @@ def describe_dump(spec: DumpSpec, dump_root: Path) -> Json:
             "num_stack_frames": count_stack_frames(dump_root),
             "executions": execution_entries,
             "graph_execution_traces": trace_entries,
-            "graphs": [{"graph_id": g.graph_id, "name": g.name,
-                        "outer_graph_id": g.outer_graph_id} for g in graphs],
+            "graphs": [
+                {"graph_id": g.graph_id, "name": g.name, "outer_graph_id": g.outer_graph_id}
+                for g in graphs
+            ],
             "devices": {str(k): v for k, v in sorted(reader.device_name_map().items())},
             "first_nonfinite_trace_index": None,
             "first_nonfinite_execution_index": None,
@@ -283,11 +307,15 @@ def describe_dump(spec: DumpSpec, dump_root: Path) -> Json:
             "tensorflow_version": reader.tensorflow_version(),
         }
         if health:
-            result["first_nonfinite_execution_index"] = first_index([
-                any(is_nonfinite(spec.mode, v) for v in (e.debug_tensor_values or ()))
-                for e in executions])
-            result["first_nonfinite_trace_index"] = first_index([
-                is_nonfinite(spec.mode, t.debug_tensor_value) for t in traces])
+            result["first_nonfinite_execution_index"] = first_index(
+                [
+                    any(is_nonfinite(spec.mode, v) for v in (e.debug_tensor_values or ()))
+                    for e in executions
+                ]
+            )
+            result["first_nonfinite_trace_index"] = first_index(
+                [is_nonfinite(spec.mode, t.debug_tensor_value) for t in traces]
+            )
         if spec.name == "FULL_HEALTH":
             result["log_origin"] = log_origin(reader, traces)
     return result
@@ -299,7 +327,8 @@ def check(expected: dict[str, Json]) -> None:
     origin = full["log_origin"]
     assert origin is not None, "no Log trace with -inf in FULL_HEALTH"
     assert full["first_nonfinite_trace_index"] == origin["trace_index"], (
-        "the first non-finite trace should be the Log that produces -inf")
+        "the first non-finite trace should be the Log that produces -inf"
+    )
     for spec in DUMPS:
         dump = expected[spec.name]
         assert dump["num_executions"] > 0, spec.name
@@ -311,7 +340,8 @@ def check(expected: dict[str, Json]) -> None:
     assert full["num_executions"] > CIRCULAR_BUFFER_SIZE
     assert circular["num_executions"] == CIRCULAR_BUFFER_SIZE, circular["num_executions"]
     assert circular["num_graph_execution_traces"] == min(
-        CIRCULAR_BUFFER_SIZE, full["num_graph_execution_traces"])
+        CIRCULAR_BUFFER_SIZE, full["num_graph_execution_traces"]
+    )
 
 
 # --------------------------------------------------------------------------- packing
@@ -328,10 +358,12 @@ def normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def pack(dumps_dir: Path, expected: dict[str, Json], tarball: Path) -> None:
     """Write all dumps plus expected.json into one deterministic, maximally xz'd tarball."""
     tmp = tarball.with_suffix(".tmp")
-    with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME,
-                      format=tarfile.PAX_FORMAT) as tar:
-        payload = (json.dumps(expected, indent=1, sort_keys=True, allow_nan=False)
-                   + "\n").encode()
+    # Same as tarfile's "w:xz" mode, whose preset the type stubs limit to 0..9.
+    with (
+        lzma.open(tmp, "wb", preset=9 | lzma.PRESET_EXTREME) as xz,
+        tarfile.open(fileobj=xz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        payload = (json.dumps(expected, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
         info = normalized(tarfile.TarInfo("expected.json"))
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
@@ -346,10 +378,12 @@ def pack(dumps_dir: Path, expected: dict[str, Json], tarball: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="also leave the dumps and expected.json in DIR")
-    parser.add_argument("--output", type=Path, default=TARBALL,
-                        help=f"tarball to write (default: {TARBALL})")
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="also leave the dumps and expected.json in DIR"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=TARBALL, help=f"tarball to write (default: {TARBALL})"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -367,14 +401,17 @@ def main(argv: list[str] | None = None) -> None:
                 shutil.rmtree(args.keep)
             shutil.copytree(dumps_dir, args.keep)
             (args.keep / "expected.json").write_text(
-                json.dumps(expected, indent=1, sort_keys=True, allow_nan=False) + "\n")
+                json.dumps(expected, indent=1, sort_keys=True, allow_nan=False) + "\n"
+            )
 
     print(f"wrote {args.output} ({args.output.stat().st_size:,} bytes)")
     for spec in DUMPS:
         dump = expected[spec.name]
-        print(f"  {spec.name:24s} executions={dump['num_executions']:3d} "
-              f"traces={dump['num_graph_execution_traces']:3d} graphs={dump['num_graphs']} "
-              f"source_files={dump['num_source_files']} stack_frames={dump['num_stack_frames']}")
+        print(
+            f"  {spec.name:24s} executions={dump['num_executions']:3d} "
+            f"traces={dump['num_graph_execution_traces']:3d} graphs={dump['num_graphs']} "
+            f"source_files={dump['num_source_files']} stack_frames={dump['num_stack_frames']}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ deterministic:
 * the step-1 gradients are NaN, so step 2 runs on all-NaN weights.
 
 Before training, a handful of eager-only ops run so that the dumps also cover
-an eager ``Log`` of a tensor containing 0, an int32 op, a bool op, and
-float16 / bfloat16 ops.
+an eager ``Log`` of a tensor containing 0, int32 and bool ops, and float16 /
+bfloat16 ops, with both multi-element and single-element outputs.
 
 Usage (normally only via ``make_tf_dumps.py``)::
 
@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 SEED = 0
 BATCH = 4
@@ -56,10 +56,14 @@ def eager_ops() -> None:
     tf.math.multiply(half, tf.constant(3.0, dtype=tf.float16))  # float16
     brain = tf.cast(x, tf.bfloat16)
     tf.math.add(brain, tf.constant(1.0, dtype=tf.bfloat16))  # bfloat16
+    # Single-element outputs: in FULL_TENSOR, TF stores these with the typed
+    # TensorProto fields (int_val, half_val) rather than tensor_content.
+    tf.math.reduce_sum(ints)  # int32 scalar
+    tf.math.reduce_max(half)  # float16 scalar
+    tf.math.reduce_max(brain)  # bfloat16 scalar
 
 
-def cross_entropy(x: tf.Tensor, labels: tf.Tensor,
-                  params: list[tf.Variable]) -> tf.Tensor:
+def cross_entropy(x: tf.Tensor, labels: tf.Tensor, params: list[tf.Variable]) -> tf.Tensor:
     """Forward pass and hand-written cross entropy of the MLP."""
     w1, b1, w2, b2 = params
     hidden = tf.nn.relu(tf.matmul(x, w1) + b1)
@@ -91,7 +95,7 @@ def train(loss_fn: LossFn) -> list[float]:
         with tf.GradientTape() as tape:
             loss = loss_fn(x, labels, params)
         grads = tape.gradient(loss, params)
-        for param, grad in zip(params, grads):
+        for param, grad in zip(params, grads, strict=True):
             param.assign_sub(LEARNING_RATE * grad)
         losses.append(float(loss.numpy()))
     return losses
@@ -103,8 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dump_root")
     parser.add_argument("--circular-buffer-size", type=int, default=-1)
     parser.add_argument("--eager-only", action="store_true")
-    parser.add_argument("--no-dump", action="store_true",
-                        help="run without dumping (to check the numerics)")
+    parser.add_argument(
+        "--no-dump", action="store_true", help="run without dumping (to check the numerics)"
+    )
     args = parser.parse_args(argv)
 
     tf.random.set_seed(SEED)
@@ -116,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     try:
         eager_ops()
-        loss_fn: LossFn = (cross_entropy if args.eager_only
-                           else tf.function(cross_entropy))
+        loss_fn: LossFn = cross_entropy if args.eager_only else tf.function(cross_entropy)
         losses = train(loss_fn)
     finally:
         if not args.no_dump:

@@ -1,0 +1,40 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent
+
+
+def full_health(neg_inf: int = 0, nan: int = 0, size: int = 10, zero: int = 3) -> np.ndarray:
+    pos = size - neg_inf - nan - zero - 1
+    return np.array([-1, -1, 1, 1, size, neg_inf, 0, nan, 1, zero, pos], dtype=np.float64)
+
+
+def write_small_dump(
+    logdir: Path, n: int = 10, bad: tuple[int, ...] = (6,), **kwargs: object
+) -> DumpWriter:
+    """``n`` executions and ``n`` traces; those at positions in ``bad`` hold -inf. Returns the closed writer."""
+    kwargs.setdefault("circular_buffer_size", -1)
+    w = DumpWriter(logdir, "FULL_HEALTH", **kwargs)  # type: ignore[arg-type]
+    stack = w.capture_stack()
+    w.write_graph(Graph("g", "loss"))
+    w.write_graph_op(
+        GraphOp("g", "Placeholder", "probs", "loss", output_tensor_ids=[1], stack=stack)
+    )
+    w.write_graph_op(
+        GraphOp(
+            "g", "Log", "Log", "loss", input_names=["probs:0"], output_tensor_ids=[2], stack=stack
+        )
+    )
+    for i in range(n):
+        h = full_health(neg_inf=2 if i in bad else 0)
+        w.write_execution(
+            ExecutionEvent(f"op{i % 3}", [i + 1], [i], summaries=[h], stack=stack, step=i)
+        )
+        w.write_trace(TraceEvent("g", "Log" if i % 2 else "probs", 0, h, step=i))
+    w.close()
+    return w

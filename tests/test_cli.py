@@ -1,0 +1,61 @@
+"""The command line, through ``main([...])`` and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanscope.cli import main
+
+from .helpers import write_small_dump
+
+
+def test_info_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_small_dump(tmp_path, n=6, bad=(4,))
+    assert main(["info", str(tmp_path), "--json"]) == 1  # 1: non-finite values found
+    data = json.loads(capsys.readouterr().out)
+    assert data["num_executions"] == 6 and data["num_nonfinite_executions"] == 1
+    first = data["first_nonfinite"]
+    assert first["op_type"] in {"op1", "Log"} and first["counts"]["neg_inf"] == 2
+    assert first["source"]["file"].endswith("helpers.py")
+    assert main(["info", str(tmp_path)]) == 1
+    assert "first Inf/NaN" in capsys.readouterr().out
+
+
+def test_info_clean_dump_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_small_dump(tmp_path, n=3, bad=())
+    assert main(["info", str(tmp_path)]) == 0
+    assert "no Inf/NaN recorded" in capsys.readouterr().out
+
+
+def test_missing_logdir_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["info", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("nanscope info: error:") and "no such directory" in err
+
+
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    logdir = tmp_path / "demo"
+    out = subprocess.run(
+        [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "first Inf/NaN" in out.stdout and "log" in out.stdout
+    assert "demo.py" in out.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 2 and "already holds a dump" in again.stderr

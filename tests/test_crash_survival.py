@@ -1,0 +1,123 @@
+"""What reaches the disk when the program ends badly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import nanscope
+from nanscope.reader import EXECUTIONS
+
+PROGRAM = """
+import os, signal, sys, time
+import numpy as np
+from nanscope.events import DumpWriter, ExecutionEvent
+
+logdir, how, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
+w = DumpWriter(logdir, "FULL_HEALTH", 50, flush_interval=interval)
+v = np.array([-1, -1, 1, 1, 4, 0, 0, 0, 1, 1, 2], dtype=float)
+bad = v.copy(); bad[7] = 1
+for i in range(200):
+    w.write_execution(ExecutionEvent("op", [i], summaries=[bad if i == 10 else v]))
+print("written", flush=True)
+if how == "raise":
+    raise RuntimeError("training crashed")
+if how == "exit":
+    sys.exit(3)
+if how in ("wait", "sigint"):
+    time.sleep(60)
+if how == "os_exit":
+    time.sleep(4 * interval)
+    os._exit(7)
+"""
+
+
+def run(tmp_path: Path, how: str, interval: float = 3600.0) -> subprocess.Popen[str]:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    return subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "dump"), how, str(interval)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_written(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "written"
+
+
+def check_dump(tmp_path: Path) -> None:
+    """Circular buffer of 50 + the window around the first NaN (#11): nothing else lost."""
+    with nanscope.open_dump(tmp_path / "dump") as r:
+        seqs = [e.sequence for e in r.executions()]
+        assert seqs[-50:] == list(range(151, 201))
+        assert 11 in seqs  # the first non-finite event, kept although it is old
+        ref = r.first_nonfinite(EXECUTIONS)
+        assert ref is not None and r.execution(ref.index).sequence == 11
+        assert not [p for p in r.problems if p.severity == "error"]
+
+
+@pytest.mark.parametrize(("how", "code"), [("raise", 1), ("exit", 3), ("normal", 0)])
+def test_exit_paths_flush_everything(tmp_path: Path, how: str, code: int) -> None:
+    proc = run(tmp_path, how)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    if how == "raise":
+        assert "training crashed" in err  # the program's own traceback is still shown
+    check_dump(tmp_path)
+
+
+def test_sigterm_flushes_and_still_dies_of_sigterm(tmp_path: Path) -> None:
+    proc = run(tmp_path, "wait")
+    wait_written(proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    check_dump(tmp_path)
+
+
+def test_sigint_flushes(tmp_path: Path) -> None:
+    proc = run(tmp_path, "sigint")
+    wait_written(proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    check_dump(tmp_path)
+
+
+def test_sigkill_loses_at_most_the_last_flush_interval(tmp_path: Path) -> None:
+    proc = run(tmp_path, "wait", interval=0.2)
+    wait_written(proc)
+    time.sleep(1.0)  # several periodic flushes
+    proc.kill()
+    proc.wait(timeout=60)
+    check_dump(tmp_path)
+
+
+def test_os_exit_skips_atexit_but_periodic_flush_saved_the_events(tmp_path: Path) -> None:
+    proc = run(tmp_path, "os_exit", interval=0.2)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 7
+    check_dump(tmp_path)
+
+
+def test_sigkill_before_any_flush_loses_the_buffer_but_leaves_a_readable_dump(
+    tmp_path: Path,
+) -> None:
+    proc = run(tmp_path, "wait", interval=3600)
+    wait_written(proc)
+    proc.kill()
+    proc.wait(timeout=60)
+    with nanscope.open_dump(tmp_path / "dump") as r:
+        assert r.num_executions() == 0  # the documented bound: one flush interval
+        assert r.processes and r.processes[0].tensor_debug_mode is not None
