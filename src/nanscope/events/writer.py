@@ -32,7 +32,7 @@ from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files
-from nanscope.format.modes import HealthRow, parse_mode
+from nanscope.format.modes import HealthRow, TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
 
 FILE_VERSION = "debug.Event:1"
@@ -229,7 +229,8 @@ class DumpWriter:
         """Enqueue one graph call's traces: row ``i`` of ``summaries`` belongs to ``op_names[i]``.
 
         ``summaries`` may be a host array or any object with ``resolve()``
-        returning one (e.g. an asynchronous device-to-host copy).
+        returning one (e.g. an asynchronous device-to-host copy). In NO_TENSOR
+        mode it may be ``None``; in FULL_TENSOR mode it is a sequence of arrays.
         """
         n = len(op_names)
         with self._seq_lock:
@@ -437,6 +438,17 @@ class DumpWriter:
         wall: float,
     ) -> None:
         matrix = summaries.resolve() if hasattr(summaries, "resolve") else summaries
+        if self.mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
+            # No summary matrix: NO_TENSOR records only that each op ran, and
+            # FULL_TENSOR values keep their own dtype and shape.
+            for i, name in enumerate(op_names):
+                value = (
+                    None if matrix is None or self.mode == TensorDebugMode.NO_TENSOR else matrix[i]
+                )
+                self._on_trace(
+                    TraceEvent(graph_id, name, slots[i], value, device_name, step), first + i, wall
+                )
+            return
         payloads, health = self._encoder.trace_batch(
             graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
         )
