@@ -5,16 +5,20 @@ framework only when they are enabled.
 """
 
 from nanscope._version import __version__
+from nanscope.api import DebugSession, disable_dump_debug_info, enable_dump_debug_info
 from nanscope.events.writer import DumpWriter
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import DumpReader, open_dump
 
 __all__ = [
+    "DebugSession",
     "DumpNotFoundError",
     "DumpReader",
     "DumpWriter",
     "TensorDebugMode",
     "__version__",
+    "disable_dump_debug_info",
+    "enable_dump_debug_info",
     "open_dump",
 ]

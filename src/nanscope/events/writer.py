@@ -200,6 +200,8 @@ class DumpWriter:
 
     def write_execution(self, event: ExecutionEvent) -> int:
         """Enqueue an execution; returns its sequence number (1-based, never reused)."""
+        if self._closed:
+            return 0
         with self._seq_lock:
             seq = next(self._exec_seq)
             self._queue.append(("exec", event, seq, event.wall_time or time.time()))
@@ -208,6 +210,8 @@ class DumpWriter:
         return seq
 
     def write_trace(self, event: TraceEvent) -> int:
+        if self._closed:
+            return 0
         with self._seq_lock:
             seq = self._trace_seq
             self._trace_seq += 1

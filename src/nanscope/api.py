@@ -1,0 +1,153 @@
+"""The Python entry points: turn dumping or numerics checking on and off."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nanscope.backends import detect
+from nanscope.format.modes import parse_mode
+
+
+class _Session(Protocol):
+    framework: str
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Settings:
+    logdir: str
+    mode: int
+    circular_buffer_size: int
+    op_regex: str | None
+    tensor_dtypes: Any
+    framework: str
+
+
+class DebugSession:
+    """The handle returned by :func:`enable_dump_debug_info`; also a context manager."""
+
+    def __init__(self, settings: _Settings, session: _Session) -> None:
+        self._settings = settings
+        self._session = session
+
+    @property
+    def logdir(self) -> str:
+        return self._settings.logdir
+
+    @property
+    def framework(self) -> str:
+        return self._settings.framework
+
+    @property
+    def writer(self) -> Any:
+        """The :class:`nanscope.DumpWriter` (PyTorch), or ``None`` where the framework writes."""
+        return getattr(self._session, "writer", None)
+
+    def flush(self) -> None:
+        """Write everything recorded so far to the dump."""
+        self._session.flush()
+
+    def close(self) -> None:
+        """Stop recording and flush (same as :func:`disable_dump_debug_info`)."""
+        global _active
+        with _lock:
+            if _active is self:
+                _active = None
+        self._session.close()
+
+    def __enter__(self) -> DebugSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_active: DebugSession | None = None
+_lock = threading.Lock()
+
+
+def enable_dump_debug_info(
+    logdir: str | os.PathLike[str],
+    tensor_debug_mode: str | int = "FULL_HEALTH",
+    circular_buffer_size: int = 1000,
+    op_regex: str | None = None,
+    tensor_dtypes: Any = None,
+    *,
+    framework: str = "auto",
+    **options: Any,
+) -> DebugSession:
+    """Record every op of the program into a tfdbg2 dump at ``logdir``.
+
+    **Arguments** (as in TensorFlow's function of the same name, except the default mode):
+
+    - ``tensor_debug_mode``: ``NO_TENSOR``, ``CURT_HEALTH``, ``CONCISE_HEALTH``,
+      ``FULL_HEALTH`` (default), ``SHAPE`` or ``FULL_TENSOR``.
+    - ``circular_buffer_size``: keep the last N events (and always the first
+      Inf/NaN with the events around it); ``-1`` keeps everything.
+    - ``op_regex``: only ops whose type matches (``re.match``) get summaries,
+      e.g. ``"aten\\.(log|exp)"``; every op is still recorded.
+    - ``tensor_dtypes``: a list of dtypes (or names), or a predicate on a dtype.
+    - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``
+      or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
+    - ``options``: passed to :class:`nanscope.DumpWriter` (``flush_interval``,
+      ``origin_window``, ``source_snapshots``, ...).
+
+    **Returns** a :class:`DebugSession`, usable as a context manager. Calling
+    again with the same settings returns the same session; with other settings
+    it is an error. PyTorch: call it, and :func:`disable_dump_debug_info`, on
+    the thread that runs the training loop.
+    """
+    global _active
+    settings = _Settings(
+        os.fspath(logdir),
+        int(parse_mode(tensor_debug_mode)),
+        int(circular_buffer_size),
+        op_regex,
+        tensor_dtypes,
+        detect(framework),
+    )
+    with _lock:
+        if _active is not None:
+            if _active._settings == settings:
+                return _active
+            raise ValueError(
+                f"nanscope is already dumping to {_active.logdir} with other settings; "
+                "call nanscope.disable_dump_debug_info() first"
+            )
+        session = _start(settings, options)
+        _active = DebugSession(settings, session)
+        return _active
+
+
+def _start(settings: _Settings, options: dict[str, Any]) -> _Session:
+    if settings.framework == "torch":
+        from nanscope.backends.torch.session import TorchDumpSession
+
+        return TorchDumpSession(
+            settings.logdir,
+            settings.mode,
+            settings.circular_buffer_size,
+            settings.op_regex,
+            settings.tensor_dtypes,
+            **options,
+        )
+    if settings.framework == "tensorflow":
+        from nanscope.backends.tensorflow import TensorFlowDumpSession
+
+        return TensorFlowDumpSession(settings, options)
+    raise NotImplementedError(
+        f"dumping {settings.framework} programs is not supported yet; PyTorch and TensorFlow are"
+    )
+
+
+def disable_dump_debug_info() -> None:
+    """Stop recording and flush the dump; does nothing when nothing is recording."""
+    session = _active
+    if session is not None:
+        session.close()

@@ -1,0 +1,105 @@
+"""What was running when an op ran: the nn.Module path, the phase, the training step.
+
+Global module hooks keep a per-thread stack of module paths; global optimizer
+hooks mark the optimizer phase and count steps (a step ends when
+``optimizer.step()`` returns). Backward ops are recognised by the autograd node
+that the engine is running.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from nanscope.events.model import Phase
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # (module, path) of the modules whose forward is running, outermost first.
+        self.modules: list[tuple[torch.nn.Module, str]] = []
+        self.in_optimizer = 0
+
+
+class RunContext:
+    """Tracks module paths, the optimizer phase and the step count while installed.
+
+    A module's path is its attribute path under the outermost running module,
+    which is named by its class: ``MLP.fc1``, ``Transformer.layers.3.attn``.
+    """
+
+    def __init__(self) -> None:
+        self._local = _Local()
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._handles: list[RemovableHandle] = []
+        self.step = 0
+
+    # -- installation ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._enter_module),
+            nn_module.register_module_forward_hook(self._exit_module, always_call=True),
+            optim.register_optimizer_step_pre_hook(self._enter_optimizer),
+            optim.register_optimizer_step_post_hook(self._exit_optimizer),
+        ]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # -- module paths ------------------------------------------------------------------------
+
+    def _name_of(self, module: torch.nn.Module) -> str:
+        name = self._names.get(module)
+        if name is not None:
+            return name
+        stack = self._local.modules
+        if stack:
+            parent, parent_path = stack[-1]
+            child = next(
+                (key for key, sub in parent.named_children() if sub is module),
+                type(module).__name__,
+            )
+            name = f"{parent_path}.{child}"
+        else:
+            name = type(module).__name__
+        self._names[module] = name
+        return name
+
+    def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
+        self._local.modules.append((module, self._name_of(module)))
+
+    def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        stack = self._local.modules
+        if stack and stack[-1][0] is module:
+            stack.pop()
+
+    def module_path(self) -> str:
+        stack = self._local.modules
+        return stack[-1][1] if stack else ""
+
+    # -- optimizer and steps -----------------------------------------------------------------
+
+    def _enter_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._local.in_optimizer += 1
+
+    def _exit_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._local.in_optimizer = max(0, self._local.in_optimizer - 1)
+        if self._local.in_optimizer == 0:
+            self.step += 1
+
+    def phase(self) -> Phase:
+        if self._local.in_optimizer:
+            return Phase.OPTIMIZER
+        if torch._C._current_autograd_node() is not None:
+            return Phase.BACKWARD
+        return Phase.FORWARD

@@ -1,0 +1,240 @@
+"""The recording dispatch mode: every ATen op becomes an ``Execution`` event."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch._C._autograd import _get_sequence_nr
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nanscope.backends.torch.context import RunContext
+from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries
+from nanscope.backends.torch.ops import OpInfo, TensorIds, describe, tensors_of
+from nanscope.backends.torch.summaries import (
+    DTYPE_ENUM,
+    FLOAT_DTYPES,
+    summarize_device,
+    summarize_host,
+)
+from nanscope.events import DumpWriter, ExecutionEvent, Phase
+from nanscope.format.modes import TensorDebugMode
+
+DtypeFilter = Callable[[torch.dtype], bool]
+_FORWARD_LINKS_MAX = 1 << 20
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.last_seq_nr = -1
+
+
+class DumpingMode(TorchDispatchMode):
+    """Records each op it sees into a :class:`DumpWriter`."""
+
+    def __init__(
+        self,
+        writer: DumpWriter,
+        context: RunContext,
+        op_regex: re.Pattern[str] | None,
+        dtype_filter: DtypeFilter | None,
+    ) -> None:
+        super().__init__()
+        self.writer = writer
+        self.mode = writer.mode
+        self.context = context
+        self.op_regex = op_regex
+        self.dtype_filter = dtype_filter
+        self.ids = TensorIds()
+        self.device_buffer = DeviceBuffer()
+        self._ops: dict[Any, OpInfo] = {}
+        self._devices: dict[str, int] = {}
+        self._local = _Local()
+        # autograd node sequence_nr -> (execution sequence, stack id, module path)
+        self._forward: dict[int, tuple[int, int, str]] = {}
+        self._summaries: dict[int, np.ndarray] = {}  # tensor id -> host summary, for views
+        self._last_step = -1
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = describe(func, self.op_regex)
+        if not info.skip:
+            try:
+                self._record(info, args, kwargs, out)
+            except Exception as exc:  # never break the user's program
+                self._failed(exc)
+        return out
+
+    _warned = False
+
+    def _failed(self, exc: Exception) -> None:
+        if not DumpingMode._warned:
+            DumpingMode._warned = True
+            print(f"nanscope: could not record an op ({exc!r}); recording goes on", file=sys.stderr)
+
+    def _device_id(self, t: torch.Tensor) -> int:
+        key = str(t.device)
+        did = self._devices.get(key)
+        if did is None:
+            did = self._devices[key] = self.writer.register_device(key)
+        return did
+
+    def _summary(self, t: torch.Tensor, tid: int, info: OpInfo, source: int | None) -> Any:
+        mode = self.mode
+        if mode == TensorDebugMode.NO_TENSOR or not info.record_values:
+            return None
+        if self.dtype_filter is not None and not self.dtype_filter(t.dtype):
+            return None
+        if t.device.type == "cpu":
+            if source is not None and mode != TensorDebugMode.FULL_TENSOR:
+                cached = self._summaries.get(source)
+                if cached is not None:
+                    if mode == TensorDebugMode.SHAPE:
+                        view = summarize_host(t, mode)
+                    else:
+                        view = cached.copy()
+                        if mode == TensorDebugMode.FULL_HEALTH:
+                            view[3] = t.dim()  # same elements, its own rank
+                    if view is not None:
+                        self._remember(tid, view)
+                    return view
+            s = summarize_host(t, mode)
+            if s is not None and mode != TensorDebugMode.FULL_TENSOR:
+                self._remember(tid, s)
+            return s
+        if t.device.type == "meta":
+            return None
+        if mode == TensorDebugMode.FULL_TENSOR:
+            return summarize_host(t, mode)  # a full copy is a sync by nature
+        d = summarize_device(t, mode)
+        return None if d is None else self.device_buffer.add(d)
+
+    def _remember(self, tid: int, summary: np.ndarray) -> None:
+        cache = self._summaries
+        cache[tid] = summary
+        if len(cache) > 4096:
+            for k in list(cache)[:2048]:
+                del cache[k]
+
+    def _record(
+        self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any
+    ) -> None:
+        ctx = self.context
+        ins = tensors_of(args, [])
+        if kwargs:
+            for v in kwargs.values():
+                tensors_of(v, ins)
+        outs = tensors_of(out, [])
+        ids = self.ids
+        in_ids = [ids.get(t) for t in ins]
+        out_ids = [ids.new(t) for t in outs]
+        source = in_ids[0] if info.same_elements and in_ids else None
+        parts = [self._summary(t, tid, info, source) for t, tid in zip(outs, out_ids, strict=True)]
+        if any(isinstance(p, tuple) for p in parts):
+            summaries: Any = PendingSummaries(parts)
+        else:
+            summaries = parts
+        input_summaries: list[Any] = []
+        if (
+            self.mode
+            in (
+                TensorDebugMode.FULL_HEALTH,
+                TensorDebugMode.CONCISE_HEALTH,
+                TensorDebugMode.CURT_HEALTH,
+            )
+            and isinstance(summaries, list)
+            and any(_nonfinite(self.mode, s) for s in summaries)
+        ):
+            # The rare case worth the cost: what went into an op that made Inf/NaN.
+            input_summaries = [
+                summarize_host(t, self.mode) if t.device.type == "cpu" else None for t in ins
+            ]
+        node = torch._C._current_autograd_node()
+        phase = ctx.phase()
+        forward_sequence = 0
+        forward_stack = -1
+        module_path = ctx.module_path()
+        if node is not None:
+            link = self._forward.get(node._sequence_nr())
+            if link is not None:
+                forward_sequence, forward_stack, module_path = link
+        stack = self.writer.capture_stack(sys._getframe(2))
+        step = ctx.step
+        if step != self._last_step:
+            self._last_step = step
+            self.device_buffer.submit()
+        seq = self.writer.write_execution(
+            ExecutionEvent(
+                op_type=info.name,
+                output_tensor_ids=out_ids,
+                input_tensor_ids=in_ids,
+                output_device_ids=[self._device_id(t) for t in outs],
+                summaries=summaries,
+                input_summaries=input_summaries,
+                stack=stack,
+                module_path=module_path,
+                phase=phase,
+                step=step,
+                forward_sequence=forward_sequence,
+                forward_stack=forward_stack,
+            )
+        )
+        if node is None and phase != Phase.OPTIMIZER:
+            cur = _get_sequence_nr()
+            local = self._local
+            if cur != local.last_seq_nr:
+                local.last_seq_nr = cur
+                if torch.is_grad_enabled() and any(t.requires_grad for t in ins):
+                    links = self._forward
+                    links[cur - 1] = (seq, stack, module_path)
+                    if len(links) > _FORWARD_LINKS_MAX:
+                        for k in list(links)[: _FORWARD_LINKS_MAX // 2]:
+                            del links[k]
+
+
+def _nonfinite(mode: TensorDebugMode, s: Any) -> bool:
+    if not isinstance(s, np.ndarray):
+        return False
+    if mode == TensorDebugMode.FULL_HEALTH:
+        return bool(s[5] + s[6] + s[7] > 0)
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        return bool(s[2] + s[3] + s[4] > 0)
+    if mode == TensorDebugMode.CURT_HEALTH:
+        return bool(s[1] != 0)
+    return False
+
+
+def dtype_filter_from(tensor_dtypes: Any) -> DtypeFilter | None:
+    """``tensor_dtypes`` as TensorFlow takes it: a list of dtypes (or names) or a predicate."""
+    if tensor_dtypes is None:
+        return None
+    if callable(tensor_dtypes):
+        return tensor_dtypes  # type: ignore[no-any-return]
+    if isinstance(tensor_dtypes, (list, tuple, set, frozenset)):
+        wanted = set()
+        for d in tensor_dtypes:
+            dt = getattr(torch, d, None) if isinstance(d, str) else d
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"tensor_dtypes: {d!r} is not a torch dtype or dtype name")
+            wanted.add(dt)
+        return wanted.__contains__
+    raise ValueError(
+        "tensor_dtypes must be a list of dtypes (e.g. [torch.float32, 'bfloat16']) "
+        f"or a predicate; got {type(tensor_dtypes).__name__}"
+    )
+
+
+__all__ = ["DTYPE_ENUM", "FLOAT_DTYPES", "DumpingMode", "dtype_filter_from"]

@@ -1,0 +1,106 @@
+"""Facts about ATen ops that the recorders need, computed once per overload."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Views whose elements are exactly those of their input: their summary is the
+# input's (with its own rank), so they are never summarised again.
+SAME_ELEMENT_VIEWS = frozenset(
+    {
+        "aten.t", "aten.transpose", "aten.permute", "aten.view", "aten._unsafe_view",
+        "aten.reshape", "aten.alias", "aten.detach", "aten.squeeze", "aten.unsqueeze",
+        "aten.flatten", "aten.unflatten", "aten._reshape_alias", "aten.lift_fresh",
+        "aten.view_as", "aten.movedim", "aten.swapaxes", "aten.numpy_T", "aten.mT",
+    }
+)  # fmt: skip
+# Bookkeeping that is not computation.
+SKIPPED_NAMESPACES = frozenset({"profiler"})
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    name: str  # "aten.log.default"
+    skip: bool  # not an op of the user's computation (profiler bookkeeping)
+    same_elements: bool  # a view with the same elements as its first input
+    inplace: bool
+    record_values: bool  # op_regex allows summarising its outputs
+
+
+def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
+    name = str(func)
+    packet = name.rsplit(".", 1)[0]
+    namespace = name.split(".", 1)[0]
+    schema = getattr(func, "_schema", None)
+    inplace = bool(
+        schema is not None
+        and any(
+            a.is_out or (a.alias_info is not None and a.alias_info.is_write)
+            for a in schema.arguments
+        )
+    )
+    return OpInfo(
+        name=name,
+        skip=namespace in SKIPPED_NAMESPACES,
+        same_elements=packet in SAME_ELEMENT_VIEWS,
+        inplace=inplace,
+        record_values=op_regex is None or op_regex.match(name) is not None,
+    )
+
+
+def tensors_of(value: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or result (one level of lists and tuples)."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out
+
+
+class TensorIds:
+    """Process-unique ids for tensor objects, linking producers to consumers.
+
+    Keyed by ``id()`` and checked with a weak reference, so an address reused
+    by a new tensor never inherits the id of a dead one, and nothing is added
+    to the tensors themselves.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._ids: dict[int, tuple[int, weakref.ref[torch.Tensor]]] = {}
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
+        def drop(ref: weakref.ref[torch.Tensor]) -> None:
+            entry = self._ids.get(key)
+            if entry is not None and entry[1] is ref:
+                del self._ids[key]
+
+        return drop
+
+    def get(self, t: torch.Tensor) -> int:
+        """The id of a tensor seen before, or a new one (a tensor from outside the mode)."""
+        key = id(t)
+        entry = self._ids.get(key)
+        if entry is not None and entry[1]() is t:
+            return entry[0]
+        return self.new(t)
+
+    def new(self, t: torch.Tensor) -> int:
+        """A fresh id for a tensor that now holds a new value (an op's output)."""
+        self._next += 1
+        key = id(t)
+        # A tensor type that refuses weak references just gets no stable id.
+        with contextlib.suppress(TypeError):
+            self._ids[key] = (self._next, weakref.ref(t, self._forget(key)))
+        return self._next

@@ -1,0 +1,140 @@
+"""Tensor summaries in the tfdbg2 layouts, computed where the tensor lives.
+
+CPU tensors are summarised with numpy on a zero-copy view, with a fast path
+that proves "no Inf/NaN" with one vectorised sum (Inf and NaN propagate
+through it) and counts the categories only when it fails. Tensors on an
+accelerator are summarised with device ops into a small float64 tensor that
+stays on the device; the caller batches those and copies them to the host
+without blocking (see :mod:`nanscope.backends.torch.device_buffer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
+from nanscope.format.tensors import DTYPE_NAMES
+
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+# torch dtype -> tfdbg2 DataType number.
+DTYPE_ENUM: dict[torch.dtype, int] = {}
+for _name, _value in DTYPE_NAMES.items():
+    _dt = getattr(torch, _name, None)
+    if isinstance(_dt, torch.dtype):
+        DTYPE_ENUM[_dt] = int(_value)
+DTYPE_ENUM[torch.bool] = 10
+DTYPE_ENUM[torch.complex64] = 8
+DTYPE_ENUM[torch.complex128] = 18
+
+
+def host_view(t: torch.Tensor) -> np.ndarray:
+    """A flat numpy view (or, for bfloat16, a float32 copy) of a CPU tensor's values."""
+    x = t.detach()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    if x.is_conj():
+        x = x.resolve_conj()
+    a = x.numpy()
+    return a.reshape(-1)
+
+
+def counts(a: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """``(-inf, +inf, nan, negative, zero, positive)`` of a flat float array."""
+    n = a.size
+    nonzero = int(np.count_nonzero(a))
+    with np.errstate(all="ignore"):
+        total = np.add.reduce(a, dtype=np.float64 if a.dtype == np.float16 else None)
+        negative = int(np.count_nonzero(a < 0))
+    if np.isfinite(total):
+        # No Inf or NaN (they would have made the sum non-finite).
+        return 0, 0, 0, negative, n - nonzero, nonzero - negative
+    neg_inf = int(np.count_nonzero(a == -np.inf))
+    pos_inf = int(np.count_nonzero(a == np.inf))
+    nan = int(np.count_nonzero(np.isnan(a)))
+    positive = nonzero - negative - nan
+    return neg_inf, pos_inf, nan, negative - neg_inf, n - nonzero, positive - pos_inf
+
+
+def any_nonfinite(a: np.ndarray) -> bool:
+    with np.errstate(all="ignore"):
+        total = np.add.reduce(a, dtype=np.float64 if a.dtype == np.float16 else None)
+    if np.isfinite(total):
+        return False
+    return not bool(np.isfinite(a).all())
+
+
+def shape_slots(t: torch.Tensor) -> list[float]:
+    dims = list(t.shape)[-SHAPE_SLOTS:]
+    return [float(d) for d in dims] + [0.0] * (SHAPE_SLOTS - len(dims))
+
+
+def summarize_host(
+    t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1
+) -> np.ndarray | None:
+    """The summary vector of a CPU tensor, or ``None`` when the mode skips its dtype."""
+    dtype = t.dtype
+    if mode == TensorDebugMode.SHAPE:
+        if dtype not in DTYPE_ENUM or dtype.is_complex:
+            return None
+        return np.array(
+            [tensor_id, DTYPE_ENUM[dtype], t.dim(), t.numel(), *shape_slots(t)], dtype=np.float64
+        )
+    if mode == TensorDebugMode.FULL_TENSOR:
+        return full_value(t)
+    if dtype not in FLOAT_DTYPES:
+        return None
+    a = host_view(t)
+    if mode == TensorDebugMode.CURT_HEALTH:
+        return np.array([tensor_id, float(any_nonfinite(a))], dtype=np.float64)
+    ni, pi, nn, neg, zero, pos = counts(a)
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        return np.array([tensor_id, a.size, ni, pi, nn], dtype=np.float64)
+    return np.array(
+        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), a.size, ni, pi, nn, neg, zero, pos],
+        dtype=np.float64,
+    )
+
+
+def full_value(t: torch.Tensor) -> np.ndarray | None:
+    """The whole value on the host, for FULL_TENSOR (bfloat16 widened to float32)."""
+    x = t.detach()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    try:
+        return np.array(x.cpu().resolve_conj().resolve_neg().numpy(), copy=True)
+    except (TypeError, RuntimeError):
+        return None
+
+
+def summarize_device(t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1) -> Any:
+    """The summary of an accelerator tensor as a float64 device tensor (no host sync), or ``None``."""
+    dtype = t.dtype
+    if mode == TensorDebugMode.SHAPE:
+        if dtype not in DTYPE_ENUM or dtype.is_complex:
+            return None
+        return torch.tensor(
+            [tensor_id, DTYPE_ENUM[dtype], t.dim(), t.numel(), *shape_slots(t)], dtype=torch.float64
+        ).to(t.device, non_blocking=True)
+    if dtype not in FLOAT_DTYPES:
+        return None
+    x = t.detach().reshape(-1)
+    nan = torch.isnan(x).sum()
+    if mode == TensorDebugMode.CURT_HEALTH:
+        flag = (~torch.isfinite(x)).any().to(torch.float64)
+        return torch.stack([torch.full_like(flag, tensor_id), flag])
+    neg_inf = (x == float("-inf")).sum()
+    pos_inf = (x == float("inf")).sum()
+    size = torch.full_like(nan, x.numel())
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        return torch.stack([torch.full_like(nan, tensor_id), size, neg_inf, pos_inf, nan]).double()
+    neg = (x < 0).sum() - neg_inf
+    zero = (x == 0).sum()
+    pos = (x > 0).sum() - pos_inf
+    head = torch.tensor(
+        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim()], dtype=torch.int64, device=x.device
+    )
+    return torch.cat([head, torch.stack([size, neg_inf, pos_inf, nan, neg, zero, pos])]).double()
