@@ -5,7 +5,14 @@ framework only when they are enabled.
 """
 
 from nanscope._version import __version__
-from nanscope.api import DebugSession, disable_dump_debug_info, enable_dump_debug_info
+from nanscope.api import (
+    DebugSession,
+    disable_check_numerics,
+    disable_dump_debug_info,
+    enable_check_numerics,
+    enable_dump_debug_info,
+)
+from nanscope.errors import NonFiniteError
 from nanscope.events.writer import DumpWriter
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
@@ -16,9 +23,12 @@ __all__ = [
     "DumpNotFoundError",
     "DumpReader",
     "DumpWriter",
+    "NonFiniteError",
     "TensorDebugMode",
     "__version__",
+    "disable_check_numerics",
     "disable_dump_debug_info",
+    "enable_check_numerics",
     "enable_dump_debug_info",
     "open_dump",
 ]

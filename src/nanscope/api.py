@@ -151,3 +151,41 @@ def disable_dump_debug_info() -> None:
     session = _active
     if session is not None:
         session.close()
+
+
+_checking: _Session | None = None
+
+
+def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> None:
+    """Raise at the first op whose output holds Inf or NaN; keeps no history.
+
+    PyTorch: raises :class:`nanscope.NonFiniteError` naming the op, its module
+    path, the counts, the inputs and the user's source line (for a backward op,
+    also the forward op and line that created it). On accelerators checks are
+    looked at every ``sync_every`` ops. TensorFlow: turns on
+    ``tf.debugging.enable_check_numerics()``. Idempotent.
+    """
+    global _checking
+    with _lock:
+        if _checking is not None:
+            return
+        name = detect(framework)
+        if name == "torch":
+            from nanscope.backends.torch.check_numerics import TorchCheckNumerics
+
+            _checking = TorchCheckNumerics(sync_every)
+        elif name == "tensorflow":
+            from nanscope.backends.tensorflow import TensorFlowCheckNumerics
+
+            _checking = TensorFlowCheckNumerics()
+        else:
+            raise NotImplementedError(f"check_numerics for {name} is not supported yet")
+
+
+def disable_check_numerics() -> None:
+    """Turn :func:`enable_check_numerics` off."""
+    global _checking
+    with _lock:
+        session, _checking = _checking, None
+    if session is not None:
+        session.close()

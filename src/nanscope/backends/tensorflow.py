@@ -32,3 +32,19 @@ class TensorFlowDumpSession:
 
     def close(self) -> None:
         self._tf.debugging.experimental.disable_dump_debug_info()
+
+
+class TensorFlowCheckNumerics:
+    framework = "tensorflow"
+
+    def __init__(self) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        tf.debugging.enable_check_numerics()
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._tf.debugging.disable_check_numerics()
