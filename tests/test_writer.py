@@ -220,3 +220,19 @@ def test_periodic_flush_without_any_call(tmp_path: Path) -> None:
 def test_unknown_mode_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown tensor debug mode 'FULLHEALTH'"):
         DumpWriter(tmp_path, "FULLHEALTH")
+
+
+@pytest.mark.parametrize("capacity", [-1, 3])
+def test_batched_traces_reach_the_file(tmp_path: Path, capacity: int) -> None:
+    m = np.stack([full_health(i % 2) for i in range(5)])
+    with DumpWriter(tmp_path, "FULL_HEALTH", capacity, origin_window=0) as w:
+        first = w.write_traces("g", [f"n{i}" for i in range(5)], [0] * 5, m, step=7)
+    assert first == 1
+    traces = [
+        e.graph_execution_trace
+        for e in events_in(only_set(tmp_path).path("graph_execution_traces"))
+    ]
+    expected = [1, 2, 3, 4, 5] if capacity < 0 else [2, 3, 4, 5]  # the origin (#2) and the last 3
+    assert [t.sequence for t in traces] == expected
+    assert [t.op_name for t in traces] == [f"n{s - 1}" for s in expected]
+    assert traces[-1].tensor_proto.tensor_content == m[4].tobytes()

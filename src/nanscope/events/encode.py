@@ -15,7 +15,9 @@ from nanscope.events.model import ExecutionEvent, Pending, TraceEvent
 from nanscope.format.modes import UNKNOWN_HEALTH, HealthRow, TensorDebugMode, summary_health
 from nanscope.format.tensors import array_to_proto
 
-_EMPTY_TENSOR = wire.len_field(7, b"")  # Execution.tensor_protos entry for a skipped output
+_V = wire.varint
+_TAG = {f: wire.tag(f, wire.LEN) for f in (4, 5, 7, 8, 9, 10, 1004, 1006)}
+_TAG_VARINT = {f: wire.tag(f, wire.VARINT) for f in (1003, 1005)}
 # TensorFlow's NO_TENSOR graph trace: an empty float32 tensor of shape [0].
 _NO_TENSOR_PROTO = b"\x08\x01" + wire.len_field(2, wire.len_field(2, b""))
 
@@ -45,6 +47,8 @@ class Encoder:
         self._trace_heads: dict[tuple[str, str, int], bytes] = {}
         self._trace_devices: dict[str, bytes] = {}
         self._summary_heads: dict[int, bytes] = {}
+        self._field_heads: dict[tuple[int, int], bytes] = {}
+        self._located: dict[int, bytes] = {}
 
     # -- shared pieces ---------------------------------------------------------------------
 
@@ -78,10 +82,33 @@ class Encoder:
 
     # -- executions ------------------------------------------------------------------------
 
+    def _summary_field(self, field: int, value: np.ndarray | None) -> bytes:
+        """A ``tensor_protos``-style field holding one summary (cached prefix per length)."""
+        if value is None:
+            return _TAG[field] + b"\x00"
+        if self.mode == TensorDebugMode.FULL_TENSOR:
+            return wire.len_field(field, self.value_proto(value))
+        n = len(value)
+        key = (field, n)
+        prefix = self._field_heads.get(key)
+        if prefix is None:
+            head = self.summary_proto(np.zeros(n))[: -8 * n]
+            prefix = self._field_heads[key] = _TAG[field] + _V(len(head) + 8 * n) + head
+        if value.dtype != np.float64:
+            value = value.astype(np.float64)
+        return prefix + value.tobytes()
+
     def execution(
-        self, ev: ExecutionEvent, sequence: int, wall_time: float
+        self,
+        ev: ExecutionEvent,
+        sequence: int,
+        wall_time: float,
+        summaries: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[bytes, HealthRow, Sequence[np.ndarray | None]]:
-        """``(payload, health, resolved output summaries)`` for one execution."""
+        """``(payload, health, output summaries)`` for one execution.
+
+        ``summaries`` are the event's, already resolved (else resolved here).
+        """
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         hkey = (ev.op_type, num_outputs, ev.graph_id)
         head = self._exec_heads.get(hkey)
@@ -92,38 +119,57 @@ class Encoder:
                 + wire.str_field(3, ev.graph_id)
             )
             self._exec_heads[hkey] = head
-        summaries = resolve(ev.summaries) if self.mode != TensorDebugMode.NO_TENSOR else ()
-        parts = [
-            head,
-            wire.packed_ints(4, ev.input_tensor_ids),
-            wire.packed_ints(5, ev.output_tensor_ids),
-            self._mode_exec,
-        ]
+        no_tensor = self.mode == TensorDebugMode.NO_TENSOR
+        if no_tensor:
+            summaries = ()
+        elif summaries is None:
+            summaries = resolve(ev.summaries)
+        parts = [head]
+        ids = ev.input_tensor_ids
+        if ids:
+            body = b"".join(map(_V, ids))
+            parts += (_TAG[4], _V(len(body)), body)
+        ids = ev.output_tensor_ids
+        if ids:
+            body = b"".join(map(_V, ids))
+            parts += (_TAG[5], _V(len(body)), body)
+        parts.append(self._mode_exec)
+        field = self._summary_field
         for s in summaries:
-            parts.append(_EMPTY_TENSOR if s is None else wire.len_field(7, self.value_proto(s)))
+            parts.append(field(7, s))
         if ev.stack >= 0:
-            parts.append(wire.len_field(8, self.code_location(ev.stack)))
-        parts.append(wire.packed_ints(9, ev.output_device_ids))
+            loc = self._located.get(ev.stack)
+            if loc is None:
+                loc = self._located[ev.stack] = wire.len_field(8, self.code_location(ev.stack))
+            parts.append(loc)
+        ids = ev.output_device_ids
+        if ids:
+            body = b"".join(map(_V, ids))
+            parts += (_TAG[9], _V(len(body)), body)
         ekey = (ev.module_path, int(ev.phase))
         extra = self._exec_extras.get(ekey)
         if extra is None:
             extra = wire.str_field(1001, ev.module_path) + wire.int_field(1002, int(ev.phase))
             self._exec_extras[ekey] = extra
         parts.append(extra)
-        parts.append(wire.int_field(1003, ev.forward_sequence))
+        if ev.forward_sequence:
+            parts += (_TAG_VARINT[1003], _V(ev.forward_sequence))
         if ev.forward_stack >= 0:
             parts.append(wire.len_field(1004, self.code_location(ev.forward_stack)))
-        parts.append(wire.int_field(1005, sequence))
-        if self.mode != TensorDebugMode.NO_TENSOR and ev.input_summaries:
+        if sequence:
+            parts += (_TAG_VARINT[1005], _V(sequence))
+        if not no_tensor and ev.input_summaries:
             for s in resolve(ev.input_summaries):
-                parts.append(
-                    wire.len_field(1006, b"")
-                    if s is None
-                    else wire.len_field(1006, self.value_proto(s))
-                )
+                parts.append(field(1006, s))
         body = b"".join(parts)
-        payload = (
-            wire.double_field(1, wall_time) + wire.int_field(2, ev.step) + wire.len_field(9, body)
+        payload = b"".join(
+            (
+                wire.double_field(1, wall_time),
+                wire.int_field(2, ev.step),
+                _TAG[9],
+                _V(len(body)),
+                body,
+            )
         )
         return payload, summary_health(self.mode, summaries), summaries
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -77,43 +78,48 @@ class StringTable:
 
 
 class EventStream:
-    """A circular (``capacity > 0``) or unbounded event file with its sidecar index."""
+    """A circular (``capacity > 0``) or unbounded event file with its sidecar index.
 
-    def __init__(self, path: Path, capacity: int, window: int) -> None:
+    Events arrive as *specs* that ``encode`` turns into payload bytes. Encoding
+    is deferred to flush time: in a circular buffer most events are evicted
+    before any flush, and are then never encoded at all.
+    """
+
+    def __init__(
+        self, path: Path, capacity: int, window: int, encode: Callable[[Any], bytes]
+    ) -> None:
         self.path = path
         self.index_path = Path(str(path) + INDEX_SUFFIX)
         self.capacity = capacity
         self.window = max(0, window)
+        self.encode = encode
         self.strings = StringTable()
         self.origin_seen = False
         self.dirty = False
         self.dropped = 0
+        # Items are [spec or framed record (bytes), row].
+        self._ring: deque[list[Any]] = deque()
+        self._before: deque[list[Any]] = deque()
+        self._protected: list[list[Any]] = []
+        self._after_left = 0
         if capacity > 0:
             # Circular: the files are rewritten whole at each flush.
-            self._ring: deque[tuple[bytes, RowTuple]] = deque()
-            self._before: deque[tuple[bytes, RowTuple]] = deque()
-            self._protected: list[tuple[bytes, RowTuple]] = []
-            self._after_left = 0
             for p in (self.path, self.index_path):
                 p.touch()
         else:
             self._data = AppendFile(path)
             self._index = AppendFile(self.index_path)
-            self._pending_records: list[bytes] = []
-            self._pending_rows: list[tuple[int, RowTuple]] = []
 
     @property
     def circular(self) -> bool:
         return self.capacity > 0
 
-    def add(self, payload: bytes, row: RowTuple, nonfinite: bool) -> None:
-        record = frame(payload)
+    def add(self, spec: Any, row: RowTuple, nonfinite: bool) -> None:
         self.dirty = True
+        item = [spec, row]
         if not self.circular:
-            self._pending_records.append(record)
-            self._pending_rows.append((len(record), row))
+            self._ring.append(item)
             return
-        item = (record, row)
         if not self.origin_seen and nonfinite:
             self.origin_seen = True
             keep = min(self.window, len(self._ring))
@@ -151,21 +157,28 @@ class EventStream:
         else:
             self._append(sync)
 
-    def _rows(self, entries: list[tuple[int, RowTuple]], start: int) -> np.ndarray:
+    def _records(self, items: list[list[Any]], start: int) -> tuple[bytes, np.ndarray]:
+        """The framed records of ``items`` (encoding those not encoded yet) and their rows."""
+        encode = self.encode
         records = []
+        rows = []
         offset = start
-        for length, r in entries:
-            records.append((offset, length, *r))
-            offset += length
-        return np.array(records, dtype=sidecar.ROW_DTYPE)
+        for item in items:
+            record = item[0]
+            if not isinstance(record, bytes):
+                record = item[0] = frame(encode(record))
+            records.append(record)
+            rows.append((offset, len(record), *item[1]))
+            offset += len(record)
+        return b"".join(records), np.array(rows, dtype=sidecar.ROW_DTYPE)
 
     def _append(self, sync: bool) -> None:
-        if not self._pending_records:
+        if not self._ring:
             return
-        start = self._data.write_framed(b"".join(self._pending_records))
-        rows = self._rows(self._pending_rows, start)
-        self._pending_records.clear()
-        self._pending_rows.clear()
+        items = list(self._ring)
+        self._ring.clear()
+        data, rows = self._records(items, self._data.offset)
+        self._data.write_framed(data)
         # Data before index: a reader never finds a row whose record is not there yet.
         self._data.flush(sync)
         new = self.strings.take_new()
@@ -175,9 +188,7 @@ class EventStream:
         self._index.flush(sync)
 
     def _rewrite(self, sync: bool) -> None:
-        items = [*self._before, *self._protected, *self._ring]
-        data = b"".join(rec for rec, _ in items)
-        rows = self._rows([(len(rec), row) for rec, row in items], 0)
+        data, rows = self._records([*self._before, *self._protected, *self._ring], 0)
         index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + frame(
             sidecar.rows_chunk(rows)
         )

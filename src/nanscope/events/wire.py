@@ -22,8 +22,7 @@ FIXED64 = 1
 LEN = 2
 
 
-def varint(value: int) -> bytes:
-    """Base-128 varint; negative numbers use 10 bytes, as int64 fields do."""
+def _encode_varint(value: int) -> bytes:
     if value < 0:
         value += 1 << 64
     if value < 0x80:
@@ -36,12 +35,26 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+# Most varints on the hot path (lengths, ids, slots, tags) are small: look them up.
+_SMALL = [_encode_varint(v) for v in range(1 << 14)]
+
+
+def varint(value: int) -> bytes:
+    """Base-128 varint; negative numbers use 10 bytes, as int64 fields do."""
+    if 0 <= value < 16384:
+        return _SMALL[value]
+    return _encode_varint(value)
+
+
 def tag(field: int, wire_type: int) -> bytes:
     return varint((field << 3) | wire_type)
 
 
+_tag = tag
+
+
 def len_field(field: int, payload: bytes) -> bytes:
-    return tag(field, LEN) + varint(len(payload)) + payload
+    return _tag(field, LEN) + varint(len(payload)) + payload
 
 
 def str_field(field: int, value: str) -> bytes:
@@ -59,7 +72,7 @@ def double_field(field: int, value: float) -> bytes:
 
 
 def packed_ints(field: int, values: Iterable[int]) -> bytes:
-    body = b"".join(varint(v) for v in values)
+    body = b"".join(map(varint, values))
     return len_field(field, body) if body else b""
 
 

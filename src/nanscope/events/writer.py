@@ -27,12 +27,12 @@ import numpy as np
 
 from nanscope._version import __version__
 from nanscope.events import lifecycle
-from nanscope.events.encode import Encoder
+from nanscope.events.encode import Encoder, resolve
 from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files
-from nanscope.format.modes import HealthRow, TensorDebugMode, parse_mode
+from nanscope.format.modes import UNKNOWN_HEALTH, TensorDebugMode, parse_mode, summary_health
 from nanscope.format.proto import debug_event_pb2 as pb
 
 FILE_VERSION = "debug.Event:1"
@@ -147,12 +147,16 @@ class DumpWriter:
         self._graphs = AppendFile(self.file_set.path(files.GRAPHS))
         metadata = AppendFile(self.file_set.path(files.METADATA))
         self._executions = EventStream(
-            self.file_set.path(files.EXECUTION), self.circular_buffer_size, origin_window
+            self.file_set.path(files.EXECUTION),
+            self.circular_buffer_size,
+            origin_window,
+            self._encode_execution,
         )
         self._traces = EventStream(
             self.file_set.path(files.GRAPH_EXECUTION_TRACES),
             self.circular_buffer_size,
             origin_window,
+            self._encode_trace,
         )
         meta = pb.DebugEvent(wall_time=self.start_time)
         md = meta.debug_metadata
@@ -373,61 +377,39 @@ class DumpWriter:
         self._executions.close()
         self._traces.close()
 
-    def _row(
-        self,
-        stream: EventStream,
-        name: str,
-        graph: str,
-        slot: int,
-        wall: float,
-        step: int,
-        seq: int,
-        h: HealthRow,
-        phase: int = 0,
-        device: int = 0,
-    ) -> tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]:
-        st = stream.strings
-        return (
-            st.id(name),
-            st.id(graph),
-            slot,
-            wall,
-            step,
-            seq,
-            h.size,
-            h.neg_inf,
-            h.pos_inf,
-            h.nan,
-            h.nonfinite,
-            phase,
-            device,
-        )
+    # Events are turned into records only when a flush writes them (see
+    # EventStream); here they get their index row and their health.
+
+    def _encode_execution(self, spec: tuple[ExecutionEvent, int, float, Any]) -> bytes:
+        ev, seq, wall, summaries = spec
+        return self._encoder.execution(ev, seq, wall, summaries)[0]
+
+    def _encode_trace(self, spec: Any) -> bytes:
+        if len(spec) == 1:  # encoded already, by a batch
+            return spec[0]  # type: ignore[no-any-return]
+        ev, seq, wall = spec
+        return self._encoder.trace(ev, seq, wall)[0]
 
     def _on_execution(self, ev: ExecutionEvent, seq: int, wall: float) -> None:
-        payload, h, _ = self._encoder.execution(ev, seq, wall)
+        if self.mode == TensorDebugMode.NO_TENSOR:
+            summaries: Sequence[np.ndarray | None] = ()
+        else:
+            summaries = resolve(ev.summaries)
+        h = summary_health(self.mode, summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
-        row = self._row(
-            self._executions,
-            ev.op_type,
-            ev.graph_id,
-            num_outputs,
-            wall,
-            ev.step,
-            seq,
-            h,
-            int(ev.phase),
-            device,
-        )
-        self._executions.add(payload, row, h.nonfinite == 1)
+        st = self._executions.strings
+        row = (st.id(ev.op_type), st.id(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
+        self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
         self.stats.executions += 1
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
-        payload, h = self._encoder.trace(ev, seq, wall)
-        row = self._row(
-            self._traces, ev.op_name, ev.graph_id, ev.output_slot, wall, ev.step, seq, h
-        )
-        self._traces.add(payload, row, h.nonfinite == 1)
+        h = summary_health(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_HEALTH
+        st = self._traces.strings
+        row = (st.id(ev.op_name), st.id(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
+        self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
         self.stats.traces += 1
 
     def _on_traces(
@@ -461,25 +443,8 @@ class DumpWriter:
         add = self._traces.add
         for i, payload in enumerate(payloads):
             size, ni, pi, nn, nf = health[i].tolist()
-            add(
-                payload,
-                (
-                    st.id(op_names[i]),
-                    gid,
-                    slots[i],
-                    wall,
-                    step,
-                    first + i,
-                    size,
-                    ni,
-                    pi,
-                    nn,
-                    nf,
-                    0,
-                    0,
-                ),
-                nf == 1,
-            )
+            add((payload,), (st.id(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
+                          nn, nf, 0, 0), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)
 
     def _on_stack_frame(self, fid: str, file_index: int, line: int, func: str) -> None:
