@@ -11,51 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Literal
 
+from nanscope._paths import is_library_file, is_nanscope_file
+
 SnapshotPolicy = Literal["user", "all", "none"]
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARY_DIRS = tuple(
-    os.path.abspath(p) + os.sep
-    for p in {
-        sysconfig.get_paths().get("stdlib", ""),
-        sysconfig.get_paths().get("platstdlib", ""),
-        sysconfig.get_paths().get("purelib", ""),
-        sysconfig.get_paths().get("platlib", ""),
-    }
-    if p
-)
-
-
-def is_library_file(path: str) -> bool:
-    """True for files of the standard library and installed packages (not the user's code)."""
-    if path.startswith("<"):
-        return True
-    p = os.path.abspath(path)
-    if p.startswith(_USER_CODE_IN_PACKAGE):
-        return False
-    if "site-packages" in p or "dist-packages" in p:
-        return True
-    return p.startswith(_LIBRARY_DIRS)
-
-
-# nanscope's own example programs are user code as far as stacks are concerned.
-_USER_CODE_IN_PACKAGE = (
-    os.path.join(_PACKAGE_DIR, "examples") + os.sep,
-    os.path.join(_PACKAGE_DIR, "demo.py"),
-)
-
-
-def is_nanscope_file(path: str) -> bool:
-    """True for nanscope's own machinery, whose frames are left out of recorded stacks."""
-    p = os.path.abspath(path)
-    return p.startswith(_PACKAGE_DIR + os.sep) and not p.startswith(_USER_CODE_IN_PACKAGE)
-
 
 # A sink receives, in order, ("source_file", index, path, snapshot) and
 # ("stack_frame", frame_id, file_index, line, func) tuples.

@@ -29,7 +29,7 @@ from nanscope.backends.torch.ops import OpInfo, describe, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Frame, NonFiniteError
 from nanscope.events.model import Phase
-from nanscope.events.stacks import is_library_file, is_nanscope_file
+from nanscope._paths import is_library_file, is_nanscope_file
 
 
 def user_frame(frame: FrameType | None) -> Frame | None:
