@@ -24,12 +24,12 @@ import torch
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.ops import OpInfo, describe, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Frame, NonFiniteError
 from nanscope.events.model import Phase
-from nanscope._paths import is_library_file, is_nanscope_file
 
 
 def user_frame(frame: FrameType | None) -> Frame | None:

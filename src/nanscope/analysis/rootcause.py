@@ -1,0 +1,253 @@
+"""The analysis every surface renders: alerts, the origin of the first Inf/NaN, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nanscope.analysis.views import EventView, ViewBuilder
+from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+from nanscope.reader import EXECUTIONS, TRACES, DumpReader, ProcessInfo
+
+SCHEMA = "nanscope.report/1"
+CHAIN_LIMIT = 50
+
+
+@dataclass
+class Alerts:
+    """Inf/NaN events: how many, of which op types, at which steps."""
+
+    total: int = 0
+    executions: int = 0
+    graph_execution_traces: int = 0
+    by_op_type: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # op_type, kind, count, first_index
+    by_step: list[dict[str, int]] = field(default_factory=list)  # step, count
+
+
+@dataclass
+class Analysis:
+    """The one result that the terminal report, the JSON report and the GUI render."""
+
+    logdir: str
+    run_id: str
+    framework: str
+    tensor_debug_mode: str | None
+    processes: list[dict[str, Any]]
+    num_executions: int
+    num_graph_execution_traces: int
+    steps: list[int] | None
+    alerts: Alerts
+    origin: EventView | None = None
+    origin_kind: str | None = None  # "born" or "entered"
+    first_inf: EventView | None = None
+    first_nan: EventView | None = None
+    chain: list[EventView] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return self.alerts.total > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented, stable JSON form (``docs/REPORT_JSON.md``)."""
+
+        def ev(v: EventView | None) -> dict[str, Any] | None:
+            return v.to_json() if v is not None else None
+
+        return {
+            "schema": SCHEMA,
+            "logdir": self.logdir,
+            "run_id": self.run_id,
+            "framework": self.framework,
+            "tensor_debug_mode": self.tensor_debug_mode,
+            "processes": self.processes,
+            "num_executions": self.num_executions,
+            "num_graph_execution_traces": self.num_graph_execution_traces,
+            "steps": self.steps,
+            "found_nonfinite": self.found,
+            "alerts": {
+                "total": self.alerts.total,
+                "executions": self.alerts.executions,
+                "graph_execution_traces": self.alerts.graph_execution_traces,
+                "by_op_type": self.alerts.by_op_type,
+                "by_step": self.alerts.by_step,
+            },
+            "origin": ev(self.origin),
+            "origin_kind": self.origin_kind,
+            "first_inf": ev(self.first_inf),
+            "first_nan": ev(self.first_nan),
+            "chain": [c.to_json() for c in self.chain],
+            "notes": self.notes,
+            "problems": self.problems,
+        }
+
+
+def _process_json(p: ProcessInfo) -> dict[str, Any]:
+    return {"index": p.index, "name": p.name, "host": p.host, "rank": p.rank, "pid": p.pid,
+            "framework": p.framework, "label": p.label}  # fmt: skip
+
+
+def _alerts(reader: DumpReader) -> Alerts:
+    a = Alerts()
+    per_op: dict[tuple[str, str], list[int]] = {}
+    steps: dict[int, int] = {}
+    for kind in (EXECUTIONS, TRACES):
+        rows = reader.index(kind)
+        hits = np.flatnonzero(rows["nonfinite"] == 1)
+        if kind == EXECUTIONS:
+            a.executions = int(hits.size)
+            names = rows["name"][hits]
+        else:
+            a.graph_execution_traces = int(hits.size)
+            names = reader.trace_op_types()[hits]
+        for sid in np.unique(names).tolist():
+            members = hits[names == sid]
+            per_op[(reader.string(sid), kind)] = [int(members.size), int(members[0])]
+        s_vals, s_counts = np.unique(rows["step"][hits], return_counts=True)
+        for s, c in zip(s_vals.tolist(), s_counts.tolist(), strict=True):
+            steps[s] = steps.get(s, 0) + c
+    a.total = a.executions + a.graph_execution_traces
+    a.by_op_type = sorted(
+        ({"op_type": op, "kind": kind, "count": n, "first_index": first}
+         for (op, kind), (n, first) in per_op.items()),
+        key=lambda d: (-d["count"], d["op_type"]),
+    )  # fmt: skip
+    a.by_step = [{"step": s, "count": steps[s]} for s in sorted(steps)]
+    return a
+
+
+def _first(reader: DumpReader, column: str) -> tuple[str, int] | None:
+    """The earliest event (by wall time across kinds; file order within one) with ``column`` > 0."""
+    best: tuple[float, str, int] | None = None
+    for kind in (EXECUTIONS, TRACES):
+        rows = reader.index(kind)
+        if column == "inf":
+            mask = (rows["neg_inf"] > 0) | (rows["pos_inf"] > 0)
+        else:
+            mask = rows[column] > 0
+        hits = np.flatnonzero(mask)
+        if not hits.size:
+            continue
+        procs = reader.processes_of(kind)[hits]
+        _, first_of_proc = np.unique(procs, return_index=True)
+        for i in hits[first_of_proc].tolist():
+            t = float(rows["wall_time"][i])
+            if best is None or t < best[0]:
+                best = (t, kind, i)
+    return None if best is None else (best[1], best[2])
+
+
+def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
+    """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between."""
+    mode = reader.tensor_debug_mode
+    rows_e = reader.index(EXECUTIONS)
+    rows_t = reader.index(TRACES)
+    all_steps = np.concatenate([rows_e["step"], rows_t["step"]])
+    result = Analysis(
+        logdir=str(reader.dump_root),
+        run_id=reader.run_id,
+        framework=reader.framework,
+        tensor_debug_mode=mode.name if mode is not None else None,
+        processes=[
+            {
+                "index": p.index,
+                "name": p.name,
+                "host": p.host,
+                "rank": p.rank,
+                "pid": p.pid,
+                "framework": p.framework,
+                "label": p.label,
+            }
+            for p in reader.processes
+        ],  # fmt: skip
+        num_executions=reader.num_executions(),
+        num_graph_execution_traces=reader.num_graph_execution_traces(),
+        steps=[int(all_steps.min()), int(all_steps.max())] if all_steps.size else None,
+        alerts=_alerts(reader),
+        problems=[{"severity": p.severity, "message": p.message} for p in reader.problems],
+    )
+    if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:
+        result.notes.append(
+            f"This dump was written in {mode.name} mode, which records which ops ran but not "
+            "whether their values were finite: no Inf/NaN can be found in it. Record again with "
+            "tensor_debug_mode='FULL_HEALTH'."
+        )
+        return result
+    if mode == TensorDebugMode.CURT_HEALTH:
+        result.notes.append(
+            "CURT_HEALTH records only whether each tensor had any Inf/NaN: counts, the first "
+            "-inf/+inf versus the first NaN, and most explanations need CONCISE_HEALTH or FULL_HEALTH."
+        )
+    first = reader.first_nonfinite()
+    if first is None:
+        return result
+    views = ViewBuilder(reader, lookback)
+    origin = views.view(first.kind, first.index)
+    result.origin = origin
+    result.origin_kind = "entered" if origin.external_input else "born"
+    # A circular buffer may have evicted the producer: say when the inputs are unknown.
+    if (
+        origin.kind == EXECUTIONS
+        and not origin.external_input
+        and any(i.producer is None and i.counts is None for i in origin.inputs)
+    ):
+        result.notes.append(
+            "Some inputs of the origin were produced before the recorded window or outside "
+            "the recorded ops; their values are unknown."
+        )
+    cache: dict[tuple[str, int], EventView] = {(origin.kind, origin.index): origin}
+
+    def view(kind: str, index: int) -> EventView:
+        key = (kind, index)
+        if key not in cache:
+            cache[key] = views.view(kind, index)
+        return cache[key]
+
+    inf_at = _first(reader, "inf")
+    nan_at = _first(reader, "nan")
+    result.first_inf = view(*inf_at) if inf_at else None
+    result.first_nan = view(*nan_at) if nan_at else None
+    if result.first_nan is not None:
+        result.chain = _chain(reader, origin, result.first_nan, view)
+    return result
+
+
+def _chain(reader: DumpReader, origin: EventView, end: EventView, view: Any) -> list[EventView]:
+    """The non-finite events that carry the origin's values to ``end`` (data edges only)."""
+    if origin.kind != end.kind or origin.process != end.process or end.index < origin.index:
+        return [origin, end] if (origin.kind, origin.index) != (end.kind, end.index) else [origin]
+    if origin.index == end.index:
+        return [origin]
+    kind = origin.kind
+    rows = reader.index(kind)
+    procs = reader.processes_of(kind)
+    span = np.arange(origin.index + 1, end.index + 1)
+    span = span[(rows["nonfinite"][span] == 1) & (procs[span] == origin.process)]
+    chain = [origin]
+    if kind == EXECUTIONS:
+        live = set(reader.execution(origin.index).output_tensor_ids)
+        for i in span.tolist()[: CHAIN_LIMIT * 20]:
+            ex = reader.execution(i)
+            if live.intersection(ex.input_tensor_ids):
+                live.update(ex.output_tensor_ids)
+                chain.append(view(kind, i))
+                if i == end.index or len(chain) >= CHAIN_LIMIT:
+                    break
+    else:
+        live_ops = {origin.op_name}
+        for i in span.tolist()[: CHAIN_LIMIT * 20]:
+            tr = reader.trace(i)
+            op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
+            if op is not None and live_ops.intersection(name for name, _ in op.inputs):
+                live_ops.add(tr.op_name)
+                chain.append(view(kind, i))
+                if i == end.index or len(chain) >= CHAIN_LIMIT:
+                    break
+    if chain[-1].index != end.index:
+        chain.append(end)
+    return chain

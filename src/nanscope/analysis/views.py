@@ -1,0 +1,324 @@
+"""What a report says about one event, gathered from the reader."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nanscope._paths import is_user_file
+from nanscope.analysis.explain import Counts, explain
+from nanscope.format.modes import TensorDebugMode, shape_from_summary
+from nanscope.format.tensors import dtype_name
+from nanscope.reader import EXECUTIONS, TRACES, DumpReader, Execution, StackFrame
+
+PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+
+
+@dataclass(frozen=True)
+class Source:
+    file: str
+    line: int
+    function: str
+    code: str = ""  # the line itself, when the dump recorded the file
+
+
+@dataclass(frozen=True)
+class Producer:
+    kind: str
+    index: int
+    op_type: str
+    op_name: str
+
+
+@dataclass(frozen=True)
+class InputView:
+    name: str  # "input 0" (eager) or "Softmax:0" (graph)
+    producer: Producer | None
+    counts: Counts | None
+
+
+@dataclass
+class EventView:
+    """One event as a report shows it."""
+
+    kind: str
+    index: int
+    process: int
+    rank: int | None
+    op_type: str
+    op_name: str
+    graph_id: str
+    graph_name: str
+    step: int
+    wall_time: float
+    phase: str
+    module_path: str
+    device: str
+    counts: Counts
+    shape: list[int | None] | None
+    inputs: list[InputView]
+    source: Source | None
+    stack: list[Source]
+    forward_op: str = ""
+    forward_source: Source | None = None
+    external_input: bool = False
+    explanation: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+def counts_of(mode: TensorDebugMode, vector: np.ndarray | None) -> Counts:
+    """Counts (and dtype) from one summary vector or FULL_TENSOR value."""
+    if vector is None:
+        return Counts()
+    v = vector
+    if mode == TensorDebugMode.FULL_HEALTH and len(v) >= 11:
+        return Counts(int(v[4]), int(v[5]), int(v[6]), int(v[7]), int(v[8]), int(v[9]),
+                      int(v[10]), dtype_name(int(v[2])))  # fmt: skip
+    if mode == TensorDebugMode.CONCISE_HEALTH and len(v) >= 5:
+        return Counts(int(v[1]), int(v[2]), int(v[3]), int(v[4]))
+    if mode == TensorDebugMode.SHAPE and len(v) >= 4:
+        return Counts(size=int(v[3]), dtype=dtype_name(int(v[1])))
+    if mode == TensorDebugMode.FULL_TENSOR:
+        from nanscope.format.modes import full_tensor_health
+
+        h = full_tensor_health(np.asarray(v))
+        return Counts(h.size, h.neg_inf, h.pos_inf, h.nan, h.neg, h.zero, h.pos, str(v.dtype))
+    if mode == TensorDebugMode.CURT_HEALTH and len(v) >= 2:
+        # Only "any Inf/NaN": record it as an unknown mix.
+        return Counts()
+    return Counts()
+
+
+def _sum_counts(items: list[Counts]) -> Counts:
+    def total(name: str) -> int | None:
+        vals = [getattr(c, name) for c in items]
+        return None if not vals or any(v is None for v in vals) else sum(vals)
+
+    return Counts(total("size"), total("neg_inf"), total("pos_inf"), total("nan"), total("neg"),
+                  total("zero"), total("pos"), items[0].dtype if items else "")  # fmt: skip
+
+
+class ViewBuilder:
+    """Builds :class:`EventView` objects; looks ``lookback`` events back for producers."""
+
+    def __init__(self, reader: DumpReader, lookback: int = 5000) -> None:
+        self.reader = reader
+        self.lookback = lookback
+        self._sources: dict[tuple[int, int], list[str]] = {}
+
+    # -- sources -----------------------------------------------------------------------------
+
+    def _code(self, frame: StackFrame, process: int) -> str:
+        key = (process, frame.file_index)
+        lines = self._sources.get(key)
+        if lines is None:
+            try:
+                lines = self.reader.source_lines(frame.file_index, process)
+            except (IndexError, OSError, ValueError):
+                lines = []
+            self._sources[key] = lines
+        return lines[frame.lineno - 1].strip() if 0 < frame.lineno <= len(lines) else ""
+
+    def source_lines(self, frame: Source, process: int, context: int = 3) -> list[tuple[int, str]]:
+        """``(line number, text)`` around ``frame``, from the dump's snapshot."""
+        for f in self.reader.source_files(process):
+            if f.file_path == frame.file:
+                lines = self._sources.get((process, f.index))
+                if lines is None:
+                    lines = self._sources[(process, f.index)] = self.reader.source_lines(
+                        f.index, process
+                    )
+                lo, hi = max(1, frame.line - context), min(len(lines), frame.line + context)
+                return [(n, lines[n - 1]) for n in range(lo, hi + 1)]
+        return []
+
+    def _frames(self, frames: list[StackFrame], process: int) -> tuple[Source | None, list[Source]]:
+        stack = [Source(f.file_path, f.lineno, f.function) for f in frames]
+        user = [f for f in frames if is_user_file(f.file_path)]
+        if not user:
+            return None, stack
+        f = user[-1]
+        return Source(f.file_path, f.lineno, f.function, self._code(f, process)), stack
+
+    # -- events ------------------------------------------------------------------------------
+
+    def view(self, kind: str, index: int) -> EventView:
+        return self.execution(index) if kind == EXECUTIONS else self.trace(index)
+
+    def _rank(self, process: int) -> int | None:
+        procs = self.reader.processes
+        return procs[process].rank if process < len(procs) else None
+
+    def execution(self, index: int) -> EventView:
+        r = self.reader
+        ex = r.execution(index)
+        mode = ex.tensor_debug_mode
+        values = ex.debug_tensor_values if ex.debug_tensor_values is not None else ex.tensor_values
+        outs = [counts_of(mode, v) for v in (values or ()) if v is not None]
+        counts = _sum_counts(outs) if outs else Counts()
+        shape = None
+        if mode == TensorDebugMode.SHAPE and values and values[0] is not None:
+            shape = list(shape_from_summary(values[0]))
+        source, stack = self._frames(r.stack(ex), ex.process)
+        inputs, external = self._execution_inputs(ex)
+        view = EventView(
+            kind=EXECUTIONS,
+            index=index,
+            process=ex.process,
+            rank=self._rank(ex.process),
+            op_type=ex.op_type,
+            op_name=ex.op_type,
+            graph_id=ex.graph_id,
+            graph_name=(g.name if (g := r.graph(ex.graph_id, ex.process)) else ""),
+            step=ex.step,
+            wall_time=ex.wall_time,
+            phase=PHASES.get(ex.phase, ""),
+            module_path=ex.module_path,
+            device=r.devices(ex.process).get(ex.output_tensor_device_ids[0], "")
+            if ex.output_tensor_device_ids
+            else "",
+            counts=counts,
+            shape=shape,
+            inputs=inputs,
+            source=source,
+            stack=stack,
+            external_input=external,
+        )
+        if ex.forward_sequence:
+            fwd = self._by_sequence(ex.forward_sequence, ex.process)
+            if fwd is not None:
+                view.forward_op = fwd.op_type
+            fsource, _ = self._frames(
+                r.stack_frames(ex.forward_stack_frame_ids, ex.process), ex.process
+            )
+            view.forward_source = fsource
+        view.explanation = explain(ex.op_type, counts, [i.counts for i in inputs], external)
+        return view
+
+    def _by_sequence(self, sequence: int, process: int) -> Execution | None:
+        rows = self.reader.index(EXECUTIONS)
+        procs = self.reader.processes_of(EXECUTIONS)
+        hits = np.flatnonzero((rows["sequence"] == sequence) & (procs == process))
+        return self.reader.execution(int(hits[0])) if hits.size else None
+
+    def _execution_inputs(self, ex: Execution) -> tuple[list[InputView], bool]:
+        """Each input with its producer (looked up backwards) and its counts."""
+        r = self.reader
+        mode = ex.tensor_debug_mode
+        recorded = list(ex.input_debug_tensor_values)
+        wanted = {tid: k for k, tid in enumerate(ex.input_tensor_ids)}
+        producers: dict[int, tuple[Execution, int]] = {}
+        procs = r.processes_of(EXECUTIONS)
+        lo = max(0, ex.index - self.lookback)
+        i = ex.index - 1
+        while wanted and i >= lo:
+            if procs[i] == ex.process:
+                cand = r.execution(i)
+                for slot, tid in enumerate(cand.output_tensor_ids):
+                    if tid in wanted and tid not in producers:
+                        producers[tid] = (cand, slot)
+                        del wanted[tid]
+            i -= 1
+        searched_all = lo == 0
+        inputs = []
+        external = False
+        for k, tid in enumerate(ex.input_tensor_ids):
+            counts: Counts | None = None
+            if k < len(recorded) and recorded[k] is not None:
+                counts = counts_of(mode, recorded[k])
+            prod = producers.get(tid)
+            producer = None
+            if prod is not None:
+                p, slot = prod
+                producer = Producer(EXECUTIONS, p.index, p.op_type, p.op_type)
+                if counts is None:
+                    vals = (
+                        p.debug_tensor_values
+                        if p.debug_tensor_values is not None
+                        else p.tensor_values
+                    )
+                    if vals and slot < len(vals) and vals[slot] is not None:
+                        counts = counts_of(mode, vals[slot])
+            elif searched_all and counts is not None and counts.nonfinite:
+                external = True
+            inputs.append(InputView(f"input {k}", producer, counts))
+        return inputs, external
+
+    def trace(self, index: int) -> EventView:
+        r = self.reader
+        tr = r.trace(index)
+        mode = tr.tensor_debug_mode
+        value = tr.debug_tensor_value if tr.debug_tensor_value is not None else tr.tensor_value
+        counts = counts_of(mode, value)
+        op = r.graph_op(tr.graph_id, tr.op_name, tr.process)
+        frames = r.stack(op, tr.process) if op else []
+        source, stack = self._frames(frames, tr.process)
+        inputs: list[InputView] = []
+        external = False
+        if op is not None:
+            for producer_name, slot in op.inputs:
+                found = self._latest_trace(tr.process, tr.graph_id, producer_name, slot, index)
+                if found is None:
+                    inputs.append(InputView(f"{producer_name}:{slot}", None, None))
+                    continue
+                p = r.trace(found)
+                pv = p.debug_tensor_value if p.debug_tensor_value is not None else p.tensor_value
+                inputs.append(InputView(
+                    f"{producer_name}:{slot}",
+                    Producer(TRACES, found, p.op_type, p.op_name),
+                    counts_of(mode, pv),
+                ))  # fmt: skip
+        graph = r.graph(tr.graph_id, tr.process)
+        view = EventView(
+            kind=TRACES,
+            index=index,
+            process=tr.process,
+            rank=self._rank(tr.process),
+            op_type=tr.op_type,
+            op_name=tr.op_name,
+            graph_id=tr.graph_id,
+            graph_name=graph.name if graph else "",
+            step=tr.step,
+            wall_time=tr.wall_time,
+            phase="",
+            module_path=op.module_path if op else "",
+            device=tr.device_name,
+            counts=counts,
+            shape=list(shape_from_summary(value))
+            if mode == TensorDebugMode.SHAPE and value is not None
+            else None,
+            inputs=inputs,
+            source=source,
+            stack=stack,
+            external_input=external,
+        )
+        if op is not None and op.forward_stack_frame_ids:
+            view.forward_source, _ = self._frames(
+                r.stack_frames(op.forward_stack_frame_ids, tr.process), tr.process
+            )
+        view.explanation = explain(tr.op_type, counts, [i.counts for i in inputs], external)
+        return view
+
+    def _latest_trace(
+        self, process: int, graph_id: str, op_name: str, slot: int, before: int
+    ) -> int | None:
+        r = self.reader
+        gid, nid = r.string_id(graph_id), r.string_id(op_name)
+        if gid is None or nid is None:
+            return None
+        rows = r.index(TRACES)[:before]
+        procs = r.processes_of(TRACES)[:before]
+        hits = np.flatnonzero(
+            (rows["graph"] == gid)
+            & (rows["name"] == nid)
+            & (rows["slot"] == slot)
+            & (procs == process)
+        )
+        return int(hits[-1]) if hits.size else None
