@@ -153,18 +153,7 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
         run_id=reader.run_id,
         framework=reader.framework,
         tensor_debug_mode=mode.name if mode is not None else None,
-        processes=[
-            {
-                "index": p.index,
-                "name": p.name,
-                "host": p.host,
-                "rank": p.rank,
-                "pid": p.pid,
-                "framework": p.framework,
-                "label": p.label,
-            }
-            for p in reader.processes
-        ],  # fmt: skip
+        processes=[_process_json(p) for p in reader.processes],
         num_executions=reader.num_executions(),
         num_graph_execution_traces=reader.num_graph_execution_traces(),
         steps=[int(all_steps.min()), int(all_steps.max())] if all_steps.size else None,
