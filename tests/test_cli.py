@@ -14,31 +14,32 @@ from nanscope.cli import main
 from .helpers import write_small_dump
 
 
-def test_info_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_small_dump(tmp_path, n=6, bad=(4,))
-    assert main(["info", str(tmp_path), "--json"]) == 1  # 1: non-finite values found
+    assert main(["report", str(tmp_path), "--json"]) == 1  # 1: non-finite values found
     data = json.loads(capsys.readouterr().out)
-    assert data["num_executions"] == 6 and data["num_nonfinite_executions"] == 1
-    first = data["first_nonfinite"]
-    assert first["op_type"] in {"op1", "Log"} and first["counts"]["neg_inf"] == 2
-    assert first["source"]["file"].endswith("helpers.py")
-    assert main(["info", str(tmp_path)]) == 1
-    assert "first Inf/NaN" in capsys.readouterr().out
+    assert data["schema"] == "nanscope.report/1"
+    assert data["num_executions"] == 6 and data["alerts"]["executions"] == 1
+    origin = data["origin"]
+    assert origin["op_type"] in {"op1", "Log"} and origin["counts"]["neg_inf"] == 2
+    assert origin["source"]["file"].endswith("helpers.py")
+    assert main(["report", str(tmp_path)]) == 1
+    assert "Origin" in capsys.readouterr().out
 
 
-def test_info_clean_dump_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_clean_dump_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_small_dump(tmp_path, n=3, bad=())
-    assert main(["info", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path)]) == 0
     assert "no Inf/NaN recorded" in capsys.readouterr().out
 
 
 def test_missing_logdir_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["info", str(tmp_path / "nope")]) == 2
+    assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert err.startswith("nanscope info: error:") and "no such directory" in err
+    assert err.startswith("nanscope report: error:") and "no such directory" in err
 
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
@@ -50,7 +51,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "first Inf/NaN" in out.stdout and "log" in out.stdout
+    assert "Origin" in out.stdout and "log of zero" in out.stdout
     assert "demo.py" in out.stdout
     again = subprocess.run(
         [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir)],

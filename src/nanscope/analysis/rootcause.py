@@ -203,6 +203,9 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     result.first_nan = view(*nan_at) if nan_at else None
     if result.first_nan is not None:
         result.chain = _chain(reader, origin, result.first_nan, view)
+    for v in (result.origin, result.first_inf, result.first_nan):
+        if v is not None:
+            views.add_context(v)
     return result
 
 

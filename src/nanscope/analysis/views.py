@@ -16,12 +16,14 @@ from nanscope.reader import EXECUTIONS, TRACES, DumpReader, Execution, StackFram
 PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Source:
     file: str
     line: int
     function: str
     code: str = ""  # the line itself, when the dump recorded the file
+    # (line number, text) around the line, filled for the events a report shows.
+    context: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -126,18 +128,21 @@ class ViewBuilder:
             self._sources[key] = lines
         return lines[frame.lineno - 1].strip() if 0 < frame.lineno <= len(lines) else ""
 
-    def source_lines(self, frame: Source, process: int, context: int = 3) -> list[tuple[int, str]]:
-        """``(line number, text)`` around ``frame``, from the dump's snapshot."""
-        for f in self.reader.source_files(process):
-            if f.file_path == frame.file:
-                lines = self._sources.get((process, f.index))
-                if lines is None:
-                    lines = self._sources[(process, f.index)] = self.reader.source_lines(
-                        f.index, process
-                    )
-                lo, hi = max(1, frame.line - context), min(len(lines), frame.line + context)
-                return [(n, lines[n - 1]) for n in range(lo, hi + 1)]
-        return []
+    def add_context(self, view: EventView, lines: int = 3) -> None:
+        """Fill the source context of ``view``'s user line and forward line."""
+        for src in (view.source, view.forward_source):
+            if src is None or src.context:
+                continue
+            for f in self.reader.source_files(view.process):
+                if f.file_path != src.file:
+                    continue
+                key = (view.process, f.index)
+                text = self._sources.get(key)
+                if text is None:
+                    text = self._sources[key] = self.reader.source_lines(f.index, view.process)
+                lo, hi = max(1, src.line - lines), min(len(text), src.line + lines)
+                src.context = [(n, text[n - 1]) for n in range(lo, hi + 1)]
+                break
 
     def _frames(self, frames: list[StackFrame], process: int) -> tuple[Source | None, list[Source]]:
         stack = [Source(f.file_path, f.lineno, f.function) for f in frames]

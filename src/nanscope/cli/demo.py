@@ -8,10 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from nanscope.cli import info
+from nanscope.analysis import analyze
 from nanscope.cli.errors import CommandError
 from nanscope.demo import run_demo
 from nanscope.reader import DumpReader
+from nanscope.report.text import console_for, render_text
 
 HELP = "run the built-in example with nanscope recording, then summarise the dump"
 
@@ -32,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  loss at step {step}: {loss:.4g}")
     console.print()
     with DumpReader(logdir) as reader:
-        info.render(info.facts(reader), console)
-    console.print(f"\nNext: nanscope info {logdir} --json")
+        render_text(analyze(reader), console_for())
+    console.print(f"\nNext: nanscope report {logdir} --json")
     return 0

@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from nanscope._version import __version__
-from nanscope.cli import demo, info
+from nanscope.cli import demo, report
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import DumpNotFoundError
 
-COMMANDS = {"info": info, "demo": demo}
+COMMANDS = {"report": report, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

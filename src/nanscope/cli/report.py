@@ -1,0 +1,33 @@
+"""Where the first Inf/NaN was born, and why: the report of a dump.
+
+Exit status: 0 when no Inf/NaN was recorded, 1 when some was (so the command
+can gate a CI job), 2 when the dump cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from nanscope.analysis import analyze
+from nanscope.reader import DumpReader
+from nanscope.report.text import console_for, render_text
+
+HELP = "report where the first Inf/NaN was born, and why (exit 1 if any was found)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logdir", help="the dump root (the directory the program wrote to)")
+    p.add_argument(
+        "--json", action="store_true", help="print the report as JSON (schema nanscope.report/1)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    with DumpReader(args.logdir) as reader:
+        analysis = analyze(reader)
+    if args.json:
+        print(json.dumps(analysis.to_json(), indent=2, allow_nan=False, default=str))
+    else:
+        render_text(analysis, console_for())
+    return 1 if analysis.found else 0

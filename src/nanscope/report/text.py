@@ -1,0 +1,141 @@
+"""The terminal report, rendered with rich (readable over SSH, no colours when piped)."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from nanscope.analysis import Analysis, EventView, InputView, Source
+from nanscope.analysis.explain import Counts
+
+
+def _counts(c: Counts | None) -> str:
+    if c is None:
+        return "not recorded"
+    if not c.known:
+        return f"{c.size} elements" if c.size is not None else "no counts in this mode"
+    bad = [f"{n} {k}" for n, k in ((c.neg_inf, "-inf"), (c.pos_inf, "+inf"), (c.nan, "NaN")) if n]
+    fin = [f"{n} {k}" for n, k in ((c.neg, "negative"), (c.zero, "zero"), (c.pos, "positive")) if n]
+    size = f" of {c.size:,}" if c.size is not None else ""
+    dtype = f" {c.dtype}" if c.dtype else ""
+    text = ", ".join(bad) if bad else "no Inf/NaN"
+    return f"{text}{size}{dtype}" + (f" (finite: {', '.join(fin)})" if fin else "")
+
+
+def _where(v: EventView) -> str:
+    bits = [f"{v.kind.replace('_', ' ')} #{v.index}", f"step {v.step}"]
+    if v.phase:
+        bits.append(v.phase)
+    if v.module_path:
+        bits.append(f"module {v.module_path}")
+    if v.graph_name:
+        bits.append(f"graph {v.graph_name}")
+    if v.rank is not None:
+        bits.append(f"rank {v.rank}")
+    return ", ".join(bits)
+
+
+def _input_line(i: InputView) -> Text:
+    t = Text(f"  {i.name}")
+    if i.producer is not None:
+        t.append(f" ← {i.producer.op_name} (#{i.producer.index})", style="cyan")
+    t.append(f": {_counts(i.counts)}")
+    return t
+
+
+def _source_block(label: str, src: Source) -> list[object]:
+    out: list[object] = [Text(f"{label} {src.file}:{src.line} in {src.function}", style="bold")]
+    if src.context:
+        first = src.context[0][0]
+        code = "\n".join(line for _, line in src.context)
+        out.append(
+            Syntax(code, "python", line_numbers=True, start_line=first,
+                   highlight_lines={src.line}, theme="ansi_dark", word_wrap=True)
+        )  # fmt: skip
+    elif src.code:
+        out.append(Text(f"    {src.code}"))
+    return out
+
+
+def event_panel(title: str, v: EventView, style: str) -> Panel:
+    parts: list[object] = [
+        Text.assemble(
+            (v.op_name if v.op_name != v.op_type else v.op_type, "bold"),
+            (f"  {v.op_type}" if v.op_name != v.op_type else ""),
+            (f"  ({_where(v)})", "dim"),
+        ),
+        Text(f"output: {_counts(v.counts)}"),
+        Text.assemble(("why: ", "bold"), v.explanation),
+    ]
+    if v.inputs:
+        parts.append(Text("inputs:"))
+        parts.extend(_input_line(i) for i in v.inputs)
+    if v.source is not None:
+        parts.extend(_source_block("at", v.source))
+    if v.forward_op or v.forward_source is not None:
+        parts.append(Text(f"backward of {v.forward_op or 'a forward op'}", style="bold"))
+        if v.forward_source is not None:
+            parts.extend(_source_block("created at", v.forward_source))
+    return Panel(Group(*parts), title=title, title_align="left", border_style=style)  # type: ignore[arg-type]
+
+
+def render_text(a: Analysis, console: Console) -> None:
+    """Print the report for ``a``."""
+    console.print(Text(f"nanscope report: {a.logdir}", style="bold"))
+    procs = len(a.processes)
+    steps = f"steps {a.steps[0]}–{a.steps[1]}" if a.steps else "no steps"
+    console.print(
+        f"run {a.run_id or '?'} · {a.framework or 'unknown framework'} · "
+        f"{a.tensor_debug_mode or 'unknown mode'} · {procs} process{'es' if procs != 1 else ''} · "
+        f"{a.num_executions:,} executions · {a.num_graph_execution_traces:,} graph execution traces · {steps}"
+    )
+    for note in a.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if not a.found:
+        console.print(Text("✓ no Inf/NaN recorded", style="bold green"))
+    else:
+        al = a.alerts
+        console.print(
+            Text(f"✗ Inf/NaN in {al.total:,} events ({al.executions:,} executions, "
+                 f"{al.graph_execution_traces:,} graph execution traces)", style="bold red")
+        )  # fmt: skip
+        table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+        table.add_column("op type")
+        table.add_column("events", justify="right")
+        table.add_column("first", justify="right")
+        for row in al.by_op_type[:8]:
+            table.add_row(row["op_type"], f"{row['count']:,}", f"#{row['first_index']}")
+        if len(al.by_op_type) > 8:
+            table.add_row(f"... {len(al.by_op_type) - 8} more op types", "", "")
+        console.print(table)
+        if al.by_step:
+            first = al.by_step[0]
+            console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
+    if a.origin is not None:
+        kind = "entered from outside" if a.origin_kind == "entered" else "born"
+        console.print(event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, "red"))
+    seen = {(a.origin.kind, a.origin.index)} if a.origin else set()
+    for title, v in (("First -inf/+inf", a.first_inf), ("First NaN", a.first_nan)):
+        if v is None:
+            continue
+        if (v.kind, v.index) in seen:
+            console.print(Text(f"{title}: the origin above", style="dim"))
+            continue
+        seen.add((v.kind, v.index))
+        console.print(event_panel(title, v, "magenta"))
+    if len(a.chain) > 1:
+        chain = " → ".join(f"{c.op_name} #{c.index}" for c in a.chain)
+        console.print(Text(f"chain: {chain}"))
+    for p in a.problems:
+        console.print(Text(f"{p['severity']}: {p['message']}", style="yellow"))
+
+
+def console_for(stream: object = None) -> Console:
+    """A console that keeps colours off when output is not a terminal."""
+    width = None if os.environ.get("COLUMNS") else 110
+    return Console(file=stream, width=width, soft_wrap=False)  # type: ignore[arg-type]
