@@ -20,6 +20,12 @@ from nanscope._paths import is_library_file, is_nanscope_file
 
 SnapshotPolicy = Literal["user", "all", "none"]
 
+# Frames of the wrappers torch puts around a dispatch mode's handler: noise.
+_WRAPPER_FILES = (
+    os.path.join("torch", "_dynamo", "eval_frame.py"),
+    os.path.join("torch", "_compile.py"),
+)
+
 # A sink receives, in order, ("source_file", index, path, snapshot) and
 # ("stack_frame", frame_id, file_index, line, func) tuples.
 Sink = Callable[[tuple[object, ...]], None]
@@ -102,7 +108,9 @@ class StackInterner:
             code = f.f_code
             drop = skip.get(code)
             if drop is None:
-                drop = skip[code] = is_nanscope_file(code.co_filename)
+                drop = skip[code] = is_nanscope_file(code.co_filename) or code.co_filename.endswith(
+                    _WRAPPER_FILES
+                )
             if not drop:
                 key = (code, f.f_lineno)
                 fid = code_frames.get(key)

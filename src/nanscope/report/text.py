@@ -92,7 +92,10 @@ def render_text(a: Analysis, console: Console) -> None:
     console.print(
         f"run {a.run_id or '?'} · {a.framework or 'unknown framework'} · "
         f"{a.tensor_debug_mode or 'unknown mode'} · {procs} process{'es' if procs != 1 else ''} · "
-        f"{a.num_executions:,} executions · {a.num_graph_execution_traces:,} graph execution traces · {steps}"
+        f"{steps}"
+    )
+    console.print(
+        f"{a.num_executions:,} executions · {a.num_graph_execution_traces:,} graph execution traces"
     )
     for note in a.notes:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -101,8 +104,9 @@ def render_text(a: Analysis, console: Console) -> None:
     else:
         al = a.alerts
         console.print(
-            Text(f"✗ Inf/NaN in {al.total:,} events ({al.executions:,} executions, "
-                 f"{al.graph_execution_traces:,} graph execution traces)", style="bold red")
+            Text(f"✗ Inf/NaN in {al.total:,} event{'s' if al.total != 1 else ''} "
+                 f"({al.executions:,} executions, {al.graph_execution_traces:,} graph execution "
+                 "traces)", style="bold red")
         )  # fmt: skip
         table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
         table.add_column("op type")

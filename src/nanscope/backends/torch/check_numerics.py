@@ -92,8 +92,8 @@ class CheckNumericsMode(TorchDispatchMode):
         self.sync_every = sync_every
         self._ops: dict[Any, OpInfo] = {}
         self._local = _Local()
-        # autograd node sequence_nr -> (forward op, forward user frame)
-        self._forward: dict[int, tuple[str, Frame | None]] = {}
+        # autograd node sequence_nr -> (forward op, forward user frame, module path)
+        self._forward: dict[int, tuple[str, Frame | None, str]] = {}
         self._queue: list[_Queued] = []
         self._last_step = 0
 
@@ -108,8 +108,9 @@ class CheckNumericsMode(TorchDispatchMode):
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = describe(func, None)
-        if info.skip or info.same_elements:
-            return out  # a view of a checked tensor holds nothing new
+        if info.skip or info.same_elements or not info.record_values:
+            # Views of checked tensors hold nothing new; allocations hold garbage.
+            return out
         outs = tensors_of(out, [])
         node = torch._C._current_autograd_node()
         for i, t in enumerate(outs):
@@ -142,7 +143,7 @@ class CheckNumericsMode(TorchDispatchMode):
                 tensors_of(v, ins)
         if any(t.requires_grad for t in ins):
             links = self._forward
-            links[cur - 1] = (info.name, user_frame(sys._getframe(2)))
+            links[cur - 1] = (info.name, user_frame(sys._getframe(2)), self.context.module_path())
             if len(links) > 1 << 20:
                 for k in list(links)[: 1 << 19]:
                     del links[k]
@@ -150,9 +151,10 @@ class CheckNumericsMode(TorchDispatchMode):
     def _facts(
         self, node: Any, frame: FrameType | None
     ) -> tuple[str, Phase, int, Frame | None, tuple[str, Frame | None] | None]:
-        forward = self._forward.get(node._sequence_nr()) if node is not None else None
-        return (self.context.module_path(), self.context.phase(), self.context.step,
-                user_frame(frame), forward)  # fmt: skip
+        link = self._forward.get(node._sequence_nr()) if node is not None else None
+        module_path = link[2] if link is not None else self.context.module_path()
+        forward = (link[0], link[1]) if link is not None else None
+        return (module_path, self.context.phase(), self.context.step, user_frame(frame), forward)
 
     def check_queue(self) -> None:
         """Look at the queued device checks (one host sync for all of them)."""

@@ -34,7 +34,11 @@ class RunContext:
 
     def __init__(self) -> None:
         self._local = _Local()
-        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        # module -> {parent path: path}: a module run on its own and inside its
+        # parent has two paths.
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._handles: list[RemovableHandle] = []
         self.step = 0
 
@@ -59,12 +63,16 @@ class RunContext:
     # -- module paths ------------------------------------------------------------------------
 
     def _name_of(self, module: torch.nn.Module) -> str:
-        name = self._names.get(module)
+        stack = self._local.modules
+        parent_path = stack[-1][1] if stack else ""
+        names = self._names.get(module)
+        if names is None:
+            names = self._names[module] = {}
+        name = names.get(parent_path)
         if name is not None:
             return name
-        stack = self._local.modules
         if stack:
-            parent, parent_path = stack[-1]
+            parent = stack[-1][0]
             child = next(
                 (key for key, sub in parent.named_children() if sub is module),
                 type(module).__name__,
@@ -72,7 +80,7 @@ class RunContext:
             name = f"{parent_path}.{child}"
         else:
             name = type(module).__name__
-        self._names[module] = name
+        names[parent_path] = name
         return name
 
     def _enter_module(self, module: torch.nn.Module, args: Any) -> None:

@@ -57,7 +57,9 @@ class DumpingMode(TorchDispatchMode):
         self._local = _Local()
         # autograd node sequence_nr -> (execution sequence, stack id, module path)
         self._forward: dict[int, tuple[int, int, str]] = {}
-        self._summaries: dict[int, np.ndarray] = {}  # tensor id -> host summary, for views
+        # tensor id -> (version counter, host summary), to give same-element views
+        # their base's summary while the base has not been written to since.
+        self._summaries: dict[int, tuple[int, np.ndarray]] = {}
         self._last_step = -1
 
     def __torch_dispatch__(
@@ -92,7 +94,9 @@ class DumpingMode(TorchDispatchMode):
             did = self._devices[key] = self.writer.register_device(key)
         return did
 
-    def _summary(self, t: torch.Tensor, tid: int, info: OpInfo, source: int | None) -> Any:
+    def _summary(
+        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
+    ) -> Any:
         mode = self.mode
         if mode == TensorDebugMode.NO_TENSOR or not info.record_values:
             return None
@@ -100,7 +104,11 @@ class DumpingMode(TorchDispatchMode):
             return None
         if t.device.type == "cpu":
             if source is not None and mode != TensorDebugMode.FULL_TENSOR:
-                cached = self._summaries.get(source)
+                entry = self._summaries.get(source[0])
+                # The base's version counter moves with every in-place write, through
+                # any alias; unchanged since it was summarised means the same values.
+                # (The view itself gets the shared counter only after dispatch.)
+                cached = entry[1] if entry is not None and entry[0] == source[1]._version else None
                 if cached is not None:
                     if mode == TensorDebugMode.SHAPE:
                         view = summarize_host(t, mode)
@@ -109,11 +117,11 @@ class DumpingMode(TorchDispatchMode):
                         if mode == TensorDebugMode.FULL_HEALTH:
                             view[3] = t.dim()  # same elements, its own rank
                     if view is not None:
-                        self._remember(tid, view)
+                        self._remember(tid, t, view)
                     return view
             s = summarize_host(t, mode)
             if s is not None and mode != TensorDebugMode.FULL_TENSOR:
-                self._remember(tid, s)
+                self._remember(tid, t, s)
             return s
         if t.device.type == "meta":
             return None
@@ -122,9 +130,9 @@ class DumpingMode(TorchDispatchMode):
         d = summarize_device(t, mode)
         return None if d is None else self.device_buffer.add(d)
 
-    def _remember(self, tid: int, summary: np.ndarray) -> None:
+    def _remember(self, tid: int, t: torch.Tensor, summary: np.ndarray) -> None:
         cache = self._summaries
-        cache[tid] = summary
+        cache[tid] = (t._version, summary)
         if len(cache) > 4096:
             for k in list(cache)[:2048]:
                 del cache[k]
@@ -141,8 +149,14 @@ class DumpingMode(TorchDispatchMode):
         ids = self.ids
         in_ids = [ids.get(t) for t in ins]
         out_ids = [ids.new(t) for t in outs]
-        source = in_ids[0] if info.same_elements and in_ids else None
-        parts = [self._summary(t, tid, info, source) for t, tid in zip(outs, out_ids, strict=True)]
+        source = (in_ids[0], ins[0]) if info.same_elements and in_ids else None
+        parts = []
+        for t, tid in zip(outs, out_ids, strict=True):
+            try:
+                parts.append(self._summary(t, tid, info, source))
+            except Exception as exc:  # an unusual tensor: record the op without its summary
+                self._failed(exc)
+                parts.append(None)
         if any(isinstance(p, tuple) for p in parts):
             summaries: Any = PendingSummaries(parts)
         else:

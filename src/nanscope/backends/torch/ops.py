@@ -23,15 +23,23 @@ SAME_ELEMENT_VIEWS = frozenset(
 )  # fmt: skip
 # Bookkeeping that is not computation.
 SKIPPED_NAMESPACES = frozenset({"profiler"})
+# Allocations: their contents are whatever the memory held before, so they are
+# recorded (they ran) but never summarised or checked.
+UNINITIALISED = frozenset(
+    {
+        "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+        "aten.new_empty_strided", "aten.empty_permuted",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
     name: str  # "aten.log.default"
     skip: bool  # not an op of the user's computation (profiler bookkeeping)
-    same_elements: bool  # a view with the same elements as its first input
+    same_elements: bool  # a view with the same elements (and dtype) as its first input
     inplace: bool
-    record_values: bool  # op_regex allows summarising its outputs
+    record_values: bool  # op_regex allows summarising its outputs, and they are initialised
 
 
 def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
@@ -49,9 +57,11 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
     return OpInfo(
         name=name,
         skip=namespace in SKIPPED_NAMESPACES,
-        same_elements=packet in SAME_ELEMENT_VIEWS,
+        # view.dtype reinterprets the bytes: not the same elements at all.
+        same_elements=packet in SAME_ELEMENT_VIEWS and name != "aten.view.dtype",
         inplace=inplace,
-        record_values=op_regex is None or op_regex.match(name) is not None,
+        record_values=packet not in UNINITIALISED
+        and (op_regex is None or op_regex.match(name) is not None),
     )
 
 

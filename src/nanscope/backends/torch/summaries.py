@@ -35,8 +35,8 @@ def host_view(t: torch.Tensor) -> np.ndarray:
     """A flat numpy view (or, for bfloat16, a float32 copy) of a CPU tensor's values."""
     if t.dtype == torch.bfloat16:
         t = t.detach().float()
-    elif t.is_conj():
-        t = t.detach().resolve_conj()
+    elif t.is_conj() or t.is_neg():
+        t = t.detach().resolve_conj().resolve_neg()
     try:
         a = t.numpy()
     except RuntimeError:  # requires grad

@@ -1,0 +1,190 @@
+"""Run a Python program with nanscope recording, without changing the program.
+
+Like ``python script.py args`` or ``python -m module args``: the program sees
+the same ``sys.argv``, ``sys.path[0]`` and ``__main__``, and the exit status
+is the program's. Recording starts when the program imports its framework
+(PyTorch: nanscope's recorder; TensorFlow: TensorFlow's own dumping into the
+same logdir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import os
+import runpy
+import shutil
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from nanscope.cli.errors import CommandError
+from nanscope.format.files import PREFIX
+from nanscope.format.modes import parse_mode
+
+HELP = "run a Python program (script.py or -m module) with nanscope recording"
+FRAMEWORKS = ("torch", "tensorflow")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.usage = "%(prog)s [options] (-m module | script.py) [args ...]"
+    p.add_argument("--logdir", help="where to write the dump (default: ./nanscope-<program name>)")
+    p.add_argument("--mode", default="FULL_HEALTH", help="tensor debug mode (default: FULL_HEALTH)")
+    p.add_argument(
+        "--circular-buffer-size", type=int, default=1000,
+        help="keep the last N events, and always the first Inf/NaN (-1: keep all; default 1000)",
+    )  # fmt: skip
+    p.add_argument("--op-regex", help="summarise only ops whose type matches this regex")
+    p.add_argument(
+        "--check-numerics", action="store_true",
+        help="raise at the first op that makes Inf/NaN instead of recording a dump",
+    )  # fmt: skip
+    p.add_argument("--force", action="store_true", help="replace a dump already in --logdir")
+    p.add_argument("-m", dest="module", help="run a library module as a script (like python -m)")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...], or args of -m")
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``callback(name)`` right after the top-level package ``name`` finished importing."""
+
+    def __init__(self, names: Sequence[str], callback: Callable[[str], None]) -> None:
+        self.names = set(names)
+        self.callback = callback
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            for finder in sys.meta_path:
+                if spec is not None:
+                    break
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+        hook = self
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            hook.names.discard(fullname)
+            hook.callback(fullname)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _default_logdir(args: argparse.Namespace) -> Path:
+    name = args.module or Path(args.target[0]).stem
+    return Path(f"nanscope-{name.replace('.', '_')}")
+
+
+def _prepare_logdir(logdir: Path, force: bool) -> None:
+    existing = sorted(logdir.glob(f"{PREFIX}.*")) if logdir.is_dir() else []
+    if existing and not force:
+        raise CommandError(
+            f"{logdir} already holds a dump; pass --force to replace it or choose another --logdir"
+        )
+    for p in existing:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.module and not args.target:
+        raise CommandError("nothing to run: give script.py [args] or -m module [args]")
+    if not args.module and args.target[0] == "-m":
+        if len(args.target) < 2:
+            raise CommandError("-m needs a module name")
+        args.module, args.target = args.target[1], args.target[2:]
+    if not args.module and not Path(args.target[0]).is_file():
+        raise CommandError(f"{args.target[0]}: no such file")
+    try:
+        mode = parse_mode(args.mode)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    logdir = Path(args.logdir) if args.logdir else _default_logdir(args)
+    if not args.check_numerics:
+        _prepare_logdir(logdir, args.force)
+
+    import nanscope
+
+    started: list[str] = []
+
+    def start(framework: str) -> None:
+        if started:
+            return
+        started.append(framework)
+        if args.check_numerics:
+            nanscope.enable_check_numerics(framework=framework)
+        else:
+            nanscope.enable_dump_debug_info(
+                logdir, mode.name, args.circular_buffer_size, args.op_regex, framework=framework
+            )
+
+    already = [f for f in FRAMEWORKS if f in sys.modules]
+    if already:
+        start(already[0])
+    hook = _PostImportHook(FRAMEWORKS, start)
+    sys.meta_path.insert(0, hook)
+    code = _run_program(args)
+    if hook in sys.meta_path:
+        sys.meta_path.remove(hook)
+    if args.check_numerics:
+        nanscope.disable_check_numerics()
+    else:
+        nanscope.disable_dump_debug_info()
+        if started:
+            print(f"\nnanscope: dump written to {logdir}", file=sys.stderr)
+            print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
+        else:
+            print(
+                "nanscope: the program imported neither PyTorch nor TensorFlow; nothing was recorded",
+                file=sys.stderr,
+            )
+    return code
+
+
+def _run_program(args: argparse.Namespace) -> int:
+    """Run the target like the python launcher does; returns its exit status."""
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    try:
+        if args.module:
+            sys.argv = [args.module, *args.target]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            script = args.target[0]
+            sys.argv = [script, *args.target[1:]]
+            sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]
+            runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
+            del sys.path[0]

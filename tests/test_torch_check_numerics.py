@@ -1,0 +1,240 @@
+"""``enable_check_numerics`` for PyTorch: raise at the first op that makes Inf or NaN."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
+
+import nanscope  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+THIS_FILE = os.path.abspath(__file__)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_enabled() -> Iterator[None]:
+    yield
+    nanscope.disable_check_numerics()
+    nanscope.disable_dump_debug_info()
+
+
+@pytest.fixture
+def checking() -> Iterator[None]:
+    nanscope.enable_check_numerics()
+    try:
+        yield
+    finally:
+        nanscope.disable_check_numerics()
+
+
+def line_of(marker: str) -> int:
+    lines = Path(THIS_FILE).read_text().splitlines()
+    hits = [i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# " + marker)]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_log_of_zero_raises_at_the_log(checking: None, dtype: Any) -> None:
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0], dtype=dtype)
+    y = x * 3  # finite: no error
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        torch.log(y)  # @forward-log
+    err = info.value
+    assert isinstance(err, FloatingPointError)
+    assert err.op_type == "aten.log.default"
+    assert err.phase == "forward" and err.step == 0 and err.module_path == ""
+    assert err.counts == {"neg_inf": 2, "pos_inf": 0, "nan": 0, "size": 4}
+    assert err.source is not None
+    path, line, func = err.source
+    assert os.path.abspath(path) == THIS_FILE and line == line_of("@forward-log")
+    assert func == "test_log_of_zero_raises_at_the_log"
+    assert err.forward_op == "" and err.forward_source is None
+    # The message names the op, the counts, the inputs and the line of code.
+    msg = str(err)
+    assert "aten.log.default produced -inf in output 0 (forward pass, step 0)" in msg
+    assert "torch.log(y)  # @forward-log" in msg
+    assert f"{THIS_FILE}:{line_of('@forward-log')}" in msg
+    assert "input 0:" in msg and "2 zero, 2 positive" in msg
+
+
+def test_nan_and_inf_counts(checking: None) -> None:
+    a = torch.tensor([1.0, -1.0, 0.0, 2.0, math.inf])
+    b = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0])
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        torch.div(a, b)
+    # 1/0 = +inf, -1/0 = -inf, 0/0 = nan, 2/1 = 2, inf/0 = inf
+    assert info.value.op_type == "aten.div.Tensor"
+    assert info.value.counts == {"neg_inf": 1, "pos_inf": 2, "nan": 1, "size": 5}
+    assert "-inf and +inf and NaN" in str(info.value)
+
+
+def test_module_path_and_step() -> None:
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            return torch.sqrt(self.fc(x))  # @module-sqrt
+
+    net = Net()  # built first: see test_uninitialised_memory_is_not_an_error
+    nanscope.enable_check_numerics()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.eye(3))
+        net.fc.bias.zero_()
+    x = torch.tensor([[1.0, 4.0, 9.0]])
+    for _ in range(2):
+        net(x).sum().backward()
+        opt.step()
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        net(-x)
+    err = info.value
+    assert err.op_type == "aten.sqrt.default" and err.module_path == "Net"
+    assert err.step == 2 and err.phase == "forward"
+    assert err.counts["nan"] == 3
+    assert err.source is not None and err.source[1] == line_of("@module-sqrt")
+    assert err.source[2] == "forward"
+    assert "module Net" in str(err)
+
+
+def test_backward_inf_names_the_forward_op(checking: None) -> None:
+    x = torch.tensor([0.0, 4.0], requires_grad=True)
+    y = torch.sqrt(x)  # @forward-sqrt
+    loss = y.sum()
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        loss.backward()  # @backward-call
+    err = info.value
+    # d sqrt(x)/dx = 1 / (2 sqrt(x)): +inf at 0.
+    assert err.phase == "backward"
+    assert err.op_type == "aten.div.Tensor"
+    assert err.counts == {"neg_inf": 0, "pos_inf": 1, "nan": 0, "size": 2}
+    assert err.forward_op == "aten.sqrt.default"
+    assert err.forward_source is not None and err.source is not None
+    assert os.path.abspath(err.forward_source[0]) == THIS_FILE
+    assert err.forward_source[1] == line_of("@forward-sqrt")
+    assert err.source[1] == line_of("@backward-call")
+    msg = str(err)
+    assert "backward pass" in msg and "backward of aten.sqrt.default" in msg
+    assert "y = torch.sqrt(x)  # @forward-sqrt" in msg
+    assert "loss.backward()  # @backward-call" in msg
+
+
+def _backward_error_in_module() -> Any:
+    class Net(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.pow(x, 0.5) * 2  # @pow-forward
+
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    out = Net()(x).sum()
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        out.backward()
+    return info.value
+
+
+def test_backward_nan_inside_a_module(checking: None) -> None:
+    err = _backward_error_in_module()
+    assert err.phase == "backward" and err.op_type == "aten.pow.Tensor_Scalar"  # x ** -0.5
+    assert err.counts["pos_inf"] == 1
+    assert err.forward_op == "aten.pow.Tensor_Scalar"
+    assert err.forward_source is not None and err.forward_source[1] == line_of("@pow-forward")
+    assert err.forward_source[2] == "forward"
+
+
+def test_backward_error_names_the_module_of_its_forward_op(checking: None) -> None:
+    err = _backward_error_in_module()
+    assert err.module_path == "Net"
+    assert "module Net" in str(err)
+
+
+def test_clean_model_raises_nothing() -> None:
+    torch.manual_seed(0)
+    # Built before checking starts: see test_uninitialised_memory_is_not_an_error.
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)
+    )
+    nanscope.enable_check_numerics()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data, labels = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
+    losses = []
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(data), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    # Integer and bool outputs are not checked, empty ones hold nothing.
+    torch.arange(5).argmax()
+    torch.zeros(0).log()
+    # Masking with -inf is non-finite, though: it is reported.
+    with pytest.raises(nanscope.NonFiniteError, match=r"aten\.masked_fill"):
+        torch.zeros(2).masked_fill(torch.tensor([True, False]), -math.inf)
+
+
+def test_disable_stops_raising() -> None:
+    nanscope.enable_check_numerics()
+    nanscope.enable_check_numerics()  # idempotent
+    with pytest.raises(nanscope.NonFiniteError):
+        torch.log(torch.zeros(1))
+    nanscope.disable_check_numerics()
+    assert torch.log(torch.zeros(1)).item() == -math.inf
+    x = torch.tensor([0.0], requires_grad=True)
+    torch.sqrt(x).sum().backward()
+    assert x.grad is not None and x.grad.item() == math.inf
+    nanscope.disable_check_numerics()  # nothing enabled: a no-op
+    # And it can be turned on again.
+    nanscope.enable_check_numerics()
+    with pytest.raises(nanscope.NonFiniteError):
+        torch.exp(torch.tensor([1000.0]))
+
+
+def test_checking_goes_on_after_an_error(checking: None) -> None:
+    with pytest.raises(nanscope.NonFiniteError):
+        torch.log(torch.zeros(2))
+    assert torch.ones(2).add(1).tolist() == [2.0, 2.0]
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        torch.tensor([-1.0]).sqrt()
+    assert info.value.op_type == "aten.sqrt.default" and info.value.counts["nan"] == 1
+
+
+def test_inplace_op_is_checked(checking: None) -> None:
+    x = torch.tensor([1.0, 0.0])
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        x.log_()  # @inplace-log
+    assert info.value.op_type == "aten.log_.default"
+    assert info.value.source is not None and info.value.source[1] == line_of("@inplace-log")
+
+
+def test_view_of_integers_as_floats_is_checked(checking: None) -> None:
+    bits = torch.tensor([0x7FC00000, 0], dtype=torch.int32)  # a NaN and a zero, as float32
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        bits.view(torch.float32)
+    assert info.value.op_type == "aten.view.dtype" and info.value.counts["nan"] == 1
+
+
+def test_uninitialised_memory_is_not_an_error() -> None:
+    # Freed NaN-filled memory is usually handed straight back by the allocator.
+    for _ in range(50):
+        with _disable_current_modes():
+            garbage = torch.full((4096,), math.nan)
+        nanscope.enable_check_numerics()
+        try:
+            del garbage
+            torch.empty(4096)
+        finally:
+            nanscope.disable_check_numerics()
