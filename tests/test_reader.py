@@ -45,6 +45,13 @@ def test_index_and_decoding(tmp_path: Path) -> None:
             r.execution(10)
 
 
+def test_sidecar_serves_the_index_without_decoding(tmp_path: Path) -> None:
+    write_small_dump(tmp_path, n=30, bad=(3,))
+    with nanscope.open_dump(tmp_path) as r:
+        assert r.num_executions() == 30 and r.nonfinite(EXECUTIONS).tolist() == [3]
+        assert r.decoded_for_index() == 0
+
+
 def test_index_without_sidecar_is_identical(tmp_path: Path) -> None:
     """TensorFlow writes no sidecar: scanning must give the same index."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -53,6 +60,7 @@ def test_index_without_sidecar_is_identical(tmp_path: Path) -> None:
     for p in b.glob("*.nsidx"):
         p.unlink()
     with nanscope.open_dump(a) as ra, nanscope.open_dump(b) as rb:
+        assert ra.decoded_for_index() == 0 and rb.decoded_for_index() == 60
         for kind in (EXECUTIONS, TRACES):
             ia, ib = ra.index(kind), rb.index(kind)
             for col in (

@@ -82,7 +82,7 @@ def test_hand_encoded_trace_equals_protobuf(batch: bool) -> None:
         payload = payloads[0]
         assert health[0].tolist() == [8, 0, 1, 0, 1]
     else:
-        payload, _ = enc.trace(TraceEvent("g", "op", 1, v, "dev", step=2), 9, 5.0)
+        payload = enc.trace(TraceEvent("g", "op", 1, v, "dev", step=2), 9, 5.0)
     expected = pb.DebugEvent(wall_time=5.0, step=2)
     tr = expected.graph_execution_trace
     tr.tfdbg_context_id, tr.op_name, tr.output_slot = "g", "op", 1

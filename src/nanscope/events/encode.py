@@ -12,7 +12,7 @@ import numpy as np
 
 from nanscope.events import wire
 from nanscope.events.model import ExecutionEvent, Pending, TraceEvent
-from nanscope.format.modes import UNKNOWN_HEALTH, HealthRow, TensorDebugMode, summary_health
+from nanscope.format.modes import HealthRow, TensorDebugMode, summary_health
 from nanscope.format.tensors import array_to_proto
 
 _V = wire.varint
@@ -194,7 +194,8 @@ class Encoder:
             dev = self._trace_devices[device_name] = wire.str_field(6, device_name)
         return dev
 
-    def trace(self, ev: TraceEvent, sequence: int, wall_time: float) -> tuple[bytes, HealthRow]:
+    def trace(self, ev: TraceEvent, sequence: int, wall_time: float) -> bytes:
+        """The payload of one trace."""
         if self.mode == TensorDebugMode.NO_TENSOR:
             value = _NO_TENSOR_PROTO
         else:
@@ -205,13 +206,15 @@ class Encoder:
             + self._trace_device(ev.device_name)
             + wire.int_field(1005, sequence)
         )
-        payload = (
-            wire.double_field(1, wall_time) + wire.int_field(2, ev.step) + wire.len_field(10, body)
+        return b"".join(
+            (
+                wire.double_field(1, wall_time),
+                wire.int_field(2, ev.step),
+                _TAG[10],
+                _V(len(body)),
+                body,
+            )
         )
-        health = (
-            summary_health(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_HEALTH
-        )
-        return payload, health
 
     def trace_batch(
         self,
@@ -233,21 +236,21 @@ class Encoder:
         n = m.shape[0]
         dev = self._trace_device(device_name)
         event_head = wire.double_field(1, wall_time) + wire.int_field(2, step)
-        payloads: list[bytes] = []
-        append = payloads.append
         width = m.shape[1] if m.ndim == 2 else 0
         summary_head = self.summary_proto(np.zeros(width))[: -8 * width] if width else b""
-        value_field_head = wire.tag(5, wire.LEN) + wire.varint(len(summary_head) + 8 * width)
+        middle = _TAG[5] + _V(len(summary_head) + 8 * width) + summary_head
+        row_bytes = 8 * width
+        blob = m.tobytes()
+        head = self._trace_head
+        tag10, tag1005, varint, join = _TAG[10], _TAG_VARINT[1005], _V, b"".join
+        payloads: list[bytes] = []
+        append = payloads.append
         for i in range(n):
-            body = (
-                self._trace_head(graph_id, op_names[i], slots[i])
-                + value_field_head
-                + summary_head
-                + m[i].tobytes()
-                + dev
-                + wire.int_field(1005, first_sequence + i)
-            )
-            append(event_head + wire.tag(10, wire.LEN) + wire.varint(len(body)) + body)
+            body = join(
+                (head(graph_id, op_names[i], slots[i]), middle,
+                 blob[i * row_bytes : (i + 1) * row_bytes], dev, tag1005, varint(first_sequence + i))
+            )  # fmt: skip
+            append(join((event_head, tag10, varint(len(body)), body)))
         health = np.full((n, 5), -1, dtype=np.int64)
         if self.mode == TensorDebugMode.FULL_HEALTH and width >= 11:
             health[:, 0] = m[:, 4]

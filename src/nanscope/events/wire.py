@@ -43,6 +43,13 @@ def varint(value: int) -> bytes:
     """Base-128 varint; negative numbers use 10 bytes, as int64 fields do."""
     if 0 <= value < 16384:
         return _SMALL[value]
+    if 0 <= value < 1 << 28:  # sequence numbers, offsets: four bytes at most
+        if value < 1 << 21:
+            return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+        return bytes(
+            ((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, ((value >> 14) & 0x7F) | 0x80,
+             value >> 21)
+        )  # fmt: skip
     return _encode_varint(value)
 
 

@@ -68,6 +68,7 @@ class WriterStats:
     executions_kept: int = 0
     traces_kept: int = 0
     errors: int = 0
+    waits: int = 0  # times a producer waited for the writer (backpressure)
 
 
 class DumpWriter:
@@ -107,7 +108,7 @@ class DumpWriter:
         origin_window: int = 100,
         flush_interval: float = 1.0,
         source_snapshots: SnapshotPolicy = "user",
-        max_queue: int = 1_000_000,
+        max_queue: int = 200_000,
     ) -> None:
         self.mode = parse_mode(tensor_debug_mode)
         self.circular_buffer_size = int(circular_buffer_size)
@@ -140,6 +141,7 @@ class DumpWriter:
         self._closed = False
         self._wake = threading.Event()
         self._warned = False
+        self._backlog = 0  # events enqueued and not yet processed (written under _seq_lock)
 
         # Files, in TensorFlow's creation order.
         self._source_files = AppendFile(self.file_set.path(files.SOURCE_FILES))
@@ -209,7 +211,8 @@ class DumpWriter:
         with self._seq_lock:
             seq = next(self._exec_seq)
             self._queue.append(("exec", event, seq, event.wall_time or time.time()))
-        if len(self._queue) > self.max_queue:
+            self._backlog += 1
+        if self._backlog > self.max_queue:
             self._backpressure()
         return seq
 
@@ -220,7 +223,8 @@ class DumpWriter:
             seq = self._trace_seq
             self._trace_seq += 1
             self._queue.append(("trace", event, seq, event.wall_time or time.time()))
-        if len(self._queue) > self.max_queue:
+            self._backlog += 1
+        if self._backlog > self.max_queue:
             self._backpressure()
         return seq
 
@@ -263,8 +267,10 @@ class DumpWriter:
         self._queue.append(item)
 
     def _backpressure(self) -> None:
+        """Wait until the writer has caught up with half the backlog (bounds memory)."""
         self._wake.set()
-        while len(self._queue) > self.max_queue // 2 and self._thread.is_alive():
+        self.stats.waits += 1
+        while self._backlog > self.max_queue // 2 and self._thread.is_alive():
             time.sleep(0.001)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
@@ -308,9 +314,12 @@ class DumpWriter:
         last_flush = time.monotonic()
         interval = self.flush_interval
         while True:
-            self._wake.wait(min(0.05, interval))
-            self._wake.clear()
-            stop = self._drain()
+            if not self._queue:
+                self._wake.wait(min(0.05, interval))
+                self._wake.clear()
+            # Stop draining when a flush is due, even under a steady stream of
+            # events: the flush interval bounds what a killed process loses.
+            stop = self._drain(last_flush + interval)
             now = time.monotonic()
             if stop:
                 self._close_files()
@@ -323,18 +332,25 @@ class DumpWriter:
                 # expensive: never spend more than ~10% of the time rewriting.
                 interval = max(self.flush_interval, 10 * (last_flush - started))
 
-    def _drain(self) -> bool:
-        """Process queued items; True when a close request was seen."""
+    def _drain(self, deadline: float = float("inf")) -> bool:
+        """Process queued items until none is left or ``deadline`` passes; True on close."""
         queue = self._queue
+        done = 0
         while queue:
+            done += 1
+            if not done % 512 and time.monotonic() >= deadline:
+                return False
             item = queue.popleft()
             kind = item[0]
             try:
                 if kind == "exec":
                     self._on_execution(item[1], item[2], item[3])
+                    self._processed(1)
                 elif kind == "trace":
                     self._on_trace(item[1], item[2], item[3])
+                    self._processed(1)
                 elif kind == "traces":
+                    self._processed(len(item[2]))
                     self._on_traces(*item[1:])
                 elif kind == "stack_frame":
                     self._on_stack_frame(*item[1:])
@@ -362,6 +378,10 @@ class DumpWriter:
                     )
         return False
 
+    def _processed(self, n: int) -> None:
+        with self._seq_lock:
+            self._backlog -= n
+
     def _flush_files(self, sync: bool) -> None:
         for f in (self._source_files, self._stack_frames, self._graphs):
             f.flush(sync)
@@ -388,7 +408,7 @@ class DumpWriter:
         if len(spec) == 1:  # encoded already, by a batch
             return spec[0]  # type: ignore[no-any-return]
         ev, seq, wall = spec
-        return self._encoder.trace(ev, seq, wall)[0]
+        return self._encoder.trace(ev, seq, wall)
 
     def _on_execution(self, ev: ExecutionEvent, seq: int, wall: float) -> None:
         if self.mode == TensorDebugMode.NO_TENSOR:
@@ -441,8 +461,9 @@ class DumpWriter:
         st = self._traces.strings
         gid = st.id(graph_id)
         add = self._traces.add
-        for i, payload in enumerate(payloads):
-            size, ni, pi, nn, nf = health[i].tolist()
+        for i, (payload, (size, ni, pi, nn, nf)) in enumerate(
+            zip(payloads, health.tolist(), strict=True)
+        ):
             add((payload,), (st.id(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
                           nn, nf, 0, 0), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)

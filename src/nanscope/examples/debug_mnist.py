@@ -94,7 +94,7 @@ def cross_entropy(probs: Any, labels: Any, fix: bool) -> Any:
     return torch.mean(-(labels * torch.log(probs)))  # -inf where a probability is 0
 
 
-def MLP() -> Any:  # noqa: N802 - reads like a class
+def MLP() -> Any:
     import torch
 
     class _MLP(torch.nn.Module):

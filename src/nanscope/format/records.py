@@ -34,12 +34,22 @@ def masked_crc32c(data: bytes) -> int:
     return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
 
 
+_HEADERS: dict[int, bytes] = {}
+
+
+def _header(n: int) -> bytes:
+    header = _HEADERS.get(n)
+    if header is None:
+        length = _LEN.pack(n)
+        header = length + _CRC.pack(masked_crc32c(length))
+        if len(_HEADERS) < 65536:  # record sizes repeat: cache their headers
+            _HEADERS[n] = header
+    return header
+
+
 def frame(payload: bytes) -> bytes:
     """One complete record holding ``payload``."""
-    length = _LEN.pack(len(payload))
-    return b"".join(
-        (length, _CRC.pack(masked_crc32c(length)), payload, _CRC.pack(masked_crc32c(payload)))
-    )
+    return b"".join((_header(len(payload)), payload, _CRC.pack(masked_crc32c(payload))))
 
 
 class RecordError(Exception):

@@ -399,6 +399,10 @@ class DumpReader:
         """
         return self._exec_rows if kind == EXECUTIONS else self._trace_rows
 
+    def decoded_for_index(self) -> int:
+        """How many records were decoded to build the index (0 when sidecars served)."""
+        return sum(p.executions.decoded + p.traces.decoded for p in self._processes)
+
     def processes_of(self, kind: str) -> np.ndarray:
         return self._exec_process if kind == EXECUTIONS else self._trace_process
 

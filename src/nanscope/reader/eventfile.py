@@ -67,6 +67,7 @@ class EventFile:
         self._intern = strings.intern
         self._fh: BinaryIO | None = None
         self.reset_count = -1
+        self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
         self._reset()
 
     def _reset(self) -> None:
@@ -74,7 +75,8 @@ class EventFile:
         self._confirmed: list[np.ndarray] = []  # rows from the sidecar or a finished scan
         self._confirmed_end = 0  # data offset covered by confirmed rows
         self._sidecar_offset = 0
-        self._sidecar_strings: list[str] = []
+        # The writer never sends string 0 (the empty string): it is implied.
+        self._sidecar_strings: list[str] = [""]
         self._sidecar_ok = True
         self._tail = np.zeros(0, dtype=ROW_DTYPE)  # scanned, not yet in the sidecar
         self.torn_at: int | None = None
@@ -232,6 +234,7 @@ class EventFile:
                     continue
                 if event.WhichOneof("what") != self._field:
                     continue
+                self.decoded += 1
                 out.append(self._row_of(event))
                 offsets.append((rec.offset, len(rec.payload) + OVERHEAD))
             if result.torn and result.end == offset:
