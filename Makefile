@@ -18,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(BIN)/python
-	$(BIN)/pip install --quiet -c constraints.txt -e .
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch]'
 	$(BIN)/nanscope demo
 
 test: $(STAMP)

@@ -45,14 +45,15 @@ def test_missing_logdir_is_one_clear_line(
 def test_demo_end_to_end(tmp_path: Path) -> None:
     logdir = tmp_path / "demo"
     out = subprocess.run(
-        [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir), "--steps", "3"],
+        [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir), "--steps", "5"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
+    assert "Accuracy at step 0" in out.stdout
     assert "Origin" in out.stdout and "log of zero" in out.stdout
-    assert "demo.py" in out.stdout
+    assert "debug_mnist.py" in out.stdout
     again = subprocess.run(
         [sys.executable, "-m", "nanscope", "demo", "--logdir", str(logdir)],
         capture_output=True,

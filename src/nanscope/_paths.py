@@ -13,10 +13,7 @@ import sysconfig
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # nanscope's own example programs are user code as far as stacks are concerned.
-USER_CODE_IN_PACKAGE = (
-    os.path.join(PACKAGE_DIR, "examples") + os.sep,
-    os.path.join(PACKAGE_DIR, "demo.py"),
-)
+USER_CODE_IN_PACKAGE = (os.path.join(PACKAGE_DIR, "examples") + os.sep,)
 _LIBRARY_DIRS = tuple(
     os.path.abspath(p) + os.sep
     for p in {

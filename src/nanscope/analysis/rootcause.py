@@ -156,7 +156,10 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
         processes=[_process_json(p) for p in reader.processes],
         num_executions=reader.num_executions(),
         num_graph_execution_traces=reader.num_graph_execution_traces(),
-        steps=[int(all_steps.min()), int(all_steps.max())] if all_steps.size else None,
+        # TensorFlow does not record steps: say "unknown" rather than "step 0".
+        steps=[int(all_steps.min()), int(all_steps.max())]
+        if all_steps.size and any(p.nanscope_version for p in reader.processes)
+        else None,
         alerts=_alerts(reader),
         problems=[{"severity": p.severity, "message": p.message} for p in reader.problems],
     )

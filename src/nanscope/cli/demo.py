@@ -1,8 +1,11 @@
-"""Reproduce the seed tutorial's bug (log of a zero probability), dump it, and show it."""
+"""Run the tutorial's example (PyTorch) with nanscope recording, then report on the dump."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import io
 import tempfile
 from pathlib import Path
 
@@ -10,29 +13,40 @@ from rich.console import Console
 
 from nanscope.analysis import analyze
 from nanscope.cli.errors import CommandError
-from nanscope.demo import run_demo
 from nanscope.reader import DumpReader
 from nanscope.report.text import console_for, render_text
 
-HELP = "run the built-in example with nanscope recording, then summarise the dump"
+HELP = "train the tutorial's example under nanscope and report where its first Inf/NaN came from"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logdir", help="where to write the dump (default: a new temporary directory)")
-    p.add_argument("--steps", type=int, default=4, help="training steps (default: 4)")
+    p.add_argument("--steps", type=int, default=6, help="training steps (default: 6)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("torch") is None:
+        raise CommandError("the demo trains a PyTorch model: pip install 'nanscope[torch]'")
+    from nanscope.examples import debug_mnist
+
     console = Console()
     logdir = Path(args.logdir) if args.logdir else Path(tempfile.mkdtemp(prefix="nanscope-demo-"))
     if logdir.exists() and any(logdir.glob("tfdbg_events.*")):
         raise CommandError(f"{logdir} already holds a dump; choose an empty --logdir")
-    console.print(f"Training the demo MLP for {args.steps} steps, recording into {logdir} ...")
-    losses = run_demo(logdir, steps=args.steps)
-    for step, loss in enumerate(losses):
-        console.print(f"  loss at step {step}: {loss:.4g}")
+    console.print(
+        "Training the Debugger V2 tutorial's MLP (hand-written cross-entropy) on built-in "
+        f"digits for {args.steps} steps, recording into {logdir} ..."
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        debug_mnist.main(["--dump_dir", str(logdir), "--max_steps", str(args.steps)])
+    for line in out.getvalue().splitlines():
+        console.print(f"  {line}")
     console.print()
     with DumpReader(logdir) as reader:
         render_text(analyze(reader), console_for())
-    console.print(f"\nNext: nanscope report {logdir} --json")
+    console.print(f"\nThe same as JSON: nanscope report {logdir} --json")
+    console.print(
+        "The fixed model (clipped log) trains: python -m nanscope.examples.debug_mnist --fix"
+    )
     return 0

@@ -113,7 +113,8 @@ def render_text(a: Analysis, console: Console) -> None:
         table.add_column("events", justify="right")
         table.add_column("first", justify="right")
         for row in al.by_op_type[:8]:
-            table.add_row(row["op_type"], f"{row['count']:,}", f"#{row['first_index']}")
+            where = " (graph)" if row["kind"] != "execution" else ""
+            table.add_row(row["op_type"] + where, f"{row['count']:,}", f"#{row['first_index']}")
         if len(al.by_op_type) > 8:
             table.add_row(f"... {len(al.by_op_type) - 8} more op types", "", "")
         console.print(table)
