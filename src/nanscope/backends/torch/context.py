@@ -105,9 +105,10 @@ class RunContext:
         if self._local.in_optimizer == 0:
             self.step += 1
 
-    def phase(self) -> Phase:
+    def phase(self, node: Any = False) -> Phase:
+        """The phase now; ``node`` is the current autograd node when the caller has it."""
         if self._local.in_optimizer:
             return Phase.OPTIMIZER
-        if torch._C._current_autograd_node() is not None:
-            return Phase.BACKWARD
-        return Phase.FORWARD
+        if node is False:
+            node = torch._C._current_autograd_node()
+        return Phase.BACKWARD if node is not None else Phase.FORWARD

@@ -61,6 +61,11 @@ class DumpingMode(TorchDispatchMode):
         # their base's summary while the base has not been written to since.
         self._summaries: dict[int, tuple[int, np.ndarray]] = {}
         self._last_step = -1
+        self._health = writer.mode in (
+            TensorDebugMode.FULL_HEALTH,
+            TensorDebugMode.CONCISE_HEALTH,
+            TensorDebugMode.CURT_HEALTH,
+        )
 
     def __torch_dispatch__(
         self,
@@ -140,6 +145,8 @@ class DumpingMode(TorchDispatchMode):
     def _record(
         self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any
     ) -> None:
+        # The hot path of the recorder: one call per op, kept to plain Python
+        # operations (no per-op allocation beyond the event itself).
         ctx = self.context
         ins = tensors_of(args, [])
         if kwargs:
@@ -151,40 +158,32 @@ class DumpingMode(TorchDispatchMode):
         out_ids = [ids.new(t) for t in outs]
         source = (in_ids[0], ins[0]) if info.same_elements and in_ids else None
         parts = []
+        summary = self._summary
         for t, tid in zip(outs, out_ids, strict=True):
             try:
-                parts.append(self._summary(t, tid, info, source))
+                parts.append(summary(t, tid, info, source))
             except Exception as exc:  # an unusual tensor: record the op without its summary
                 self._failed(exc)
                 parts.append(None)
-        if any(isinstance(p, tuple) for p in parts):
-            summaries: Any = PendingSummaries(parts)
-        else:
-            summaries = parts
+        summaries: Any = parts
         input_summaries: list[Any] = []
-        if (
-            self.mode
-            in (
-                TensorDebugMode.FULL_HEALTH,
-                TensorDebugMode.CONCISE_HEALTH,
-                TensorDebugMode.CURT_HEALTH,
-            )
-            and isinstance(summaries, list)
-            and any(_nonfinite(self.mode, s) for s in summaries)
-        ):
+        if any(type(p) is tuple for p in parts):  # device summaries, resolved later
+            summaries = PendingSummaries(parts)
+        elif self._health and any(_nonfinite(self.mode, p) for p in parts):
             # The rare case worth the cost: what went into an op that made Inf/NaN.
-            input_summaries = [
-                summarize_host(t, self.mode) if t.device.type == "cpu" else None for t in ins
-            ]
+            input_summaries = [summarize_host(t, self.mode) if t.is_cpu else None for t in ins]
         node = torch._C._current_autograd_node()
-        phase = ctx.phase()
+        phase = ctx.phase(node)
         forward_sequence = 0
         forward_stack = -1
-        module_path = ctx.module_path()
         if node is not None:
             link = self._forward.get(node._sequence_nr())
             if link is not None:
                 forward_sequence, forward_stack, module_path = link
+            else:
+                module_path = ""
+        else:
+            module_path = ctx.module_path()
         stack = self.writer.capture_stack(sys._getframe(2))
         step = ctx.step
         if step != self._last_step:
@@ -192,18 +191,20 @@ class DumpingMode(TorchDispatchMode):
             self.device_buffer.submit()
         seq = self.writer.write_execution(
             ExecutionEvent(
-                op_type=info.name,
-                output_tensor_ids=out_ids,
-                input_tensor_ids=in_ids,
-                output_device_ids=[self._device_id(t) for t in outs],
-                summaries=summaries,
-                input_summaries=input_summaries,
-                stack=stack,
-                module_path=module_path,
-                phase=phase,
-                step=step,
-                forward_sequence=forward_sequence,
-                forward_stack=forward_stack,
+                info.name,
+                out_ids,
+                in_ids,
+                [self._cpu_device if t.is_cpu else self._device_id(t) for t in outs],
+                summaries,
+                input_summaries,
+                -1,
+                "",
+                stack,
+                module_path,
+                phase,
+                step,
+                forward_sequence,
+                forward_stack,
             )
         )
         if node is None and phase != Phase.OPTIMIZER:
@@ -217,6 +218,13 @@ class DumpingMode(TorchDispatchMode):
                     if len(links) > _FORWARD_LINKS_MAX:
                         for k in list(links)[: _FORWARD_LINKS_MAX // 2]:
                             del links[k]
+
+    @property
+    def _cpu_device(self) -> int:
+        did = self._devices.get("cpu")
+        if did is None:
+            did = self._devices["cpu"] = self.writer.register_device("cpu")
+        return did
 
 
 def _nonfinite(mode: TensorDebugMode, s: Any) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,25 +82,18 @@ class TensorIds:
 
     Keyed by ``id()`` and checked with a weak reference, so an address reused
     by a new tensor never inherits the id of a dead one, and nothing is added
-    to the tensors themselves.
+    to the tensors themselves. Entries of dead tensors are swept out in bulk.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sweep_every: int = 65536) -> None:
         self._next = 0
         self._ids: dict[int, tuple[int, weakref.ref[torch.Tensor]]] = {}
-
-    def _forget(self, key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
-        def drop(ref: weakref.ref[torch.Tensor]) -> None:
-            entry = self._ids.get(key)
-            if entry is not None and entry[1] is ref:
-                del self._ids[key]
-
-        return drop
+        self._sweep_every = sweep_every
+        self._until_sweep = sweep_every
 
     def get(self, t: torch.Tensor) -> int:
         """The id of a tensor seen before, or a new one (a tensor from outside the mode)."""
-        key = id(t)
-        entry = self._ids.get(key)
+        entry = self._ids.get(id(t))
         if entry is not None and entry[1]() is t:
             return entry[0]
         return self.new(t)
@@ -109,8 +101,14 @@ class TensorIds:
     def new(self, t: torch.Tensor) -> int:
         """A fresh id for a tensor that now holds a new value (an op's output)."""
         self._next += 1
-        key = id(t)
         # A tensor type that refuses weak references just gets no stable id.
         with contextlib.suppress(TypeError):
-            self._ids[key] = (self._next, weakref.ref(t, self._forget(key)))
+            self._ids[id(t)] = (self._next, weakref.ref(t))
+        self._until_sweep -= 1
+        if self._until_sweep <= 0:
+            self._sweep()
         return self._next
+
+    def _sweep(self) -> None:
+        self._ids = {k: v for k, v in self._ids.items() if v[1]() is not None}
+        self._until_sweep = max(self._sweep_every, len(self._ids))
