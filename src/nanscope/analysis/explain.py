@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nanscope.format.modes import Health
+
 # Op families by normalised name: "aten.log.default" -> "log", "RealDiv" -> "realdiv".
 _FAMILIES: dict[str, tuple[str, ...]] = {
     "log": ("log", "log2", "log10", "xlogy"),
@@ -34,16 +36,9 @@ def op_family(op_type: str) -> str:
 
 
 @dataclass(frozen=True)
-class Counts:
-    """Health counts of one tensor; ``None`` for what the dump's mode does not record."""
+class Counts(Health):
+    """A tensor's :class:`~nanscope.format.modes.Health` and its dtype, as reports show them."""
 
-    size: int | None = None
-    neg_inf: int | None = None
-    pos_inf: int | None = None
-    nan: int | None = None
-    neg: int | None = None
-    zero: int | None = None
-    pos: int | None = None
     dtype: str = ""
 
     @property

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanscope._paths import is_user_file
 from nanscope.analysis.explain import Counts, explain
-from nanscope.format.modes import TensorDebugMode, shape_from_summary
+from nanscope.format.modes import TensorDebugMode, shape_from_summary, sum_health
 from nanscope.format.tensors import dtype_name
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader, Execution, StackFrame
 
@@ -81,17 +81,18 @@ def counts_of(mode: TensorDebugMode, vector: np.ndarray | None) -> Counts:
         return Counts()
     v = vector
     if mode == TensorDebugMode.FULL_HEALTH and len(v) >= 11:
-        return Counts(int(v[4]), int(v[5]), int(v[6]), int(v[7]), int(v[8]), int(v[9]),
-                      int(v[10]), dtype_name(int(v[2])))  # fmt: skip
+        return Counts(size=int(v[4]), neg_inf=int(v[5]), pos_inf=int(v[6]), nan=int(v[7]),
+                      neg=int(v[8]), zero=int(v[9]), pos=int(v[10]), dtype=dtype_name(int(v[2])))  # fmt: skip
     if mode == TensorDebugMode.CONCISE_HEALTH and len(v) >= 5:
-        return Counts(int(v[1]), int(v[2]), int(v[3]), int(v[4]))
+        return Counts(size=int(v[1]), neg_inf=int(v[2]), pos_inf=int(v[3]), nan=int(v[4]))
     if mode == TensorDebugMode.SHAPE and len(v) >= 4:
         return Counts(size=int(v[3]), dtype=dtype_name(int(v[1])))
     if mode == TensorDebugMode.FULL_TENSOR:
         from nanscope.format.modes import full_tensor_health
 
         h = full_tensor_health(np.asarray(v))
-        return Counts(h.size, h.neg_inf, h.pos_inf, h.nan, h.neg, h.zero, h.pos, str(v.dtype))
+        return Counts(size=h.size, neg_inf=h.neg_inf, pos_inf=h.pos_inf, nan=h.nan, neg=h.neg,
+                      zero=h.zero, pos=h.pos, dtype=str(v.dtype))  # fmt: skip
     if mode == TensorDebugMode.CURT_HEALTH and len(v) >= 2:
         # Only "any Inf/NaN": record it as an unknown mix.
         return Counts()
@@ -99,12 +100,7 @@ def counts_of(mode: TensorDebugMode, vector: np.ndarray | None) -> Counts:
 
 
 def _sum_counts(items: list[Counts]) -> Counts:
-    def total(name: str) -> int | None:
-        vals = [getattr(c, name) for c in items]
-        return None if not vals or any(v is None for v in vals) else sum(vals)
-
-    return Counts(total("size"), total("neg_inf"), total("pos_inf"), total("nan"), total("neg"),
-                  total("zero"), total("pos"), items[0].dtype if items else "")  # fmt: skip
+    return Counts(**sum_health(items), dtype=items[0].dtype if items else "")  # type: ignore[arg-type]
 
 
 class ViewBuilder:

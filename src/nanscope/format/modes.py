@@ -104,6 +104,21 @@ class Health:
         return None if self.nan is None else self.nan > 0
 
 
+def sum_health(parts: Sequence[Health]) -> dict[str, int | bool | None]:
+    """Field values of the sum of several outputs' health; a count is ``None`` if any is."""
+
+    def total(name: str) -> int | None:
+        vals = [getattr(p, name) for p in parts]
+        return None if not vals or any(v is None for v in vals) else sum(vals)
+
+    flags = [p.any_nonfinite for p in parts]
+    fields = {n: total(n) for n in ("size", "neg_inf", "pos_inf", "nan", "neg", "zero", "pos")}
+    any_nf: bool | None = None
+    if any(f is not None for f in flags):
+        any_nf = any(bool(f) for f in flags)
+    return {**fields, "any_nonfinite": any_nf}
+
+
 def health(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health:
     """Decode the health part of a summary vector written in ``mode``."""
     if vector is None or len(vector) == 0:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.format import files
-from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health
+from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health, sum_health
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.format.sidecar import ROW_DTYPE
@@ -642,22 +642,7 @@ def combined_health(mode: TensorDebugMode, values: Sequence[np.ndarray | None]) 
         return Health()
     if len(parts) == 1:
         return parts[0]
-
-    def total(name: str) -> int | None:
-        vals = [getattr(p, name) for p in parts]
-        return None if any(v is None for v in vals) else sum(vals)
-
-    flags = [p.any_nonfinite for p in parts]
-    return Health(
-        size=total("size"),
-        neg_inf=total("neg_inf"),
-        pos_inf=total("pos_inf"),
-        nan=total("nan"),
-        neg=total("neg"),
-        zero=total("zero"),
-        pos=total("pos"),
-        any_nonfinite=None if all(f is None for f in flags) else any(bool(f) for f in flags),
-    )
+    return Health(**sum_health(parts))  # type: ignore[arg-type]
 
 
 def open_dump(dump_root: str | os.PathLike[str]) -> DumpReader:

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.ops import OpInfo, describe, tensors_of
+from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Frame, NonFiniteError
 from nanscope.events.model import Phase
@@ -90,7 +90,7 @@ class CheckNumericsMode(TorchDispatchMode):
         super().__init__()
         self.context = context
         self.sync_every = sync_every
-        self._ops: dict[Any, OpInfo] = {}
+        self._ops = OpCache(None)
         self._local = _Local()
         # autograd node sequence_nr -> (forward op, forward user frame, module path)
         self._forward: dict[int, tuple[str, Frame | None, str]] = {}
@@ -105,9 +105,7 @@ class CheckNumericsMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        info = self._ops.get(func)
-        if info is None:
-            info = self._ops[func] = describe(func, None)
+        info = self._ops[func]
         if info.skip or info.same_elements or not info.record_values:
             # Views of checked tensors hold nothing new; allocations hold garbage.
             return out

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries
-from nanscope.backends.torch.ops import OpInfo, TensorIds, describe, tensors_of
+from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
 from nanscope.backends.torch.summaries import (
     DTYPE_ENUM,
     FLOAT_DTYPES,
@@ -52,7 +52,7 @@ class DumpingMode(TorchDispatchMode):
         self.dtype_filter = dtype_filter
         self.ids = TensorIds()
         self.device_buffer = DeviceBuffer()
-        self._ops: dict[Any, OpInfo] = {}
+        self._ops = OpCache(self.op_regex)
         self._devices: dict[str, int] = {}
         self._local = _Local()
         # autograd node sequence_nr -> (execution sequence, stack id, module path)
@@ -75,9 +75,7 @@ class DumpingMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        info = self._ops.get(func)
-        if info is None:
-            info = self._ops[func] = describe(func, self.op_regex)
+        info = self._ops[func]
         if not info.skip:
             try:
                 self._record(info, args, kwargs, out)

@@ -64,6 +64,18 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
     )
 
 
+class OpCache(dict[Any, OpInfo]):
+    """``OpInfo`` per overload, computed on first use."""
+
+    def __init__(self, op_regex: re.Pattern[str] | None) -> None:
+        super().__init__()
+        self.op_regex = op_regex
+
+    def __missing__(self, func: Any) -> OpInfo:
+        info = self[func] = describe(func, self.op_regex)
+        return info
+
+
 def tensors_of(value: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors in an op's arguments or result (one level of lists and tuples)."""
     if isinstance(value, torch.Tensor):
