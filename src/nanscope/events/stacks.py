@@ -40,7 +40,7 @@ class StackInterner:
         self._lock = threading.Lock()
         self._files: dict[str, int] = {}
         self._frames: dict[tuple[str, int, str], str] = {}
-        self._code_frames: dict[tuple[CodeType, int], str] = {}
+        self._code_frames: dict[tuple[CodeType, int], str] = {}  # (code, f_lasti) -> frame id
         self._skip_code: dict[CodeType, bool] = {}
         self._stacks: dict[tuple[str, ...], int] = {}
         self.stacks: list[tuple[str, ...]] = []
@@ -112,7 +112,9 @@ class StackInterner:
                     _WRAPPER_FILES
                 )
             if not drop:
-                key = (code, f.f_lineno)
+                # Keyed by the instruction offset: f_lineno costs a line-table
+                # search on every access, f_lasti is a plain integer.
+                key = (code, f.f_lasti)
                 fid = code_frames.get(key)
                 if fid is None:
                     fid = self.frame_id(os.path.abspath(code.co_filename), f.f_lineno, code.co_name)
