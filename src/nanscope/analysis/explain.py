@@ -22,8 +22,15 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "mul": ("mul", "multiply"),
     "add": ("add", "addv2", "sub", "subtract", "sum", "mean", "cumsum", "addn", "biasadd"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "logsoftmax"),
+    "fill": ("masked_fill", "fill", "full", "full_like", "new_full", "index_fill", "index_put",
+             "masked_scatter", "scatter", "fill_diagonal", "where", "select", "selectv2"),
 }  # fmt: skip
 _BY_NAME = {name: family for family, names in _FAMILIES.items() for name in names}
+
+
+def _short(op_type: str) -> str:
+    """``aten.masked_fill.Scalar`` -> ``masked_fill``; other names unchanged."""
+    return op_type.split(".")[1] if op_type.startswith("aten.") else op_type
 
 
 def op_family(op_type: str) -> str:
@@ -61,21 +68,52 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def _is_sub(op_type: str) -> bool:
+    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    return name.lower().rstrip("_") in ("sub", "subtract", "rsub")
+
+
+def _cancelling_infinities(op_type: str, fam: str, inputs: list[Counts | None]) -> bool:
+    """Whether the inputs hold infinities that cancel into NaN under this op."""
+    if fam != "add":
+        return False
+    a = inputs[0] if inputs else None
+    b = inputs[1] if len(inputs) > 1 else None
+    if a is not None and _n(a.pos_inf) and _n(a.neg_inf):
+        return True  # within one tensor (sum, mean, cumsum)
+    if a is None or b is None:
+        return False
+    if _is_sub(op_type):  # +inf - +inf, -inf - -inf
+        return bool((_n(a.pos_inf) and _n(b.pos_inf)) or (_n(a.neg_inf) and _n(b.neg_inf)))
+    return bool((_n(a.pos_inf) and _n(b.neg_inf)) or (_n(a.neg_inf) and _n(b.pos_inf)))
+
+
+def born_from_output(op_type: str, output: Counts) -> bool:
+    """Whether the output alone proves the op made the value (log gives -inf only for 0)."""
+    return op_family(op_type) == "log" and bool(_n(output.neg_inf)) and not _n(output.nan)
+
+
 def explain(
     op_type: str, output: Counts, inputs: list[Counts | None], external: bool = False
 ) -> str:
-    """Why ``op_type`` turned ``inputs`` into a non-finite ``output``, in one line."""
+    """Why ``op_type`` turned ``inputs`` into a non-finite ``output``, in one line.
+
+    ``inputs`` are positional (``None`` where an input's values are unknown).
+    """
     fam = op_family(op_type)
     made = _made(output)
-    known = [c for c in inputs if c is not None and c.known]
+    inputs = [c if c is not None and c.known else None for c in inputs]
+    known = [c for c in inputs if c is not None]
     bad_inputs = [c for c in known if c.nonfinite]
     if bad_inputs:
         infs = _sum(bad_inputs)
         has_inf = bool(_n(infs.neg_inf) or _n(infs.pos_inf))
         if fam == "mul" and _n(output.nan) and has_inf and any(_n(c.zero) for c in known):
             return "0 * inf: an infinite input was multiplied by a zero, giving NaN"
-        if fam == "add" and _n(output.nan) and _n(infs.neg_inf) and _n(infs.pos_inf):
-            return "inf - inf: infinities of opposite signs met, giving NaN"
+        if _n(output.nan) and _cancelling_infinities(op_type, fam, inputs):
+            return "inf - inf: infinities cancelled, giving NaN"
+        if fam == "div" and _n(output.nan) and len(bad_inputs) == len(known) == 2:
+            return "inf/inf: both the numerator and the divisor were infinite, giving NaN"
         if fam == "softmax" and _n(output.nan) and _n(infs.neg_inf):
             return "softmax of a row that is entirely -inf (a fully masked row?) gives NaN"
         if external:
@@ -84,9 +122,20 @@ def explain(
                 "(the input data, a parameter, or a tensor made before recording started)"
             )
         return f"{_made(infs)} came in through an input (produced earlier)"
-    if not known:
+    first = inputs[0] if inputs else None
+    second = inputs[1] if len(inputs) > 1 else None
+    if fam == "div":
+        divisor = first if "reciprocal" in op_type.lower() else second
+        if divisor is not None and _n(divisor.zero):
+            zeros = _plural(_n(divisor.zero), "zero")
+            # An unknown numerator (an in-place op's) over a zero: NaN means 0/0.
+            if _n(output.nan) and (first is None or _n(first.zero)) and divisor is not first:
+                return f"0/0: zeros divided by zeros ({zeros} in the divisor)"
+            return f"x/0: the divisor had {zeros}"
+    if fam == "fill":
+        return f"{_short(op_type)} wrote {made} given as a value (an intentional mask?)"
+    if first is None:
         return _without_inputs(fam, output, made)
-    first = known[0]
     if fam == "log":
         if _n(first.zero) and _n(output.neg_inf):
             return f"log of zero: the input had {_plural(_n(first.zero), 'zero')}"
@@ -105,17 +154,6 @@ def explain(
             return f"rsqrt of zero: the input had {_plural(_n(first.zero), 'zero')}"
         if _n(first.neg):
             return "rsqrt of a negative number"
-    if fam == "div":
-        divisor = (
-            first if "reciprocal" in op_type.lower() else (known[1] if len(known) > 1 else None)
-        )
-        if divisor is not None and _n(divisor.zero):
-            if divisor is not first and _n(first.zero) and _n(output.nan):
-                return (
-                    "0/0: zeros divided by zeros "
-                    f"({_plural(_n(divisor.zero), 'zero')} in the divisor)"
-                )
-            return f"x/0: the divisor had {_plural(_n(divisor.zero), 'zero')}"
     if fam == "softmax" and _n(output.nan):
         return "softmax of a row that is entirely -inf (a fully masked row?) gives NaN"
     if (

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.analysis.explain import born_from_output
 from nanscope.analysis.views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader, ProcessInfo
@@ -121,6 +122,21 @@ def _alerts(reader: DumpReader) -> Alerts:
     return a
 
 
+def _origin_kind(origin: EventView) -> str:
+    """``entered`` (from outside the recorded ops), ``born`` here, or ``unknown``."""
+    if origin.external_input:
+        return "entered"
+    # Inputs made by a recorded op but not summarised are integers or booleans
+    # (or filtered out); only inputs from nowhere with no values are unknown.
+    unknown = [
+        i for i in origin.inputs if i.producer is None and (i.counts is None or not i.counts.known)
+    ]
+    if unknown and not born_from_output(origin.op_type, origin.counts):
+        # An input whose values were not recorded may have carried the Inf/NaN in.
+        return "unknown"
+    return "born"
+
+
 def _first(reader: DumpReader, column: str) -> tuple[str, int] | None:
     """The earliest event (by wall time across kinds; file order within one) with ``column`` > 0."""
     best: tuple[float, str, int] | None = None
@@ -181,7 +197,7 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     views = ViewBuilder(reader, lookback)
     origin = views.view(first.kind, first.index)
     result.origin = origin
-    result.origin_kind = "entered" if origin.external_input else "born"
+    result.origin_kind = _origin_kind(origin)
     # A circular buffer may have evicted the producer: say when the inputs are unknown.
     if (
         origin.kind == EXECUTIONS

@@ -169,7 +169,13 @@ class DumpingMode(TorchDispatchMode):
             summaries = PendingSummaries(parts)
         elif self._health and any(_nonfinite(self.mode, p) for p in parts):
             # The rare case worth the cost: what went into an op that made Inf/NaN.
-            input_summaries = [summarize_host(t, self.mode) if t.is_cpu else None for t in ins]
+            # An in-place op's mutated input now holds its result: unknown, not that.
+            input_summaries = [
+                summarize_host(t, self.mode)
+                if t.is_cpu and not (info.inplace and any(t is o for o in outs))
+                else None
+                for t in ins
+            ]
         node = torch._C._current_autograd_node()
         phase = ctx.phase(node)
         forward_sequence = 0

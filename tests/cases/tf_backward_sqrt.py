@@ -1,0 +1,17 @@
+"""Born in backward, inside a tf.function: the gradient of sqrt at 0 is +inf."""
+# EXPECT origin.kind=graph_execution_trace origin_kind=born origin.counts.pos_inf=1
+# EXPECT origin.op_type=SqrtGrad origin.op_name~=gradient_tape/
+
+import tensorflow as tf
+
+w = tf.Variable([4.0, 0.0, 9.0])
+
+
+@tf.function
+def grad():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.sqrt(w))
+    return tape.gradient(loss, w)  # <- origin first_inf
+
+
+print(grad().numpy())
