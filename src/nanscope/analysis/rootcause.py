@@ -129,7 +129,11 @@ def _origin_kind(origin: EventView) -> str:
     # Inputs made by a recorded op but not summarised are integers or booleans
     # (or filtered out); only inputs from nowhere with no values are unknown.
     unknown = [
-        i for i in origin.inputs if i.producer is None and (i.counts is None or not i.counts.known)
+        i
+        for i in origin.inputs
+        if i.producer is None
+        and (i.counts is None or not i.counts.known)
+        and not i.name.endswith("(a number)")
     ]
     if unknown and not born_from_output(origin.op_type, origin.counts):
         # An input whose values were not recorded may have carried the Inf/NaN in.

@@ -214,7 +214,7 @@ class ViewBuilder:
         r = self.reader
         mode = ex.tensor_debug_mode
         recorded = list(ex.input_debug_tensor_values)
-        wanted = {tid: k for k, tid in enumerate(ex.input_tensor_ids)}
+        wanted = {tid: k for k, tid in enumerate(ex.input_tensor_ids) if tid != 0}
         producers: dict[int, tuple[Execution, int]] = {}
         procs = r.processes_of(EXECUTIONS)
         lo = max(0, ex.index - self.lookback)
@@ -232,6 +232,16 @@ class ViewBuilder:
         external = False
         for k, tid in enumerate(ex.input_tensor_ids):
             counts: Counts | None = None
+            if tid == 0:  # a Python number argument (nanscope's convention)
+                value = recorded[k] if k < len(recorded) else None
+                inputs.append(
+                    InputView(
+                        f"input {k} (a number)",
+                        None,
+                        counts_of(mode, value) if value is not None else None,
+                    )
+                )
+                continue
             if k < len(recorded) and recorded[k] is not None:
                 counts = counts_of(mode, recorded[k])
             prod = producers.get(tid)

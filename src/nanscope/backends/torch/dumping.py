@@ -176,6 +176,14 @@ class DumpingMode(TorchDispatchMode):
                 else None
                 for t in ins
             ]
+            # Python numbers among the arguments (x / 0.0) matter to the why:
+            # they follow the tensors as inputs with id 0 (nanscope's convention).
+            for i in info.value_args:
+                a = args[i] if i < len(args) else None
+                if type(a) is float or type(a) is int:
+                    in_ids.append(0)
+                    value = torch.tensor(float(a), dtype=torch.float64)
+                    input_summaries.append(summarize_host(value, self.mode))
         node = torch._C._current_autograd_node()
         phase = ctx.phase(node)
         forward_sequence = 0

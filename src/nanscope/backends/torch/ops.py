@@ -39,6 +39,11 @@ class OpInfo:
     same_elements: bool  # a view with the same elements (and dtype) as its first input
     inplace: bool
     record_values: bool  # op_regex allows summarising its outputs, and they are initialised
+    value_args: tuple[int, ...] = ()  # positions where a Python number is a value, not a dim
+
+
+# Schema types whose Python-number arguments are values (x / 0.0), unlike dims and sizes.
+_VALUE_TYPES = frozenset({"Tensor", "Scalar", "float", "number"})
 
 
 def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
@@ -53,7 +58,14 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
             for a in schema.arguments
         )
     )
+    value_args: tuple[int, ...] = ()
+    if schema is not None:
+        value_args = tuple(
+            i for i, a in enumerate(schema.arguments)
+            if not a.kwarg_only and str(a.type).rstrip("?") in _VALUE_TYPES
+        )  # fmt: skip
     return OpInfo(
+        value_args=value_args,
         name=name,
         skip=namespace in SKIPPED_NAMESPACES,
         # view.dtype reinterprets the bytes: not the same elements at all.
