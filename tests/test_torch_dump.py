@@ -867,11 +867,8 @@ def test_backward_on_the_engines_device_thread_is_recorded(tmp_path: Path) -> No
     assert frame_lines(r, div.forward_stack_frame_ids)[-1] == line_of("@cuda-log")
 
 
-def test_backward_called_from_another_thread_is_not_recorded(tmp_path: Path) -> None:
-    """Documents a limitation: the dispatch mode is thread-local to the enabling thread,
-    and the autograd engine propagates the modes of the thread that *calls* backward().
-    Calling backward() from a thread that did not enable nanscope records no backward op
-    (the forward ops, run on the enabling thread, are recorded)."""
+def test_backward_called_from_a_thread_started_later_is_recorded(tmp_path: Path) -> None:
+    """Dispatch modes are per thread; threads started after enabling get the mode too."""
     x = torch.tensor([1.0, 2.0], requires_grad=True)
 
     def run() -> None:
@@ -882,8 +879,34 @@ def test_backward_called_from_another_thread_is_not_recorded(tmp_path: Path) -> 
 
     _, execs, _ = record(tmp_path, run)
     assert x.grad is not None  # the backward pass did run
-    assert [e.op_type for e in execs] == ["aten.log.default", "aten.sum.default"]
-    assert all(e.phase == 1 for e in execs)
+    assert [e.op_type for e in execs][:2] == ["aten.log.default", "aten.sum.default"]
+    backward = [e for e in execs if e.phase == 2]
+    assert any(e.op_type == "aten.div.Tensor" for e in backward)
+    log = by_op(execs, "aten.log.default")
+    assert any(e.forward_sequence == log.sequence for e in backward)
+
+
+def test_threads_running_before_enabling_are_not_recorded(tmp_path: Path) -> None:
+    """A documented limit: a thread already running when recording starts records nothing."""
+    started, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    def worker() -> None:
+        started.set()
+        go.wait(10)
+        torch.exp(torch.ones(2))
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait(10)
+
+    def run() -> None:
+        go.set()
+        done.wait(10)
+
+    _, execs, _ = record(tmp_path, run)
+    t.join()
+    assert "aten.exp.default" not in [e.op_type for e in execs]
 
 
 # -- the circular buffer ----------------------------------------------------------------------

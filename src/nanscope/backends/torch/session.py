@@ -4,13 +4,42 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
 
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dumping import DumpingMode, dtype_filter_from
 from nanscope.events import DumpWriter
+
+
+def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
+    """Push ``mode`` in every thread started from now on; returns the undo.
+
+    Dispatch modes are per thread. A thread started by the ``threading``
+    module runs its profile hook first: that is where the mode is pushed, so a
+    training loop or a ``backward()`` call on a new thread is recorded too.
+    """
+    previous = threading.getprofile()
+
+    def start(frame: Any, event: Any, arg: Any) -> None:
+        sys.setprofile(previous)  # once per thread; give any profiler back its hook
+        with contextlib.suppress(Exception):
+            _push_mode(mode)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    threading.setprofile(start)
+
+    def undo() -> None:
+        if threading.getprofile() is start:
+            threading.setprofile(previous)
+
+    return undo
 
 
 class TorchDumpSession:
@@ -18,6 +47,8 @@ class TorchDumpSession:
 
     Backward ops are recorded whichever thread the autograd engine runs them
     on: the engine carries the calling thread's dispatch modes to its workers.
+    Threads started after recording began record too; threads that were
+    already running do not.
     """
 
     framework = "torch"
@@ -44,6 +75,7 @@ class TorchDumpSession:
         self.context.install()
         self.mode = DumpingMode(self.writer, self.context, pattern, dtype_filter)
         self.mode.__enter__()
+        self._unfollow = follow_new_threads(self.mode)
         self._closed = False
 
     def flush(self) -> None:
@@ -54,6 +86,7 @@ class TorchDumpSession:
         if self._closed:
             return
         self._closed = True
+        self._unfollow()
         # Fails when popped on another thread, or already popped by the user.
         with contextlib.suppress(Exception):
             self.mode.__exit__(None, None, None)
