@@ -239,6 +239,9 @@ class TorchCheckNumerics:
         self.context.install()
         self.mode = CheckNumericsMode(self.context, sync_every)
         self.mode.__enter__()
+        from nanscope.backends.torch.session import follow_new_threads
+
+        self._unfollow = follow_new_threads(self.mode)
         self._closed = False
 
     def flush(self) -> None:
@@ -248,6 +251,7 @@ class TorchCheckNumerics:
         if self._closed:
             return
         self._closed = True
+        self._unfollow()
         with contextlib.suppress(Exception):
             self.mode.__exit__(None, None, None)
         self.context.uninstall()
