@@ -20,6 +20,8 @@ from nanscope._paths import is_library_file, is_nanscope_file
 
 SnapshotPolicy = Literal["user", "all", "none"]
 
+_UNSEEN: dict[int, str] = {}  # a sentinel: a code object not looked at yet
+
 # Frames of the wrappers torch puts around a dispatch mode's handler: noise.
 _WRAPPER_FILES = (
     os.path.join("torch", "_dynamo", "eval_frame.py"),
@@ -40,8 +42,7 @@ class StackInterner:
         self._lock = threading.Lock()
         self._files: dict[str, int] = {}
         self._frames: dict[tuple[str, int, str], str] = {}
-        self._code_frames: dict[tuple[CodeType, int], str] = {}  # (code, f_lasti) -> frame id
-        self._skip_code: dict[CodeType, bool] = {}
+        self._per_code: dict[CodeType, dict[int, str] | None] = {}
         self._stacks: dict[tuple[str, ...], int] = {}
         self.stacks: list[tuple[str, ...]] = []
         # Frames are looked up by id string when a reader resolves them; keep
@@ -102,24 +103,26 @@ class StackInterner:
         """
         f: FrameType | None = frame if frame is not None else sys._getframe(2)
         ids: list[str] = []
-        code_frames = self._code_frames
-        skip = self._skip_code
-        while f is not None and len(ids) < limit:
+        append = ids.append
+        per_code = self._per_code
+        while f is not None:
             code = f.f_code
-            drop = skip.get(code)
-            if drop is None:
-                drop = skip[code] = is_nanscope_file(code.co_filename) or code.co_filename.endswith(
+            # code -> None (a frame to leave out) or {instruction offset: frame id}.
+            # Keyed by f_lasti: f_lineno searches the line table on every access.
+            known = per_code.get(code, _UNSEEN)
+            if known is _UNSEEN:
+                drop = is_nanscope_file(code.co_filename) or code.co_filename.endswith(
                     _WRAPPER_FILES
                 )
-            if not drop:
-                # Keyed by the instruction offset: f_lineno costs a line-table
-                # search on every access, f_lasti is a plain integer.
-                key = (code, f.f_lasti)
-                fid = code_frames.get(key)
+                known = per_code[code] = None if drop else {}
+            if known is not None:
+                fid = known.get(f.f_lasti)
                 if fid is None:
                     fid = self.frame_id(os.path.abspath(code.co_filename), f.f_lineno, code.co_name)
-                    code_frames[key] = fid
-                ids.append(fid)
+                    known[f.f_lasti] = fid
+                append(fid)
+                if len(ids) >= limit:
+                    break
             f = f.f_back
         ids.reverse()
         return self.intern(tuple(ids))
