@@ -978,3 +978,16 @@ def test_results_are_unchanged_by_recording(tmp_path: Path, mode: str) -> None:
         assert torch.equal(a, b)
     assert len(execs) > 100 and {e.phase for e in execs} == {1, 2, 3}
     assert {e.step for e in execs} == set(range(6))
+
+
+def test_inference_mode_tensors_are_recorded(tmp_path: Path) -> None:
+    """Inference tensors have no version counter: their views are summarised afresh."""
+
+    def run() -> Any:
+        with torch.inference_mode():
+            x = torch.tensor([[1.0, 0.0], [float("nan"), 2.0]]) * 1
+            return x.t()
+
+    _, execs, t = record(tmp_path, run)
+    check_outputs(execs[-1], [t], "FULL_HEALTH")
+    assert execs[-1].health.nan == 1

@@ -20,8 +20,6 @@ from nanscope._paths import is_library_file, is_nanscope_file
 
 SnapshotPolicy = Literal["user", "all", "none"]
 
-_UNSEEN: dict[int, str] = {}  # a sentinel: a code object not looked at yet
-
 # Frames of the wrappers torch puts around a dispatch mode's handler: noise.
 _WRAPPER_FILES = (
     os.path.join("torch", "_dynamo", "eval_frame.py"),
@@ -42,7 +40,7 @@ class StackInterner:
         self._lock = threading.Lock()
         self._files: dict[str, int] = {}
         self._frames: dict[tuple[str, int, str], str] = {}
-        self._per_code: dict[CodeType, dict[int, str] | None] = {}
+        self._per_code: dict[int, tuple[CodeType, dict[int, str] | None]] = {}
         self._stacks: dict[tuple[str, ...], int] = {}
         self.stacks: list[tuple[str, ...]] = []
         # Frames are looked up by id string when a reader resolves them; keep
@@ -107,15 +105,19 @@ class StackInterner:
         per_code = self._per_code
         while f is not None:
             code = f.f_code
-            # code -> None (a frame to leave out) or {instruction offset: frame id}.
-            # Keyed by f_lasti: f_lineno searches the line table on every access.
-            known = per_code.get(code, _UNSEEN)
-            if known is _UNSEEN:
+            # id(code) -> (code, None for a frame to leave out, or {instruction
+            # offset: frame id}). Keyed by id: hashing a code object hashes all
+            # the code nested in it (a whole module for <module> frames); the
+            # entry holds the code object, so its id cannot be reused.
+            entry = per_code.get(id(code))
+            if entry is None or entry[0] is not code:
                 drop = is_nanscope_file(code.co_filename) or code.co_filename.endswith(
                     _WRAPPER_FILES
                 )
-                known = per_code[code] = None if drop else {}
+                entry = per_code[id(code)] = (code, None if drop else {})
+            known = entry[1]
             if known is not None:
+                # Keyed by f_lasti: f_lineno searches the line table on every access.
                 fid = known.get(f.f_lasti)
                 if fid is None:
                     fid = self.frame_id(os.path.abspath(code.co_filename), f.f_lineno, code.co_name)

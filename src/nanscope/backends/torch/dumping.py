@@ -111,7 +111,7 @@ class DumpingMode(TorchDispatchMode):
                 # The base's version counter moves with every in-place write, through
                 # any alias; unchanged since it was summarised means the same values.
                 # (The view itself gets the shared counter only after dispatch.)
-                cached = entry[1] if entry is not None and entry[0] == source[1]._version else None
+                cached = entry[1] if entry is not None and entry[0] == _version(source[1]) else None
                 if cached is not None:
                     if mode == TensorDebugMode.SHAPE:
                         view = summarize_host(t, mode)
@@ -120,11 +120,11 @@ class DumpingMode(TorchDispatchMode):
                         if mode == TensorDebugMode.FULL_HEALTH:
                             view[3] = t.dim()  # same elements, its own rank
                     if view is not None:
-                        self._remember(tid, t, view)
+                        self._remember(tid, t, view, False)
                     return view
             s = summarize_host(t, mode)
             if s is not None and mode != TensorDebugMode.FULL_TENSOR:
-                self._remember(tid, t, s)
+                self._remember(tid, t, s, info.inplace)
             return s
         if t.device.type == "meta":
             return None
@@ -133,9 +133,13 @@ class DumpingMode(TorchDispatchMode):
         d = summarize_device(t, mode)
         return None if d is None else self.device_buffer.add(d)
 
-    def _remember(self, tid: int, t: torch.Tensor, summary: np.ndarray) -> None:
+    def _remember(self, tid: int, t: torch.Tensor, summary: np.ndarray, inplace: bool) -> None:
         cache = self._summaries
-        cache[tid] = (t._version, summary)
+        # An in-place op's output gets its version bump only after dispatch returns.
+        version = _version(t)
+        if version < 0:
+            return  # no version counter (inference mode): never reuse
+        cache[tid] = (version + 1 if inplace else version, summary)
         if len(cache) > 4096:
             for k in list(cache)[:2048]:
                 del cache[k]
@@ -237,6 +241,14 @@ class DumpingMode(TorchDispatchMode):
         if did is None:
             did = self._devices["cpu"] = self.writer.register_device("cpu")
         return did
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter, or -1 when it has none (inference-mode tensors)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return -1
 
 
 def _nonfinite(mode: TensorDebugMode, s: Any) -> bool:

@@ -41,7 +41,9 @@ def host_view(t: torch.Tensor) -> np.ndarray:
         a = t.numpy()
     except RuntimeError:  # requires grad
         a = t.detach().numpy()
-    return a.reshape(-1)
+    # Counting does not care about order: ravel in memory order never copies a
+    # transposed view, where reshape(-1) would.
+    return a.ravel(order="K")
 
 
 def all_finite(a: np.ndarray) -> bool:
@@ -94,9 +96,13 @@ def summarize_host(
     a = host_view(t)
     if mode == TensorDebugMode.CURT_HEALTH:
         return np.array([tensor_id, float(any_nonfinite(a))], dtype=np.float64)
-    ni, pi, nn, neg, zero, pos = counts(a)
     if mode == TensorDebugMode.CONCISE_HEALTH:
+        # No sign counts in this mode: one finiteness pass is enough when it holds.
+        if all_finite(a):
+            return np.array([tensor_id, a.size, 0, 0, 0], dtype=np.float64)
+        ni, pi, nn, _, _, _ = counts(a)
         return np.array([tensor_id, a.size, ni, pi, nn], dtype=np.float64)
+    ni, pi, nn, neg, zero, pos = counts(a)
     return np.array(
         [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), a.size, ni, pi, nn, neg, zero, pos],
         dtype=np.float64,
