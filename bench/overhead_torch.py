@@ -33,7 +33,9 @@ summed over all rounds: the writer rewrites its files once a second, which
 only some rounds contain. Peak memory is the ``ru_maxrss`` of a separate
 short child per variant (the parent imports nothing heavy, so it does not
 inflate it). Dump sizes come from the MLP memory children (20 steps,
-circular buffer 1000, which keeps all of them).
+circular buffer 1000, which keeps all of them). Children start from a short
+``python -c`` stub, so that the stack under each op is a short script's
+(``--as-script`` runs them as this 1000-line file instead; see ``_STUB``).
 
     .venv/bin/python bench/overhead_torch.py                 # the full run (~10 min)
     .venv/bin/python bench/overhead_torch.py --quick         # smoke run (small Transformer)
@@ -503,15 +505,18 @@ def child_tf_mem(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _capture_by_id(self: Any, frame: Any = None, limit: int = 64) -> int:
-    """``StackInterner.capture`` with dictionaries keyed by ``id(code)``, not the code object.
+    """``StackInterner.capture`` with its dictionaries keyed by ``id(code)``, not the code object.
 
     Hashing a code object hashes its constants, nested code objects included:
     a script's ``<module>`` frame, at the bottom of every stack, costs
     microseconds per hash. The cache entry holds the code object, so its id
-    cannot be reused while cached. Used by ``--breakdown`` to show the gain.
+    cannot be reused while cached. Otherwise the same walk as nanscope's (keys
+    by instruction offset, the same frames left out). ``--breakdown`` uses it
+    to show the gain.
     """
-    from nanscope.events.stacks import is_nanscope_file
+    from nanscope.events import stacks
 
+    wrappers = getattr(stacks, "_WRAPPER_FILES", ())
     f = frame if frame is not None else sys._getframe(2)
     skip = self.__dict__.setdefault("_bench_skip", {})
     lines = self.__dict__.setdefault("_bench_lines", {})
@@ -521,9 +526,10 @@ def _capture_by_id(self: Any, frame: Any = None, limit: int = 64) -> int:
         key = id(code)
         entry = skip.get(key)
         if entry is None or entry[0] is not code:
-            entry = skip[key] = (code, is_nanscope_file(code.co_filename))
+            path = code.co_filename
+            entry = skip[key] = (code, stacks.is_nanscope_file(path) or path.endswith(wrappers))
         if not entry[1]:
-            line_key = (key, f.f_lineno)
+            line_key = (key, f.f_lasti)
             fid = lines.get(line_key)
             if fid is None:
                 fid = lines[line_key] = self.frame_id(
@@ -575,7 +581,8 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
                 self.noop = NoopMode()
                 self.noop.__enter__()
                 return self
-            mode = "FULL_HEALTH" if self.name.startswith("FH") else "NO_TENSOR"
+            full = self.name.startswith("FH") or self.name == "FULL_HEALTH"
+            mode = "FULL_HEALTH" if full else "NO_TENSOR"
             self.session = nanscope.enable_dump_debug_info(
                 self.logdir, tensor_debug_mode=mode, circular_buffer_size=1000
             )
@@ -673,8 +680,27 @@ CHILDREN = {
 # The parent: stdlib only
 
 
+# Children start from a few-line ``-c`` stub that imports this file as a module, so that
+# the Python stack under each op is a short script's (a stub, then functions), not this
+# 1000-line file's ``<module>`` frame: nanscope interns stack frames in dictionaries
+# keyed by code objects, and hashing a module's code object hashes all the code in it
+# (about 11-17 us for this file, 1.3 us for the 123-line tutorial script), twice per op.
+# ``--as-script`` runs the children as ``python bench/overhead_torch.py`` to show that.
+_STUB = (
+    "import importlib.util, json, sys\n"
+    "spec = importlib.util.spec_from_file_location('overhead_torch', sys.argv[1])\n"
+    "bench = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(bench)\n"
+    "print(json.dumps(bench.CHILDREN[sys.argv[2]](json.loads(sys.argv[3]))))\n"
+)
+AS_SCRIPT = False
+
+
 def run_child(kind: str, cfg: dict[str, Any], timeout: float = 900) -> Any:
-    cmd = [sys.executable, str(HERE), "--child", kind, json.dumps(cfg)]
+    if AS_SCRIPT:
+        cmd = [sys.executable, str(HERE), "--child", kind, json.dumps(cfg)]
+    else:
+        cmd = [sys.executable, "-c", _STUB, str(HERE), kind, json.dumps(cfg)]
     proc = subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=_child_env(), timeout=timeout
     )
@@ -685,19 +711,19 @@ def run_child(kind: str, cfg: dict[str, Any], timeout: float = 900) -> Any:
 
 
 def _git_facts() -> str:
+    """The commit, and the files under src/ that differ from it (the code measured)."""
+    root = HERE.parent.parent
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            capture_output=True,
-            text=True,
-            cwd=HERE.parent,
-        ).stdout.strip()
+            ["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=root
+        ).stdout.split()
     except OSError:
         return "unknown"
-    return head + (" (src/ modified)" if dirty else "")
+    changed = [p for p in dirty if p.startswith("src/")]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -770,6 +796,11 @@ def main() -> None:
     ap.add_argument("--transformer-rounds", type=int)
     ap.add_argument("--breakdown", action="store_true", help="only the MLP cost breakdown")
     ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument(
+        "--as-script",
+        action="store_true",
+        help="run the children as this script (its 1000-line <module> frame under every op)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("cfg", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -778,6 +809,8 @@ def main() -> None:
         result = CHILDREN[args.child](json.loads(args.cfg))
         print(json.dumps(result))
         return
+    global AS_SCRIPT
+    AS_SCRIPT = args.as_script
 
     quick = args.quick
     mlp_rounds = args.rounds or (2 if quick else 7)
@@ -810,6 +843,7 @@ def main() -> None:
             "transformer_rounds": tr_rounds,
             "transformer_batch": tr_batch,
             "mem_steps": mem_steps,
+            "as_script": args.as_script,
         },
     }
 
