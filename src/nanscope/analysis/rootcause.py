@@ -10,7 +10,7 @@ import numpy as np
 from nanscope.analysis.explain import born_from_output
 from nanscope.analysis.views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
-from nanscope.reader import EXECUTIONS, TRACES, DumpReader, ProcessInfo
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, ProcessInfo
 
 SCHEMA = "nanscope.report/1"
 CHAIN_LIMIT = 50
@@ -199,7 +199,11 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     if first is None:
         return result
     views = ViewBuilder(reader, lookback)
-    origin = views.view(first.kind, first.index)
+    try:
+        origin = views.view(first.kind, first.index)
+    except UNREADABLE as exc:
+        result.notes.append(f"The first event with Inf/NaN could not be decoded: {exc}")
+        return result
     result.origin = origin
     result.origin_kind = _origin_kind(origin)
     # A circular buffer may have evicted the producer: say when the inputs are unknown.
@@ -214,10 +218,16 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
         )
     cache: dict[tuple[str, int], EventView] = {(origin.kind, origin.index): origin}
 
-    def view(kind: str, index: int) -> EventView:
+    def view(kind: str, index: int) -> EventView | None:
         key = (kind, index)
         if key not in cache:
-            cache[key] = views.view(kind, index)
+            try:
+                cache[key] = views.view(kind, index)
+            except UNREADABLE as exc:
+                result.notes.append(
+                    f"{kind.replace('_', ' ')} #{index} could not be decoded: {exc}"
+                )
+                return None
         return cache[key]
 
     inf_at = _first(reader, "inf")
@@ -247,20 +257,30 @@ def _chain(reader: DumpReader, origin: EventView, end: EventView, view: Any) -> 
     if kind == EXECUTIONS:
         live = set(reader.execution(origin.index).output_tensor_ids)
         for i in span.tolist()[: CHAIN_LIMIT * 20]:
-            ex = reader.execution(i)
-            if live.intersection(ex.input_tensor_ids):
+            try:
+                ex = reader.execution(i)
+            except UNREADABLE:
+                continue
+            if live.intersection(ex.input_tensor_ids) and (v := view(kind, i)) is not None:
                 live.update(ex.output_tensor_ids)
-                chain.append(view(kind, i))
+                chain.append(v)
                 if i == end.index or len(chain) >= CHAIN_LIMIT:
                     break
     else:
         live_ops = {origin.op_name}
         for i in span.tolist()[: CHAIN_LIMIT * 20]:
-            tr = reader.trace(i)
+            try:
+                tr = reader.trace(i)
+            except UNREADABLE:
+                continue
             op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
-            if op is not None and live_ops.intersection(name for name, _ in op.inputs):
+            if (
+                op is not None
+                and live_ops.intersection(name for name, _ in op.inputs)
+                and (v := view(kind, i)) is not None
+            ):
                 live_ops.add(tr.op_name)
-                chain.append(view(kind, i))
+                chain.append(v)
                 if i == end.index or len(chain) >= CHAIN_LIMIT:
                     break
     if chain[-1].index != end.index:

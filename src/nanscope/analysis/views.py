@@ -11,7 +11,14 @@ from nanscope._paths import is_user_file
 from nanscope.analysis.explain import Counts, explain
 from nanscope.format.modes import TensorDebugMode, shape_from_summary, sum_health
 from nanscope.format.tensors import dtype_name
-from nanscope.reader import EXECUTIONS, TRACES, DumpReader, Execution, StackFrame
+from nanscope.reader import (
+    EXECUTIONS,
+    TRACES,
+    UNREADABLE,
+    DumpReader,
+    Execution,
+    StackFrame,
+)
 
 PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
 
@@ -207,7 +214,12 @@ class ViewBuilder:
         rows = self.reader.index(EXECUTIONS)
         procs = self.reader.processes_of(EXECUTIONS)
         hits = np.flatnonzero((rows["sequence"] == sequence) & (procs == process))
-        return self.reader.execution(int(hits[0])) if hits.size else None
+        if not hits.size:
+            return None
+        try:
+            return self.reader.execution(int(hits[0]))
+        except UNREADABLE:
+            return None
 
     def _execution_inputs(self, ex: Execution) -> tuple[list[InputView], bool]:
         """Each input with its producer (looked up backwards) and its counts."""
@@ -221,7 +233,11 @@ class ViewBuilder:
         i = ex.index - 1
         while wanted and i >= lo:
             if procs[i] == ex.process:
-                cand = r.execution(i)
+                try:
+                    cand = r.execution(i)
+                except UNREADABLE:
+                    i -= 1
+                    continue
                 for slot, tid in enumerate(cand.output_tensor_ids):
                     if tid in wanted and tid not in producers:
                         producers[tid] = (cand, slot)
@@ -279,7 +295,11 @@ class ViewBuilder:
                 if found is None:
                     inputs.append(InputView(f"{producer_name}:{slot}", None, None))
                     continue
-                p = r.trace(found)
+                try:
+                    p = r.trace(found)
+                except UNREADABLE:
+                    inputs.append(InputView(f"{producer_name}:{slot}", None, None))
+                    continue
                 pv = p.debug_tensor_value if p.debug_tensor_value is not None else p.tensor_value
                 inputs.append(InputView(
                     f"{producer_name}:{slot}",

@@ -1,5 +1,6 @@
 """Reading tfdbg2 dumps (nanscope's and TensorFlow's) with a columnar index."""
 
+from nanscope.format.records import RecordError
 from nanscope.reader.data import (
     Execution,
     GraphExecutionTrace,
@@ -10,11 +11,17 @@ from nanscope.reader.data import (
     SourceFileInfo,
     StackFrame,
 )
+from nanscope.reader.decode import DecodeError
 from nanscope.reader.dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
+
+# What decoding one indexed event can raise when its record is damaged.
+UNREADABLE = (RecordError, DecodeError)
 
 __all__ = [
     "EXECUTIONS",
     "TRACES",
+    "UNREADABLE",
+    "DecodeError",
     "DumpError",
     "DumpReader",
     "EventRef",
@@ -24,6 +31,7 @@ __all__ = [
     "GraphOpInfo",
     "Problem",
     "ProcessInfo",
+    "RecordError",
     "SourceFileInfo",
     "StackFrame",
     "open_dump",

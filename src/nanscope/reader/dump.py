@@ -31,7 +31,13 @@ from nanscope.reader.data import (
     SourceFileInfo,
     StackFrame,
 )
-from nanscope.reader.decode import execution_row, parse_event, tensor_values, trace_row
+from nanscope.reader.decode import (
+    DecodeError,
+    execution_row,
+    parse_event,
+    tensor_values,
+    trace_row,
+)
 from nanscope.reader.eventfile import EventFile, StringPool
 from nanscope.reader.logs import RecordLog
 
@@ -370,8 +376,11 @@ class DumpReader:
             if p.tensor_debug_mode is not None:
                 return p.tensor_debug_mode
         for kind in (TRACES, EXECUTIONS):
-            if self.num(kind):
-                ev = self.trace(0) if kind == TRACES else self.execution(0)
+            for i in range(min(self.num(kind), 16)):  # the first that decodes
+                try:
+                    ev = self.trace(i) if kind == TRACES else self.execution(i)
+                except (RecordError, DecodeError):
+                    continue
                 return ev.tensor_debug_mode
         return None
 
