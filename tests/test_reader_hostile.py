@@ -61,7 +61,7 @@ def apply(path: Path, how: tuple[str, object, int]) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    which=st.lists(st.sampled_from(files.SUFFIXES + ("execution.nsidx",)), min_size=1, max_size=3),
+    which=st.lists(st.sampled_from((*files.SUFFIXES, "execution.nsidx")), min_size=1, max_size=3),
     hows=st.lists(damage, min_size=1, max_size=3),
 )
 def test_damaged_dumps_never_crash_the_reader(
