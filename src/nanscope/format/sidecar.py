@@ -61,12 +61,12 @@ def empty_rows(n: int) -> np.ndarray:
 
 def decode_chunk(payload: bytes | memoryview) -> tuple[np.ndarray | None, list[str] | None]:
     """``(rows, None)`` or ``(None, strings)``; raises ``ValueError`` on a malformed chunk."""
-    data = bytes(payload)
-    kind, body = data[:1], data[1:]
+    kind = bytes(payload[:1])
     if kind == KIND_ROWS:
-        if len(body) % ROW_DTYPE.itemsize:
+        if (len(payload) - 1) % ROW_DTYPE.itemsize:
             raise ValueError("row chunk size is not a multiple of the row size")
-        return np.frombuffer(body, dtype=ROW_DTYPE), None
+        # A read-only view of the chunk's bytes, no copy.
+        return np.frombuffer(payload, dtype=ROW_DTYPE, offset=1), None
     if kind == KIND_STRINGS:
-        return None, body.decode("utf-8", errors="replace").split("\0")
+        return None, bytes(payload[1:]).decode("utf-8", errors="replace").split("\0")
     raise ValueError(f"unknown sidecar chunk kind {kind!r}")

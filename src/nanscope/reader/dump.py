@@ -184,6 +184,8 @@ class DumpReader:
         ]
         if not parts:
             return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int16)
+        if len(parts) == 1:  # one process: its rows as they are, no copy
+            return parts[0], procs[0]
         return np.concatenate(parts), np.concatenate(procs)
 
     def _discover(self, problems: list[Problem]) -> bool:

@@ -136,7 +136,10 @@ class EventFile:
             )
         else:
             self._tail = np.zeros(0, dtype=ROW_DTYPE)
-        parts = [*self._confirmed, self._tail]
+        if len(self._confirmed) > 1:
+            # Merge what earlier updates confirmed: later updates only append.
+            self._confirmed = [np.concatenate(self._confirmed)]
+        parts = [p for p in (*self._confirmed, self._tail) if p.size] or [self._tail]
         self.rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
         return (
             first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
@@ -152,6 +155,7 @@ class EventFile:
         except OSError:
             return
         result = scan(blob, str(self.index_path), base=self._sidecar_offset, resync_limit=0)
+        end = result.end
         new_rows: list[np.ndarray] = []
         strings = list(self._sidecar_strings)
         try:
@@ -168,21 +172,23 @@ class EventFile:
             self._sidecar_ok = False
             return
         if not new_rows:
-            self._sidecar_offset = result.end
+            self._sidecar_offset = end
             self._sidecar_strings = strings
             return
+        del blob, result.records  # the chunks' bytes: rows are copied out below
+        # One owned, writable copy of all the new rows (remapped in place below).
         rows = np.concatenate(new_rows) if len(new_rows) > 1 else new_rows[0].copy()
+        del new_rows
         if not self._consistent(rows, data_size, len(strings)):
             # A sidecar that disagrees with its data file is ignored from now on.
             self._sidecar_ok = False
             return
-        rows = rows.copy()
         remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
         rows["name"] = remap[rows["name"]]
         rows["graph"] = remap[rows["graph"]]
         self._confirmed.append(rows)
         self._confirmed_end = int(rows["offset"][-1]) + int(rows["length"][-1])
-        self._sidecar_offset = result.end
+        self._sidecar_offset = end
         self._sidecar_strings = strings
 
     def _consistent(self, rows: np.ndarray, data_size: int, n_strings: int) -> bool:
