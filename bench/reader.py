@@ -851,8 +851,8 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
         add(
             f"- sustained (until flush() returns) >= 200,000 traces/s: write_traces {sus:,.0f}/s, "
             f"write_trace {sus1:,.0f}/s -> {'PASS' if min(sus, sus1) >= 200_000 else 'FAIL'} "
-            "(a producer faster than this for longer than max_queue absorbs blocks in write_trace; "
-            "write_traces never blocks, its queue grows without bound)"
+            "(a producer faster than this for longer than max_queue events waits, in write_trace "
+            "and write_traces alike: memory stays bounded)"
         )
     if tf_bytes:
         add("")
