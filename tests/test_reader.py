@@ -219,3 +219,24 @@ def test_trace_written_before_its_graph_is_tolerated(tmp_path: Path) -> None:
     with nanscope.open_dump(tmp_path) as r:
         tr = r.trace(0)
         assert tr.op_type == "" and tr.graph_ids == ("unknown-graph",)
+
+
+def test_batched_traces_index_matches_a_scan(tmp_path: Path) -> None:
+    """Batches take a vectorised path to the sidecar: it must agree with decoding."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with DumpWriter(a, "FULL_HEALTH", -1) as w:
+        for call in range(3):
+            m = np.stack([full_health(neg_inf=int(call == 2 and i == 4)) for i in range(7)])
+            w.write_traces("g", [f"op{i}" for i in range(7)], list(range(7)), m, step=call)
+            w.write_trace(TraceEvent("g", "single", 0, full_health(), step=call))
+    shutil.copytree(a, b)
+    for p in b.glob("*.nsidx"):
+        p.unlink()
+    with nanscope.open_dump(a) as ra, nanscope.open_dump(b) as rb:
+        assert ra.decoded_for_index() == 0 and rb.decoded_for_index() == 24
+        ia, ib = ra.index(TRACES), rb.index(TRACES)
+        for col in ("offset", "length", "slot", "step", "sequence", "size", "neg_inf", "nonfinite"):
+            np.testing.assert_array_equal(ia[col], ib[col], err_msg=col)
+        assert [ra.string(x) for x in ia["name"]] == [rb.string(x) for x in ib["name"]]
+        assert ra.nonfinite(TRACES).tolist() == [20]
+        assert ra.trace(20).op_name == "op4" and ra.trace(23).op_name == "single"

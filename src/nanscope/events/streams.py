@@ -77,6 +77,15 @@ class StringTable:
         return new
 
 
+class _Batch:
+    """Payloads of one graph call, kept together until written."""
+
+    __slots__ = ("payloads",)
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+
+
 class EventStream:
     """A circular (``capacity > 0``) or unbounded event file with its sidecar index.
 
@@ -157,20 +166,47 @@ class EventStream:
         else:
             self._append(sync)
 
+    def add_batch(self, payloads: list[bytes], rows: np.ndarray) -> None:
+        """Append many encoded events at once (unbounded streams only).
+
+        ``rows`` are full sidecar rows whose ``offset`` and ``length`` are
+        filled in when the batch is written.
+        """
+        assert not self.circular
+        self.dirty = True
+        self._ring.append([_Batch(payloads), rows])
+
     def _records(self, items: list[list[Any]], start: int) -> tuple[bytes, np.ndarray]:
         """The framed records of ``items`` (encoding those not encoded yet) and their rows."""
         encode = self.encode
-        records = []
-        rows = []
+        records: list[bytes] = []
+        chunks: list[np.ndarray] = []
+        rows: list[tuple[Any, ...]] = []
         offset = start
         for item in items:
             record = item[0]
+            if type(record) is _Batch:
+                if rows:
+                    chunks.append(np.array(rows, dtype=sidecar.ROW_DTYPE))
+                    rows = []
+                framed = [frame(p) for p in record.payloads]
+                lengths = np.fromiter(map(len, framed), dtype=np.int64, count=len(framed))
+                batch_rows = item[1]
+                batch_rows["length"] = lengths
+                batch_rows["offset"] = offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                offset += int(lengths.sum())
+                records.extend(framed)
+                chunks.append(batch_rows)
+                continue
             if not isinstance(record, bytes):
                 record = item[0] = frame(encode(record))
             records.append(record)
             rows.append((offset, len(record), *item[1]))
             offset += len(record)
-        return b"".join(records), np.array(rows, dtype=sidecar.ROW_DTYPE)
+        if rows or not chunks:
+            chunks.append(np.array(rows, dtype=sidecar.ROW_DTYPE))
+        table = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return b"".join(records), table
 
     def _append(self, sync: bool) -> None:
         if not self._ring:

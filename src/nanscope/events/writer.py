@@ -31,7 +31,7 @@ from nanscope.events.encode import Encoder, resolve
 from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
-from nanscope.format import files
+from nanscope.format import files, sidecar
 from nanscope.format.modes import UNKNOWN_HEALTH, TensorDebugMode, parse_mode, summary_health
 from nanscope.format.proto import debug_event_pb2 as pb
 
@@ -458,9 +458,25 @@ class DumpWriter:
         payloads, health = self._encoder.trace_batch(
             graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
         )
-        st = self._traces.strings
+        stream = self._traces
+        st = stream.strings
         gid = st.id(graph_id)
-        add = self._traces.add
+        if not stream.circular:
+            # Unbounded: the whole call goes to the file together, rows built at once.
+            n = len(payloads)
+            rows = np.zeros(n, dtype=sidecar.ROW_DTYPE)
+            rows["name"] = [st.id(name) for name in op_names]
+            rows["graph"] = gid
+            rows["slot"] = slots
+            rows["wall_time"] = wall
+            rows["step"] = step
+            rows["sequence"] = np.arange(first, first + n)
+            for k, col in enumerate(("size", "neg_inf", "pos_inf", "nan", "nonfinite")):
+                rows[col] = health[:, k]
+            stream.add_batch(payloads, rows)
+            self.stats.traces += n
+            return
+        add = stream.add
         for i, (payload, (size, ni, pi, nn, nf)) in enumerate(
             zip(payloads, health.tolist(), strict=True)
         ):
