@@ -156,16 +156,6 @@ def scan(
     return ScanResult(records, base + offset, False, errors)
 
 
-def read_at(data: bytes | memoryview, path: str, offset: int) -> bytes:
-    """The verified payload of the record at ``offset``; raises :class:`RecordError`."""
-    result = scan(data, path, offset, limit=1, resync_limit=0)
-    if result.records and result.records[0].offset == offset:
-        return result.records[0].payload
-    if result.errors:
-        raise result.errors[0]
-    raise RecordError(path, offset, "no complete record at this offset (truncated file?)")
-
-
 def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:
     """Every payload in ``data``; raises :class:`RecordError` at the first corrupt one."""
     result = scan(data, path, resync_limit=0)

@@ -55,10 +55,6 @@ def strings_chunk(strings: list[str]) -> bytes:
     return KIND_STRINGS + "\0".join(strings).encode()
 
 
-def empty_rows(n: int) -> np.ndarray:
-    return np.zeros(n, dtype=ROW_DTYPE)
-
-
 def decode_chunk(payload: bytes | memoryview) -> tuple[np.ndarray | None, list[str] | None]:
     """``(rows, None)`` or ``(None, strings)``; raises ``ValueError`` on a malformed chunk."""
     kind = bytes(payload[:1])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -173,19 +172,3 @@ class Problem:
 
     def __str__(self) -> str:
         return self.message
-
-
-def jsonable(value: Any) -> Any:
-    """Summary values as JSON-safe lists (NaN and infinities as strings)."""
-    if value is None:
-        return None
-    if isinstance(value, np.ndarray):
-        return [jsonable(v) for v in value.tolist()]
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float):
-        if value != value:
-            return "NaN"
-        if value in (float("inf"), float("-inf")):
-            return "Infinity" if value > 0 else "-Infinity"
-    return value
