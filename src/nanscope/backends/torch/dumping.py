@@ -105,7 +105,7 @@ class DumpingMode(TorchDispatchMode):
             return None
         if self.dtype_filter is not None and not self.dtype_filter(t.dtype):
             return None
-        if t.device.type == "cpu":
+        if t.is_cpu:  # an attribute; t.device builds a device object each time
             if source is not None and mode != TensorDebugMode.FULL_TENSOR:
                 entry = self._summaries.get(source[0])
                 # The base's version counter moves with every in-place write, through
@@ -126,7 +126,7 @@ class DumpingMode(TorchDispatchMode):
             if s is not None and mode != TensorDebugMode.FULL_TENSOR:
                 self._remember(tid, t, s, info.inplace)
             return s
-        if t.device.type == "meta":
+        if t.is_meta:
             return None
         if mode == TensorDebugMode.FULL_TENSOR:
             return summarize_host(t, mode)  # a full copy is a sync by nature
