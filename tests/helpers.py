@@ -14,6 +14,14 @@ def full_health(neg_inf: int = 0, nan: int = 0, size: int = 10, zero: int = 3) -
     return np.array([-1, -1, 1, 1, size, neg_inf, 0, nan, 1, zero, pos], dtype=np.float64)
 
 
+def marked_line(path: str, suffix: str) -> int:
+    """The 1-based number of the one line of ``path`` that ends with ``suffix``."""
+    lines = Path(path).read_text().splitlines()
+    hits = [i for i, line in enumerate(lines, 1) if line.rstrip().endswith(suffix)]
+    assert len(hits) == 1, (suffix, hits)
+    return hits[0]
+
+
 def write_small_dump(
     logdir: Path, n: int = 10, bad: tuple[int, ...] = (6,), **kwargs: object
 ) -> DumpWriter:

@@ -33,6 +33,8 @@ pytest.importorskip("tensorboard")
 
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
+from .helpers import marked_line
+
 pytestmark = pytest.mark.tf
 
 THIS_FILE = os.path.abspath(__file__)
@@ -70,10 +72,8 @@ def _model_site(writer: DumpWriter) -> int:
 
 
 def line_of(marker: str) -> int:
-    suffix = f"# SITE:{marker}"
-    lines = Path(THIS_FILE).read_text().splitlines()
-    (line,) = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(suffix)]
-    return line
+    """The line of this file that ends with ``# SITE:<marker>``."""
+    return marked_line(THIS_FILE, f"# SITE:{marker}")
 
 
 # (op type, output tensor ids, output values); None: an int64 output without summary.

@@ -28,6 +28,8 @@ from tensorflow.python.debug.lib.debug_events_reader import DebugDataReader
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
+from .helpers import marked_line
+
 pytestmark = pytest.mark.tf
 
 THIS_FILE = os.path.abspath(__file__)
@@ -88,12 +90,8 @@ def _backward_site(writer: DumpWriter) -> int:
 
 
 def line_of(marker: str) -> int:
-    """The 1-based line number of the line of this file that ends with ``# SITE:<marker>``."""
-    suffix = f"# SITE:{marker}"
-    lines = Path(THIS_FILE).read_text().splitlines()
-    hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(suffix)]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    """The line of this file that ends with ``# SITE:<marker>``."""
+    return marked_line(THIS_FILE, f"# SITE:{marker}")
 
 
 # -- what a dump holds -------------------------------------------------------------------------

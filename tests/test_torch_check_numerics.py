@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,16 +16,11 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import nanscope  # noqa: E402
 
+from .helpers import marked_line  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 THIS_FILE = os.path.abspath(__file__)
-
-
-@pytest.fixture(autouse=True)
-def _nothing_left_enabled() -> Iterator[None]:
-    yield
-    nanscope.disable_check_numerics()
-    nanscope.disable_dump_debug_info()
 
 
 @pytest.fixture
@@ -39,10 +33,8 @@ def checking() -> Iterator[None]:
 
 
 def line_of(marker: str) -> int:
-    lines = Path(THIS_FILE).read_text().splitlines()
-    hits = [i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# " + marker)]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    """The line of this file that ends with ``# <marker>``."""
+    return marked_line(THIS_FILE, f"# {marker}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

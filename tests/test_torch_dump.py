@@ -6,7 +6,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import nanscope  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
+
+from .helpers import marked_line  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -53,22 +55,12 @@ X_VALUES = [[-INF, INF, NAN, -2.5], [-1.0, 0.0, -0.0, 0.5], [3.0, 1.0, 2.0, 0.25
 Y_VALUES = [[2.0, 0.0, 1.0, -1.0], [INF, 5.0, NAN, 0.0], [-2.0, 0.0, 4.0, -INF]]
 
 
-@pytest.fixture(autouse=True)
-def _nothing_left_enabled() -> Iterator[None]:
-    yield
-    nanscope.disable_dump_debug_info()
-    nanscope.disable_check_numerics()
-
-
 # -- helpers ----------------------------------------------------------------------------------
 
 
 def line_of(marker: str) -> int:
-    """The line of this file that carries the comment ``marker``."""
-    lines = Path(THIS_FILE).read_text().splitlines()
-    hits = [i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# " + marker)]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    """The line of this file that ends with ``# <marker>``."""
+    return marked_line(THIS_FILE, f"# {marker}")
 
 
 def record(

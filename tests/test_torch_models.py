@@ -8,7 +8,7 @@ summary can be checked against numpy on exactly the values the program computed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +25,20 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 import nanscope  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
 
+from .helpers import marked_line  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 THIS_FILE = os.path.abspath(__file__)
 FLOATS = {torch.float16: 19, torch.bfloat16: 14, torch.float32: 1, torch.float64: 2}
 
 
-@pytest.fixture(autouse=True)
-def _nothing_left_enabled() -> Iterator[None]:
-    yield
-    nanscope.disable_dump_debug_info()
-    nanscope.disable_check_numerics()
-
-
 # -- helpers ----------------------------------------------------------------------------------
 
 
 def line_of(marker: str) -> int:
-    lines = Path(THIS_FILE).read_text().splitlines()
-    hits = [i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# " + marker)]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    """The line of this file that ends with ``# <marker>``."""
+    return marked_line(THIS_FILE, f"# {marker}")
 
 
 def flat_tensors(value: Any) -> list[Any]:
