@@ -12,7 +12,6 @@ every op; the error then comes a few ops late but still names the right op.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 from dataclasses import dataclass
@@ -235,13 +234,11 @@ class TorchCheckNumerics:
     framework = "torch"
 
     def __init__(self, sync_every: int = 64) -> None:
-        self.context = RunContext()
-        self.context.install()
-        self.mode = CheckNumericsMode(self.context, sync_every)
-        self.mode.__enter__()
-        from nanscope.backends.torch.session import follow_new_threads
+        from nanscope.backends.torch.session import InstalledMode
 
-        self._unfollow = follow_new_threads(self.mode)
+        self.context = RunContext()
+        self.mode = CheckNumericsMode(self.context, sync_every)
+        self._installed = InstalledMode(self.mode, self.context)
         self._closed = False
 
     def flush(self) -> None:
@@ -251,7 +248,4 @@ class TorchCheckNumerics:
         if self._closed:
             return
         self._closed = True
-        self._unfollow()
-        with contextlib.suppress(Exception):
-            self.mode.__exit__(None, None, None)
-        self.context.uninstall()
+        self._installed.remove()

@@ -42,6 +42,24 @@ def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
     return undo
 
 
+class InstalledMode:
+    """A dispatch mode with its run context, on this thread and on threads started later."""
+
+    def __init__(self, mode: TorchDispatchMode, context: RunContext) -> None:
+        self.mode = mode
+        self.context = context
+        context.install()
+        mode.__enter__()
+        self._unfollow = follow_new_threads(mode)
+
+    def remove(self) -> None:
+        self._unfollow()
+        # Fails when popped on another thread, or already popped by the user.
+        with contextlib.suppress(Exception):
+            self.mode.__exit__(None, None, None)
+        self.context.uninstall()
+
+
 class TorchDumpSession:
     """A dispatch mode pushed on the calling thread, feeding a :class:`DumpWriter`.
 
@@ -72,10 +90,8 @@ class TorchDumpSession:
             **writer_options,
         )
         self.context = RunContext()
-        self.context.install()
         self.mode = DumpingMode(self.writer, self.context, pattern, dtype_filter)
-        self.mode.__enter__()
-        self._unfollow = follow_new_threads(self.mode)
+        self._installed = InstalledMode(self.mode, self.context)
         self._closed = False
 
     def flush(self) -> None:
@@ -86,10 +102,6 @@ class TorchDumpSession:
         if self._closed:
             return
         self._closed = True
-        self._unfollow()
-        # Fails when popped on another thread, or already popped by the user.
-        with contextlib.suppress(Exception):
-            self.mode.__exit__(None, None, None)
-        self.context.uninstall()
+        self._installed.remove()
         self.mode.device_buffer.submit()
         self.writer.close()
