@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 OPS_PER_CALL = 200
 PAGE = 200
@@ -104,18 +105,13 @@ def emit(result: dict) -> None:
 # -- child: write the dump ---------------------------------------------------------------------
 
 
-def child_write(dump: str, n_traces: int, n_execs: int) -> None:
-    t0 = time.perf_counter()
-    import numpy as np
+def open_writer(dump: str, names: list[str]) -> tuple[Any, dict[str, float], int]:
+    """A FULL_HEALTH writer with the bench graph created, and a counter of its waits.
 
-    from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp
-
-    import_s = time.perf_counter() - t0
-    names = op_names()
-    slots = [0] * OPS_PER_CALL
-    n_calls = math.ceil(n_traces / OPS_PER_CALL)
-    bad_t = bad_traces(n_traces)
-    bad_e = bad_executions(n_execs)
+    Returns ``(writer, blocked, stack)``; ``blocked`` counts and times the
+    backpressure waits of the producing thread.
+    """
+    from nanscope.events import DumpWriter, Graph, GraphOp
 
     w = DumpWriter(dump, "FULL_HEALTH", circular_buffer_size=-1, framework="bench")
     blocked = {"count": 0, "seconds": 0.0}
@@ -128,9 +124,8 @@ def child_write(dump: str, n_traces: int, n_execs: int) -> None:
         blocked["seconds"] += time.perf_counter() - t
 
     w._backpressure = counting_backpressure  # type: ignore[method-assign]
-
     stack = w.capture_stack()
-    dev = w.register_device(DEVICE)
+    w.register_device(DEVICE)
     w.write_graph(Graph(graph_id=GRAPH_ID, graph_name=GRAPH_NAME))
     for k, name in enumerate(names):
         w.write_graph_op(
@@ -146,6 +141,24 @@ def child_write(dump: str, n_traces: int, n_execs: int) -> None:
                 stack=stack,
             )
         )
+    return w, blocked, stack
+
+
+def child_write(dump: str, n_traces: int, n_execs: int) -> None:
+    t0 = time.perf_counter()
+    import numpy as np
+
+    from nanscope.events import ExecutionEvent
+
+    import_s = time.perf_counter() - t0
+    names = op_names()
+    slots = [0] * OPS_PER_CALL
+    n_calls = math.ceil(n_traces / OPS_PER_CALL)
+    bad_t = bad_traces(n_traces)
+    bad_e = bad_executions(n_execs)
+
+    w, blocked, stack = open_writer(dump, names)
+    dev = w.register_device(DEVICE)  # already registered: returns its id
 
     # FULL_HEALTH rows: [tensor_id, device_id, dtype, rank, size, -inf, +inf, nan, -, 0, +].
     base = np.zeros((OPS_PER_CALL, 11), dtype=np.float64)
@@ -252,26 +265,10 @@ def child_write_single(dump: str, n_traces: int) -> None:
     """``write_trace`` one event at a time (the slow path a per-op hook would use)."""
     import numpy as np
 
-    from nanscope.events import DumpWriter, Graph, GraphOp, TraceEvent
+    from nanscope.events import TraceEvent
 
     names = op_names()
-    w = DumpWriter(dump, "FULL_HEALTH", circular_buffer_size=-1, framework="bench")
-    blocked = {"count": 0, "seconds": 0.0}
-    original = w._backpressure
-
-    def counting_backpressure() -> None:
-        t = time.perf_counter()
-        original()
-        blocked["count"] += 1
-        blocked["seconds"] += time.perf_counter() - t
-
-    w._backpressure = counting_backpressure  # type: ignore[method-assign]
-    w.register_device(DEVICE)
-    w.write_graph(Graph(graph_id=GRAPH_ID, graph_name=GRAPH_NAME))
-    for k, name in enumerate(names):
-        w.write_graph_op(
-            GraphOp(graph_id=GRAPH_ID, op_type=OP_TYPES[k % 4], op_name=name, graph_name=GRAPH_NAME)
-        )
+    w, blocked, _ = open_writer(dump, names)
     rows = []
     for k in range(OPS_PER_CALL):
         r = np.array([1000 + k, -1, 1, 2, 8192, 0, 0, 0, 4000, 192, 4000], dtype=np.float64)
