@@ -18,6 +18,14 @@ from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import DumpReader, open_dump
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext nanscope`` in Jupyter/IPython: adds the ``%nanscope LOGDIR`` magic."""
+    from nanscope.notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = [
     "DebugSession",
     "DumpNotFoundError",
@@ -30,5 +38,6 @@ __all__ = [
     "disable_dump_debug_info",
     "enable_check_numerics",
     "enable_dump_debug_info",
+    "load_ipython_extension",
     "open_dump",
 ]

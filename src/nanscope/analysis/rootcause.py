@@ -54,6 +54,29 @@ class Analysis:
     def found(self) -> bool:
         return self.alerts.total > 0
 
+    @property
+    def headline(self) -> str | None:
+        """One sentence on the origin: ``aten.log.default produced -inf at step 3: log of zero...``."""
+        o = self.origin
+        if o is None:
+            return None
+        c = o.counts
+        if c.nan:
+            what = "NaN"
+        elif c.neg_inf and not c.pos_inf:
+            what = "-inf"
+        elif c.pos_inf and not c.neg_inf:
+            what = "+inf"
+        else:
+            what = "Inf/NaN"
+        verb = "passed on" if self.origin_kind == "entered" else "produced"
+        where = [f"step {o.step}"] if self.steps is not None else []
+        if o.rank is not None and len(self.processes) > 1:
+            where.append(f"rank {o.rank}")
+        name = o.op_type if o.op_name == o.op_type else f"{o.op_name} ({o.op_type})"
+        text = f"{name} {verb} {what}" + (f" at {', '.join(where)}" if where else "")
+        return f"{text}: {o.explanation}" if o.explanation else text
+
     def to_json(self) -> dict[str, Any]:
         """The documented, stable JSON form (``docs/REPORT_JSON.md``)."""
 
@@ -88,12 +111,13 @@ class Analysis:
         }
 
 
-def _process_json(p: ProcessInfo) -> dict[str, Any]:
+def process_json(p: ProcessInfo) -> dict[str, Any]:
     return {"index": p.index, "name": p.name, "host": p.host, "rank": p.rank, "pid": p.pid,
             "framework": p.framework, "label": p.label}  # fmt: skip
 
 
-def _alerts(reader: DumpReader) -> Alerts:
+def count_alerts(reader: DumpReader) -> Alerts:
+    """Inf/NaN events counted by op type and by step, from the index alone."""
     a = Alerts()
     per_op: dict[tuple[str, str], list[int]] = {}
     steps: dict[int, int] = {}
@@ -173,14 +197,14 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
         run_id=reader.run_id,
         framework=reader.framework,
         tensor_debug_mode=mode.name if mode is not None else None,
-        processes=[_process_json(p) for p in reader.processes],
+        processes=[process_json(p) for p in reader.processes],
         num_executions=reader.num_executions(),
         num_graph_execution_traces=reader.num_graph_execution_traces(),
         # TensorFlow does not record steps: say "unknown" rather than "step 0".
         steps=[int(all_steps.min()), int(all_steps.max())]
         if all_steps.size and any(p.nanscope_version for p in reader.processes)
         else None,
-        alerts=_alerts(reader),
+        alerts=count_alerts(reader),
         problems=[{"severity": p.severity, "message": p.message} for p in reader.problems],
     )
     if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:

@@ -200,7 +200,7 @@ class ViewBuilder:
             external_input=external,
         )
         if ex.forward_sequence:
-            fwd = self._by_sequence(ex.forward_sequence, ex.process)
+            fwd = self.by_sequence(ex.forward_sequence, ex.process)
             if fwd is not None:
                 view.forward_op = fwd.op_type
             fsource, _ = self._frames(
@@ -210,7 +210,8 @@ class ViewBuilder:
         view.explanation = explain(ex.op_type, counts, [i.counts for i in inputs], external)
         return view
 
-    def _by_sequence(self, sequence: int, process: int) -> Execution | None:
+    def by_sequence(self, sequence: int, process: int) -> Execution | None:
+        """The execution of ``process`` with this sequence number (a backward op's forward op)."""
         rows = self.reader.index(EXECUTIONS)
         procs = self.reader.processes_of(EXECUTIONS)
         hits = np.flatnonzero((rows["sequence"] == sequence) & (procs == process))

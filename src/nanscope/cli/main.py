@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from nanscope._version import __version__
-from nanscope.cli import demo, report, run
+from nanscope.cli import demo, report, run, serve
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import DumpNotFoundError
 
-COMMANDS = {"run": run, "report": report, "demo": demo}
+COMMANDS = {"run": run, "report": report, "serve": serve, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

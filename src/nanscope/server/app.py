@@ -1,0 +1,117 @@
+"""The WSGI application: routes ``/api/*`` to the handlers, serves the page's static files.
+
+Read-only by construction: only ``GET``/``HEAD`` are routed. Every error is a
+JSON ``{"error": ...}`` with a 4xx status; an unexpected failure in a handler is
+a 500 with a one-line message, never a traceback to the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mimetypes
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.routing import Map, Rule
+from werkzeug.security import safe_join
+from werkzeug.wrappers import Request, Response
+
+from nanscope.server.api import ROUTES, ApiError, Query
+from nanscope.server.runs import RunSet
+
+STATIC_DIR = Path(__file__).parent / "static"
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+# The page's scripts and styles come from this server only; nothing is loaded from elsewhere.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'"
+)
+
+log = logging.getLogger("nanscope.server")
+
+
+def _json_response(body: Any, status: int = 200) -> Response:
+    text = json.dumps(body, allow_nan=False, separators=(",", ":"))
+    resp = Response(text, status=status, mimetype="application/json")
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+class App:
+    """The WSGI callable for one logdir.
+
+    ``allowed_hosts``: the ``Host`` header values (without port) accepted; ``None``
+    accepts any. A server bound to loopback accepts only loopback names, so a web
+    page elsewhere cannot reach it through DNS rebinding.
+    """
+
+    def __init__(self, runs: RunSet, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES):
+        self.runs = runs
+        self.allowed_hosts = allowed_hosts
+        rules = [Rule(path, endpoint=path, methods=["GET"]) for path in ROUTES]
+        rules += [
+            Rule("/", endpoint="index", methods=["GET"]),
+            Rule("/static/<path:name>", endpoint="static", methods=["GET"]),
+        ]
+        self.url_map = Map(rules, strict_slashes=False, merge_slashes=False)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        request = Request(environ)
+        response = self.dispatch(request)
+        return response(environ, start_response)
+
+    def _host_ok(self, request: Request) -> bool:
+        if self.allowed_hosts is None:
+            return True
+        host = request.host.lower()
+        if host.startswith("["):  # [::1]:port
+            name = host.split("]")[0] + "]"
+        else:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return name in self.allowed_hosts
+
+    def dispatch(self, request: Request) -> Response:
+        if not self._host_ok(request):
+            return _json_response(
+                {"error": f"host {request.host!r} is not served here; open the page via 127.0.0.1"},
+                403,
+            )
+        adapter = self.url_map.bind_to_environ(request.environ)
+        try:
+            endpoint, args = adapter.match()
+        except MethodNotAllowed:
+            return _json_response({"error": "the API is read-only: use GET"}, 405)
+        except NotFound:
+            return _json_response({"error": f"no such route: {request.path}"}, 404)
+        except HTTPException as exc:  # e.g. a redirect for a trailing slash
+            return exc.get_response(request.environ)
+        if endpoint == "index":
+            return self._static("index.html")
+        if endpoint == "static":
+            return self._static(str(args["name"]))
+        try:
+            body = ROUTES[endpoint](self.runs, Query(request.args), args)
+        except ApiError as exc:
+            return _json_response({"error": exc.message}, exc.status)
+        except Exception as exc:  # a bug or a damaged dump: report, keep serving
+            log.exception("%s failed", request.full_path)
+            return _json_response(
+                {"error": f"internal error in {request.path}: {type(exc).__name__}: {exc}"}, 500
+            )
+        return _json_response(body)
+
+    def _static(self, name: str) -> Response:
+        path = safe_join(str(STATIC_DIR), name)
+        if path is None or not Path(path).is_file():
+            return _json_response({"error": f"no such file: /static/{name}"}, 404)
+        mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        if path.endswith((".js", ".mjs")):
+            mime = "text/javascript"
+        resp = Response(Path(path).read_bytes(), mimetype=mime)
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Cache-Control"] = "no-cache"
+        return resp

@@ -1,0 +1,219 @@
+"""``nanscope serve`` over real HTTP: binding, read-only routes, static files, errors, Jupyter."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from nanscope.server import ServeError, Server, serve_in_thread
+from tests.helpers import write_small_dump
+
+
+@pytest.fixture()
+def server(tmp_path: Path) -> Iterator[Server]:
+    write_small_dump(tmp_path, n=20, bad=(6,))
+    s = serve_in_thread(tmp_path)
+    yield s
+    s.close()
+
+
+def request(
+    server: Server, path: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def get_json(server: Server, path: str, **kw: Any) -> tuple[int, Any]:
+    status, headers, body = request(server, path, **kw)
+    assert headers["content-type"].startswith("application/json")
+    return status, json.loads(body)
+
+
+def test_binds_loopback_by_default_and_answers_json(server: Server) -> None:
+    assert server.host == "127.0.0.1" and server.url == f"http://127.0.0.1:{server.port}/"
+    status, body = get_json(server, "/api/runs")
+    assert status == 200 and body["runs"][0]["num_executions"] == 20
+    status, body = get_json(server, "/api/alerts")
+    assert status == 200 and body["first"] == {"kind": "execution", "index": 6}
+
+
+def test_page_and_static_files(server: Server) -> None:
+    status, headers, body = request(server, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    # Nothing is loaded from elsewhere.
+    assert b"<html" in body.lower() and not re.search(rb"""(src|href)=["']?(https?:)?//""", body)
+    assert "script-src 'self'" in headers["content-security-policy"]
+    scripts = [p for p in (Path(__file__).parents[1] / "src/nanscope/server/static").glob("*.js")]
+    assert scripts
+    status, headers, _ = request(server, f"/static/{scripts[0].name}")
+    assert status == 200 and headers["content-type"].startswith("text/javascript")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/static/../api.py", "/static/%2e%2e/api.py", "/static/..%2fruns.py", "/static//etc/passwd",
+     "/static/nope.js", "/etc/passwd", "/api/nope"],
+)  # fmt: skip
+def test_nothing_outside_static_is_served(server: Server, path: str) -> None:
+    status, _, body = request(server, path)
+    assert status == 404 and b"def " not in body and b"root:" not in body
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_read_only(server: Server, method: str) -> None:
+    status, body = get_json(server, "/api/runs", method=method)
+    assert status == 405 and "read-only" in body["error"]
+
+
+def test_bad_parameter_is_400_with_a_message(server: Server) -> None:
+    status, body = get_json(server, "/api/executions?begin=0&end=99999999")
+    assert status == 400 and "at most 1000" in body["error"]
+    status, body = get_json(server, "/api/executions?begin=" + "1" * 5000)
+    assert status == 400 and "longer than" in body["error"]
+
+
+def test_foreign_host_header_is_refused(server: Server) -> None:
+    """A page on another site cannot read the API through DNS rebinding."""
+    status, body = get_json(server, "/api/runs", headers={"Host": "evil.example:80"})
+    assert status == 403 and "127.0.0.1" in body["error"]
+    assert get_json(server, "/api/runs", headers={"Host": f"localhost:{server.port}"})[0] == 200
+
+
+def test_port_in_use_is_a_clear_error(server: Server, tmp_path: Path) -> None:
+    with pytest.raises(ServeError, match=f"port {server.port} on 127.0.0.1 is in use"):
+        Server(tmp_path, port=server.port)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", str(server.port)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"nanscope serve: error: port {server.port} on 127.0.0.1 is in use; pick another with "
+        "--port (--port 0 picks a free one)"
+    ]
+
+
+def test_missing_logdir_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanscope", "serve", str(tmp_path / "nope"), "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "nope: no such directory" in line
+
+
+def test_cli_prints_the_url_and_serves(tmp_path: Path) -> None:
+    write_small_dump(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert "(1 run)" in lines[0]
+        url = lines[1].split("open ", 1)[1].split()[0]
+        parts = urlsplit(url)
+        assert parts.hostname == "127.0.0.1"
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/api/runs")
+        assert json.loads(conn.getresponse().read())["runs"][0]["num_executions"] == 10
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_empty_logdir_waits_for_a_dump(tmp_path: Path) -> None:
+    with serve_in_thread(tmp_path) as s:
+        status, body = get_json(s, "/api/runs")
+        assert status == 200 and body["runs"] == []
+        status, body = get_json(s, "/api/alerts")
+        assert status == 404 and "no dump" in body["error"]
+
+
+def test_concurrent_clients_while_the_dump_grows(tmp_path: Path) -> None:
+    """Readers in many threads and a writer still appending: every answer is whole JSON."""
+    from nanscope.events import DumpWriter, ExecutionEvent
+    from tests.helpers import full_health
+
+    writer = DumpWriter(tmp_path, "FULL_HEALTH", circular_buffer_size=-1, flush_interval=0.05)
+    writer.write_execution(ExecutionEvent("op", [1], [0], summaries=[full_health()]))
+    writer.flush()
+    errors: list[str] = []
+    with serve_in_thread(tmp_path) as s:
+
+        def client() -> None:
+            for k in range(15):
+                path = ["/api/runs", "/api/alerts", "/api/executions?begin=0&end=50",
+                        "/api/timeline?buckets=50"][k % 4]  # fmt: skip
+                status, _, body = request(s, path)
+                if status != 200:
+                    errors.append(f"{path}: {status} {body[:200]!r}")
+                json.loads(body)
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for i in range(2000):
+            writer.write_execution(
+                ExecutionEvent("op", [i + 2], [i + 1], summaries=[full_health()], step=i)
+            )
+        for t in threads:
+            t.join(timeout=60)
+        writer.close()
+        assert not errors
+        # Caught up within a refresh interval or two.
+        for _ in range(50):
+            if get_json(s, "/api/runs")[1]["runs"][0]["num_executions"] == 2001:
+                break
+            threading.Event().wait(0.1)
+        assert get_json(s, "/api/runs")[1]["runs"][0]["num_executions"] == 2001
+
+
+def test_other_host_binding_is_explicit(tmp_path: Path) -> None:
+    """``--host`` is honoured (and the Host check is off when not on loopback)."""
+    write_small_dump(tmp_path)
+    with Server(tmp_path, host="0.0.0.0", port=0).start() as s:
+        status, _ = get_json(s, "/api/runs", headers={"Host": "myhost:1"})
+        assert status == 200
+
+
+def test_jupyter_magic_shows_the_gui(tmp_path: Path) -> None:
+    pytest.importorskip("IPython")
+    from IPython.testing.globalipapp import get_ipython
+
+    from nanscope import notebook
+
+    write_small_dump(tmp_path)
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "nanscope")
+    try:
+        frame = ip.run_line_magic("nanscope", f"{tmp_path} --height 500")
+        assert 'height="500"' in frame._repr_html_() and frame.src.startswith("http://127.0.0.1:")
+        # The same logdir reuses its server.
+        assert ip.run_line_magic("nanscope", str(tmp_path)).src == frame.src
+        parts = urlsplit(frame.src)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/api/runs")
+        assert json.loads(conn.getresponse().read())["runs"][0]["num_executions"] == 10
+        with pytest.raises(ValueError, match="usage: %nanscope LOGDIR"):
+            ip.run_line_magic("nanscope", "")
+    finally:
+        notebook.stop_all()
