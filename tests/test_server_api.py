@@ -348,3 +348,66 @@ def test_documented_examples_name_the_fields_the_handlers_return(
     for field in ("stack", "outputs", "input_tensor_ids", "output_tensor_ids", "forward_index",
                   "consumers", "has_values", "graph"):  # fmt: skip
         assert field in detail
+
+
+def test_position_of_in_filtered_lists(demo: RunSet) -> None:
+    alerts = call(demo, "/api/alerts")
+    bad = call(demo, "/api/executions", nonfinite=1, end=1000)["rows"]
+    third = bad[2]["index"]
+    at = call(demo, "/api/executions", nonfinite=1, begin=0, end=0, position_of=third)
+    assert (at["position"], at["exact"], at["rows"]) == (2, True, [])
+    # A finite event just before the first alert: the first alert is the next one.
+    before = call(
+        demo, "/api/executions", nonfinite=1, end=0, position_of=alerts["first"]["index"] - 1
+    )
+    assert (before["position"], before["exact"]) == (0, False)
+    after = call(demo, "/api/executions", nonfinite=1, end=0, position_of=10**9)
+    assert after["position"] is None
+    plain = call(demo, "/api/executions", end=0, position_of=17)
+    assert (plain["position"], plain["exact"]) == (17, True)
+
+
+def test_alerts_by_step_and_by_process(tmp_path: Path) -> None:
+    write_small_dump(tmp_path, n=10, bad=(6, 8), rank=0, world_size=2)
+    write_small_dump(tmp_path, n=10, bad=(3,), rank=1, world_size=2)
+    runs = RunSet(tmp_path)
+    everything = call(runs, "/api/alerts")
+    assert everything["total"] == 6  # each bad position is one execution and one trace
+    assert [s["step"] for s in everything["by_step"]] == [3, 6, 8]
+    for s in everything["by_step"]:
+        ev = call(runs, f"/api/{'executions' if s['first']['kind'] == 'execution' else 'traces'}/"
+                        f"{s['first']['index']}")  # fmt: skip
+        assert ev["step"] == s["step"] and ev["counts"]["neg_inf"] == 2
+    rank1 = call(runs, "/api/alerts", process=1)
+    assert rank1["total"] == 2 and [s["step"] for s in rank1["by_step"]] == [3]
+    first = call(runs, "/api/executions/" + str(rank1["first"]["index"]))
+    assert first["process"] == 1 and first["step"] == 3
+
+
+def test_source_files_lists_only_recorded_text(demo: RunSet) -> None:
+    listed = call(demo, "/api/source_files")["files"]
+    assert any(f["path"].endswith("debug_mnist.py") and f["user"] for f in listed)
+    for f in listed:
+        assert f["num_lines"] > 0
+        assert (
+            call(demo, "/api/source", file=f["file_index"], process=f["process"])["path"]
+            == f["path"]
+        )
+
+
+def test_frames_without_recorded_text_have_no_file_index(demo: RunSet) -> None:
+    ev = call(demo, f"/api/executions/{origin_index(demo)}")
+    recorded = {f["file_index"] for f in call(demo, "/api/source_files")["files"]}
+    for frame in ev["stack"]:
+        assert frame["file_index"] == -1 or frame["file_index"] in recorded
+        if frame["file"].startswith("<") or "/<" in frame["file"]:
+            assert not frame["user"] and frame["file_index"] == -1
+
+
+def test_finite_events_get_no_explanation(tf_logdir: Path) -> None:
+    runs = RunSet(tf_logdir)
+    for run in ("SHAPE", "FULL_HEALTH"):
+        rows = call(runs, "/api/traces", run=run, end=20)["rows"]
+        fine = [r for r in rows if not r["nonfinite"]]
+        assert fine
+        assert call(runs, f"/api/traces/{fine[0]['index']}", run=run)["explanation"] == ""

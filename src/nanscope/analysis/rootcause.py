@@ -26,7 +26,7 @@ class Alerts:
     by_op_type: list[dict[str, Any]] = field(
         default_factory=list
     )  # op_type, kind, count, first_index
-    by_step: list[dict[str, int]] = field(default_factory=list)  # step, count
+    by_step: list[dict[str, Any]] = field(default_factory=list)  # step, count, first
 
 
 @dataclass
@@ -116,14 +116,21 @@ def process_json(p: ProcessInfo) -> dict[str, Any]:
             "framework": p.framework, "label": p.label}  # fmt: skip
 
 
-def count_alerts(reader: DumpReader) -> Alerts:
-    """Inf/NaN events counted by op type and by step, from the index alone."""
+def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
+    """Inf/NaN events counted by op type and by step, from the index alone.
+
+    ``process`` counts only that process's events (an index into ``reader.processes``).
+    """
     a = Alerts()
     per_op: dict[tuple[str, str], list[int]] = {}
-    steps: dict[int, int] = {}
+    # step -> [count, (wall time, kind, index) of its first event]
+    steps: dict[int, list[Any]] = {}
     for kind in (EXECUTIONS, TRACES):
         rows = reader.index(kind)
-        hits = np.flatnonzero(rows["nonfinite"] == 1)
+        mask = rows["nonfinite"] == 1
+        if process is not None:
+            mask &= reader.processes_of(kind) == process
+        hits = np.flatnonzero(mask)
         if kind == EXECUTIONS:
             a.executions = int(hits.size)
             names = rows["name"][hits]
@@ -133,16 +140,26 @@ def count_alerts(reader: DumpReader) -> Alerts:
         for sid in np.unique(names).tolist():
             members = hits[names == sid]
             per_op[(reader.string(sid), kind)] = [int(members.size), int(members[0])]
-        s_vals, s_counts = np.unique(rows["step"][hits], return_counts=True)
-        for s, c in zip(s_vals.tolist(), s_counts.tolist(), strict=True):
-            steps[s] = steps.get(s, 0) + c
+        s_vals, s_first, s_counts = np.unique(
+            rows["step"][hits], return_index=True, return_counts=True
+        )
+        for s, f, c in zip(s_vals.tolist(), s_first.tolist(), s_counts.tolist(), strict=True):
+            i = int(hits[f])
+            first = (float(rows["wall_time"][i]), kind, i)
+            entry = steps.setdefault(s, [0, first])
+            entry[0] += c
+            entry[1] = min(entry[1], first)
     a.total = a.executions + a.graph_execution_traces
     a.by_op_type = sorted(
         ({"op_type": op, "kind": kind, "count": n, "first_index": first}
          for (op, kind), (n, first) in per_op.items()),
         key=lambda d: (-d["count"], d["op_type"]),
     )  # fmt: skip
-    a.by_step = [{"step": s, "count": steps[s]} for s in sorted(steps)]
+    a.by_step = [
+        {"step": s, "count": steps[s][0],
+         "first": {"kind": steps[s][1][1], "index": steps[s][1][2]}}
+        for s in sorted(steps)
+    ]  # fmt: skip
     return a
 
 

@@ -160,6 +160,10 @@ class ViewBuilder:
     def view(self, kind: str, index: int) -> EventView:
         return self.execution(index) if kind == EXECUTIONS else self.trace(index)
 
+    def _flagged(self, kind: str, index: int) -> bool:
+        """Whether the index says the event holds Inf/NaN (only those get an explanation)."""
+        return bool(self.reader.index(kind)["nonfinite"][index] == 1)
+
     def _rank(self, process: int) -> int | None:
         procs = self.reader.processes
         return procs[process].rank if process < len(procs) else None
@@ -207,7 +211,8 @@ class ViewBuilder:
                 r.stack_frames(ex.forward_stack_frame_ids, ex.process), ex.process
             )
             view.forward_source = fsource
-        view.explanation = explain(ex.op_type, counts, [i.counts for i in inputs], external)
+        if self._flagged(EXECUTIONS, index):
+            view.explanation = explain(ex.op_type, counts, [i.counts for i in inputs], external)
         return view
 
     def by_sequence(self, sequence: int, process: int) -> Execution | None:
@@ -335,7 +340,8 @@ class ViewBuilder:
             view.forward_source, _ = self._frames(
                 r.stack_frames(op.forward_stack_frame_ids, tr.process), tr.process
             )
-        view.explanation = explain(tr.op_type, counts, [i.counts for i in inputs], external)
+        if self._flagged(TRACES, index):
+            view.explanation = explain(tr.op_type, counts, [i.counts for i in inputs], external)
         return view
 
     def _latest_trace(

@@ -120,7 +120,10 @@ class StackInterner:
                 # Keyed by f_lasti: f_lineno searches the line table on every access.
                 fid = known.get(f.f_lasti)
                 if fid is None:
-                    fid = self.frame_id(os.path.abspath(code.co_filename), f.f_lineno, code.co_name)
+                    name = code.co_filename
+                    # "<frozen runpy>", "<string>": not files, keep them as Python names them.
+                    path = name if name.startswith("<") else os.path.abspath(name)
+                    fid = self.frame_id(path, f.f_lineno, code.co_name)
                     known[f.f_lasti] = fid
                 append(fid)
                 if len(ids) >= limit:

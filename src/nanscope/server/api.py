@@ -9,6 +9,7 @@ Nothing here touches HTTP, so tests call the handlers directly.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,9 +175,11 @@ def _page(q: Query, total: int) -> tuple[int, int]:
 
 
 def _stack_json(reader: DumpReader, frame_ids: tuple[str, ...], process: int) -> list[Any]:
+    recorded = {f.index for f in reader.source_files(process) if f.num_lines}
     return [
         {"file": f.file_path, "line": f.lineno, "function": f.function,
-         "file_index": f.file_index, "user": is_user_file(f.file_path)}
+         "file_index": f.file_index if f.file_index in recorded else -1,
+         "user": is_user_file(f.file_path) and not Path(f.file_path).name.startswith("<")}
         for f in reader.stack_frames(frame_ids, process)
     ]  # fmt: skip
 
@@ -218,13 +221,16 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
     return {"logdir": str(runs.logdir), "runs": out}
 
 
-def _first_where(reader: DumpReader, column: str) -> Any:
-    """How many events have ``column`` > 0, and the earliest of them."""
+def _first_where(reader: DumpReader, column: str, process: int | None) -> Any:
+    """How many events (of ``process``, or all) have ``column`` > 0, and the earliest of them."""
     best: tuple[float, str, int] | None = None
     count = 0
     for kind in KINDS:
         rows = reader.index(kind)
-        hits = np.flatnonzero(rows[column] > 0)
+        mask = rows[column] > 0
+        if process is not None:
+            mask &= reader.processes_of(kind) == process
+        hits = np.flatnonzero(mask)
         count += int(hits.size)
         if not hits.size:
             continue
@@ -242,24 +248,26 @@ def alerts_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, A
     with run.lock:
         reader = _open(run)
 
+        process = _process(reader, q)
+
         def compute() -> dict[str, Any]:
-            a = count_alerts(reader)
-            first = reader.first_nonfinite()
+            a = count_alerts(reader, process)
             categories = []
-            for cat in ("neg_inf", "pos_inf", "nan"):
-                count, where = _first_where(reader, cat)
+            for cat in ("neg_inf", "pos_inf", "nan", "nonfinite"):
+                count, where = _first_where(reader, cat, process)
                 categories.append({"category": cat, "count": count, "first": where})
+            first = categories.pop()["first"]
             return {
                 "total": a.total,
                 "executions": a.executions,
                 "graph_execution_traces": a.graph_execution_traces,
-                "first": {"kind": first.kind, "index": first.index} if first else None,
+                "first": first,
                 "by_category": categories,
                 "by_op_type": a.by_op_type,
                 "by_step": a.by_step,
             }
 
-        return run.cached("alerts", compute)
+        return run.cached(("alerts", process), compute)
 
 
 def analysis_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -358,8 +366,16 @@ def _list(kind: str, row_of: Callable[[DumpReader, int], dict[str, Any]]) -> Any
             total = reader.num(kind) if selected is None else len(selected)
             begin, end = _page(q, total)
             indices = range(begin, end) if selected is None else selected[begin:end].tolist()
-            return {"begin": begin, "end": end, "total": total,
-                    "rows": [row_of(reader, i) for i in indices]}  # fmt: skip
+            out = {"begin": begin, "end": end, "total": total,
+                   "rows": [row_of(reader, i) for i in indices]}  # fmt: skip
+            at = q.optional_int("position_of", lo=0)
+            if at is not None:
+                # Where event ``at`` sits in this (filtered) list, or the next one after it.
+                pos = min(at, total) if selected is None else int(np.searchsorted(selected, at))
+                exact = pos < total and (selected is None or int(selected[pos]) == at)
+                out["position"] = pos if pos < total else None
+                out["exact"] = bool(exact)
+            return out
 
     return route
 
@@ -549,6 +565,19 @@ def graph_op_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
         }  # fmt: skip
 
 
+def _status(run: Run, reader: DumpReader, kind: str) -> np.ndarray:
+    """Per event: 0 the mode does not tell, 1 finite, 2 Inf but no NaN, 3 NaN (cached)."""
+
+    def compute() -> np.ndarray:
+        rows = reader.index(kind)
+        flag = rows["nonfinite"]
+        only_inf = (rows["nan"] == 0) & ((rows["neg_inf"] > 0) | (rows["pos_inf"] > 0))
+        status = np.where(flag == 1, np.where(only_inf, 2, 3), np.where(flag == 0, 1, 0))
+        return status.astype(np.int8)
+
+    return run.cached(("status", kind), compute)
+
+
 def timeline_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
     run = _run(runs, q)
     kind = q.kind()
@@ -568,10 +597,7 @@ def timeline_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
             return {"begin": begin, "end": end, "total": total, "bucket_size": 0.0,
                     "status": [], "nonfinite": [], "steps": [], "first_index": []}  # fmt: skip
         idx = np.arange(begin, end) if selected is None else selected[begin:end]
-        part = rows[idx]
-        flag = part["nonfinite"]
-        only_inf = (part["nan"] == 0) & ((part["neg_inf"] > 0) | (part["pos_inf"] > 0))
-        status = np.where(flag == 1, np.where(only_inf, 2, 3), np.where(flag == 0, 1, 0))
+        status = _status(run, reader, kind)[idx]
         width = n / buckets
         starts = np.floor(np.arange(buckets) * width).astype(np.int64)
         return {
@@ -581,7 +607,7 @@ def timeline_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
             "bucket_size": width,
             "status": np.maximum.reduceat(status, starts).tolist(),
             "nonfinite": np.add.reduceat((status >= 2).astype(np.int64), starts).tolist(),
-            "steps": part["step"][starts].tolist(),
+            "steps": rows["step"][idx[starts]].tolist(),
             "first_index": idx[starts].tolist(),
         }
 
@@ -621,6 +647,23 @@ def source_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, A
                     "lines": tokenize(info.file_path, lines)}  # fmt: skip
 
         return run.cached(("source", process, info.index), compute)
+
+
+def source_files_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    run = _run(runs, q)
+    with run.lock:
+        reader = _open(run)
+        process = _process(reader, q)
+        procs = range(len(reader.processes)) if process is None else [process]
+        return {
+            "files": [
+                {"process": p, "file_index": f.index, "path": f.file_path, "host": f.host_name,
+                 "num_lines": f.num_lines, "user": is_user_file(f.file_path)}
+                for p in procs
+                for f in reader.source_files(p)
+                if f.num_lines  # only files whose text the dump holds
+            ]
+        }  # fmt: skip
 
 
 def _json_number(x: float) -> float | str:
@@ -689,5 +732,6 @@ ROUTES: dict[str, Route] = {
     "/api/graph_op": graph_op_route,
     "/api/timeline": timeline_route,
     "/api/source": source_route,
+    "/api/source_files": source_files_route,
     "/api/tensor": tensor_route,
 }

@@ -26,7 +26,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 # The page's scripts and styles come from this server only; nothing is loaded from elsewhere.
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'"
 )
 

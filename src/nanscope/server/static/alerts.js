@@ -1,0 +1,215 @@
+// The Alerts column: the root-cause box (/api/analysis) and the alert counts (/api/alerts).
+
+import { el, setChildren, fmtInt, basename, shortOp } from "./util.js";
+
+const CATEGORY = {
+  neg_inf: { label: "−∞", name: "-inf" },
+  pos_inf: { label: "+∞", name: "+inf" },
+  nan: { label: "NaN", name: "NaN" },
+};
+
+const ORIGIN_KIND = {
+  born: "made here from finite inputs",
+  entered: "came in through an input that no recorded op produced",
+  unknown: "some inputs were not recorded: it may have come in through them",
+};
+
+/** A clickable reference to an event: "aten.log.default #401". */
+export function eventLink(app, ref, label) {
+  if (!ref || ref.index === null || ref.index === undefined) return el("span", { className: "muted", text: label || "–" });
+  const kind = ref.kind || "execution";
+  const text = label || `${ref.op_type || ref.op_name || "event"} #${ref.index}`;
+  return el("a", {
+    className: "evlink",
+    href: "#",
+    text,
+    title: `${kind === "graph_execution_trace" ? "graph trace" : "execution"} #${ref.index}`,
+    dataset: { kind, index: String(ref.index) },
+    on: {
+      click: (e) => {
+        e.preventDefault();
+        app.select({ kind, index: ref.index }, { from: "link" });
+      },
+    },
+  });
+}
+
+/** A clickable source location (opens it in the Source code section). */
+export function sourceLink(app, src, process) {
+  if (!src || !src.file) return null;
+  return el("a", {
+    className: "srclink",
+    href: "#",
+    text: `${basename(src.file)}:${src.line}`,
+    title: `${src.file}:${src.line}${src.function ? " in " + src.function : ""}`,
+    on: {
+      click: (e) => {
+        e.preventDefault();
+        app.openSource({ process: process ?? 0, path: src.file, line: src.line });
+      },
+    },
+  });
+}
+
+function rcLine(label, ...children) {
+  return el("div", { className: "rc-line" }, el("span", { className: "rc-k", text: label }), el("span", { className: "rc-v" }, ...children));
+}
+
+export function renderRootCause(host, a, app) {
+  if (!a) {
+    setChildren(host, el("div", { className: "muted", text: "root cause: analysing…" }));
+    return;
+  }
+  const origin = a.origin;
+  if (!origin) {
+    host.classList.remove("bad");
+    host.classList.toggle("ok", !a.found_nonfinite);
+    setChildren(
+      host,
+      el("div", { className: "rc-title", text: a.found_nonfinite ? "Root cause not found" : "No Inf or NaN recorded" }),
+      a.headline ? el("div", { className: "rc-headline", text: a.headline }) : null,
+      ...(a.notes || []).map((n) => el("div", { className: "rc-note", text: n })),
+    );
+    return;
+  }
+  host.classList.add("bad");
+  host.classList.remove("ok");
+  const src = origin.source;
+  const rows = [
+    el("div", { className: "rc-title" }, "Root cause", el("span", { className: "rc-kind", text: a.origin_kind || "", title: ORIGIN_KIND[a.origin_kind] || "" })),
+    el("div", { className: "rc-headline", text: a.headline || `${origin.op_type} produced Inf/NaN` }),
+    rcLine(
+      "origin",
+      eventLink(app, origin, `${origin.op_type} #${origin.index}`),
+      el("span", { className: "muted", text: ` · step ${origin.step}${origin.phase ? " · " + origin.phase : ""}${origin.module_path ? " · " + origin.module_path : ""}` }),
+    ),
+  ];
+  if (origin.explanation) rows.push(rcLine("why", el("span", { className: "rc-why", text: origin.explanation })));
+  if (src) {
+    rows.push(rcLine("source", sourceLink(app, src, origin.process), src.function ? el("span", { className: "muted", text: ` in ${src.function}` }) : null));
+    if (src.code) rows.push(el("pre", { className: "rc-code", text: src.code.trim() }));
+  }
+  if (origin.forward_op) rows.push(rcLine("grad of", el("span", { text: origin.forward_op + " " }), sourceLink(app, origin.forward_source, origin.process)));
+  const fnan = a.first_nan;
+  if (fnan && !(fnan.kind === origin.kind && fnan.index === origin.index)) {
+    rows.push(rcLine("first NaN", eventLink(app, fnan, `${fnan.op_type} #${fnan.index}`), fnan.explanation ? el("div", { className: "muted small", text: fnan.explanation }) : null));
+  }
+  if (a.chain && a.chain.length > 1) {
+    const parts = [];
+    a.chain.forEach((ev, i) => {
+      if (i) parts.push(el("span", { className: "muted", text: " → " }));
+      parts.push(eventLink(app, ev, `${shortOp(ev.op_type)} #${ev.index}`));
+    });
+    rows.push(rcLine("chain", ...parts));
+  }
+  for (const n of a.notes || []) rows.push(el("div", { className: "rc-note", text: n }));
+  setChildren(host, ...rows);
+}
+
+export function renderRootCauseError(host, message) {
+  host.classList.remove("bad", "ok");
+  setChildren(host, el("div", { className: "rc-title", text: "Root cause" }), el("div", { className: "error", text: message }));
+}
+
+function alertRow(app, { label, cls, count, ref, title, dataset }) {
+  const clickable = ref && count > 0;
+  return el(
+    clickable ? "button" : "div",
+    {
+      className: `arow ${cls || ""} ${clickable ? "" : "inert"}`,
+      title: title || (clickable ? `jump to the first: ${ref.kind} #${ref.index}` : ""),
+      dataset: { ...(dataset || {}), ...(clickable ? { kind: ref.kind, index: String(ref.index) } : {}) },
+      on: clickable ? { click: () => app.select(ref, { from: "alert" }) } : undefined,
+    },
+    el("span", { className: "a-label", text: label }),
+    el("span", { className: "a-count", text: fmtInt(count) }),
+  );
+}
+
+export function renderAlerts(host, totalEl, a, app) {
+  totalEl.textContent = a.total ? `${fmtInt(a.total)} NaN/∞` : "none";
+  totalEl.classList.toggle("bad", a.total > 0);
+  totalEl.classList.toggle("ok", a.total === 0);
+  const out = [];
+  if (!a.total) {
+    out.push(el("div", { className: "empty-state", text: "No event holds Inf or NaN." }));
+    setChildren(host, ...out);
+    return;
+  }
+  const kinds = [];
+  if (a.executions) kinds.push(`${fmtInt(a.executions)} execution${a.executions === 1 ? "" : "s"}`);
+  if (a.graph_execution_traces) kinds.push(`${fmtInt(a.graph_execution_traces)} graph trace${a.graph_execution_traces === 1 ? "" : "s"}`);
+  out.push(el("div", { className: "a-sub muted", text: kinds.join(" · ") }));
+  if (a.first) {
+    const row = alertRow(app, { label: "first alert", cls: "first", count: 1, ref: a.first, title: `jump to ${a.first.kind === "graph_execution_trace" ? "graph trace" : "execution"} #${a.first.index}` });
+    row.querySelector(".a-count").textContent = `${a.first.kind === "graph_execution_trace" ? "trace" : ""} #${a.first.index} →`;
+    out.push(row);
+  }
+
+  out.push(el("h3", { text: "By category" }));
+  const cats = el("div", { className: "a-cats" });
+  for (const c of a.by_category || []) {
+    const meta = CATEGORY[c.category] || { label: c.category, name: c.category };
+    cats.appendChild(alertRow(app, { label: meta.label, cls: `cat cat-${c.category}`, count: c.count, ref: c.first, title: `${fmtInt(c.count)} events hold ${meta.name}`, dataset: { category: c.category } }));
+  }
+  if (!(a.by_category || []).length) cats.appendChild(el("div", { className: "muted", text: "this mode tells only the total" }));
+  out.push(cats);
+
+  const ops = a.by_op_type || [];
+  if (ops.length) {
+    out.push(el("h3", { text: `By op type (${ops.length})` }));
+    const list = el("div", { className: "a-ops" });
+    const SHOW = 12;
+    ops.forEach((o, i) => {
+      const row = alertRow(app, {
+        label: o.op_type,
+        cls: "op" + (i >= SHOW ? " extra" : ""),
+        count: o.count,
+        ref: { kind: o.kind, index: o.first_index },
+        dataset: { opType: o.op_type },
+      });
+      if (i >= SHOW) row.hidden = true;
+      list.appendChild(row);
+    });
+    if (ops.length > SHOW) {
+      const more = el("button", {
+        className: "linkbtn",
+        text: `show all ${ops.length}`,
+        on: {
+          click: () => {
+            const hidden = list.querySelector(".extra[hidden]") !== null;
+            for (const r of list.querySelectorAll(".extra")) r.hidden = !hidden;
+            more.textContent = hidden ? "show fewer" : `show all ${ops.length}`;
+          },
+        },
+      });
+      list.appendChild(more);
+    }
+    out.push(list);
+  }
+
+  const steps = a.by_step || [];
+  if (steps.length) {
+    out.push(el("h3", { text: "By step" }));
+    const max = Math.max(...steps.map((s) => s.count));
+    const list = el("div", { className: "a-steps" });
+    for (const s of steps) {
+      list.appendChild(
+        el(
+          "button",
+          {
+            className: "arow step",
+            dataset: { step: String(s.step) },
+            title: `first alert of step ${s.step}`,
+            on: { click: () => app.selectFirstAlertOfStep(s.step) },
+          },
+          el("span", { className: "a-label", text: `step ${s.step}` }),
+          el("span", { className: "a-bar" }, el("span", { style: { width: `${Math.max(2, (100 * s.count) / max)}%` } })),
+          el("span", { className: "a-count", text: fmtInt(s.count) }),
+        ),
+      );
+    }
+    out.push(list);
+  }
+  setChildren(host, ...out);
+}

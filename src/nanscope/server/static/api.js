@@ -1,0 +1,205 @@
+// The client of nanscope's JSON API (src/nanscope/server/http_api.md).
+// Errors come back as ApiError carrying the server's {"error": ...} line, shown as text.
+
+import { LRU } from "./util.js";
+
+export const PAGE = 200; // rows per list page (Debugger V2 uses 200 too)
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+let pending = 0;
+function setPending(delta) {
+  pending += delta;
+  document.body.dataset.pending = String(pending);
+}
+
+/** GET a JSON route; params with null/undefined/"" values are left out. */
+export async function getJSON(path, params = {}) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v === null || v === undefined || v === "") continue;
+    qs.set(k, String(v));
+  }
+  const url = qs.toString() ? `${path}?${qs}` : path;
+  setPending(1);
+  try {
+    let resp;
+    try {
+      resp = await fetch(url, { headers: { Accept: "application/json" } });
+    } catch (e) {
+      throw new ApiError(`cannot reach the nanscope server (${e.message || e})`, 0);
+    }
+    let body = null;
+    try {
+      body = await resp.json();
+    } catch {
+      body = null;
+    }
+    if (!resp.ok) {
+      const msg = body && body.error ? body.error : `HTTP ${resp.status} from ${path}`;
+      throw new ApiError(msg, resp.status);
+    }
+    if (body === null) throw new ApiError(`bad JSON from ${path}`, resp.status);
+    return body;
+  } finally {
+    setPending(-1);
+  }
+}
+
+/**
+ * Per-run data access with bounded caches. `ctx()` gives {run, generation}; every cache
+ * key holds both, so a new generation (rewritten circular buffer) never reuses stale pages.
+ */
+export class Api {
+  constructor() {
+    this.run = null;
+    this.generation = 0;
+    this.pages = new LRU(60); // list pages: at most 60 * 200 rows in memory
+    this.inflight = new Map();
+    this.events = new LRU(100); // event details
+    this.sources = new LRU(20);
+  }
+
+  setRun(run, generation) {
+    if (run !== this.run || generation !== this.generation) {
+      this.pages.clear();
+      this.inflight.clear();
+      this.events.clear();
+      this.sources.clear();
+    }
+    this.run = run;
+    this.generation = generation;
+  }
+
+  /** Totals grew (a live dump): pages that were short at the tail must be refetched. */
+  dropTailPages() {
+    for (const [key, page] of [...this.pages.map.entries()]) {
+      if (page.rows.length < PAGE) this.pages.map.delete(key);
+    }
+  }
+
+  params(extra = {}) {
+    return { run: this.run, ...extra };
+  }
+
+  runs() {
+    return getJSON("/api/runs");
+  }
+  alerts() {
+    return getJSON("/api/alerts", this.params());
+  }
+  analysis() {
+    return getJSON("/api/analysis", this.params());
+  }
+  timeline(kind, begin, end, buckets, process) {
+    return getJSON("/api/timeline", this.params({ kind, begin, end, buckets, process }));
+  }
+  graphOp(process, graphId, opName, near) {
+    return getJSON("/api/graph_op", this.params({ process, graph_id: graphId, op_name: opName, near }));
+  }
+  tensor(kind, index, slot, limit) {
+    return getJSON("/api/tensor", this.params({ kind, index, slot, limit }));
+  }
+
+  async source(process, fileIndex, path) {
+    const key = `${this.run}|${process}|${fileIndex}|${path || ""}`;
+    const hit = this.sources.get(key);
+    if (hit) return hit;
+    const params = { process };
+    if (path) params.path = path;
+    else params.file = fileIndex;
+    const body = await getJSON("/api/source", this.params(params));
+    this.sources.set(key, body);
+    return body;
+  }
+
+  async event(kind, index) {
+    const key = `${this.run}|${this.generation}|${kind}|${index}`;
+    const hit = this.events.get(key);
+    if (hit) return hit;
+    const route = kind === "graph_execution_trace" ? "/api/traces/" : "/api/executions/";
+    const body = await getJSON(route + encodeURIComponent(index), this.params());
+    this.events.set(key, body);
+    return body;
+  }
+
+  /** A raw list request (no cache). filter: {process, nonfinite, op_type}. */
+  list(kind, begin, end, filter = {}) {
+    const route = kind === "graph_execution_trace" ? "/api/traces" : "/api/executions";
+    return getJSON(
+      route,
+      this.params({
+        begin,
+        end,
+        process: filter.process,
+        nonfinite: filter.nonfinite ? 1 : null,
+        op_type: filter.op_type,
+      }),
+    );
+  }
+
+  pageKey(kind, filter, pageNo) {
+    return `${this.run}|${this.generation}|${kind}|${filter.process ?? ""}|${filter.nonfinite ? 1 : 0}|${filter.op_type || ""}|${pageNo}`;
+  }
+
+  /** The cached page (or undefined). */
+  cachedPage(kind, filter, pageNo) {
+    return this.pages.get(this.pageKey(kind, filter, pageNo));
+  }
+
+  /** Fetch (deduplicated) one page of PAGE rows; resolves to {rows, total, begin}. */
+  page(kind, filter, pageNo) {
+    const key = this.pageKey(kind, filter, pageNo);
+    const hit = this.pages.get(key);
+    if (hit) return Promise.resolve(hit);
+    if (this.inflight.has(key)) return this.inflight.get(key);
+    const p = this.list(kind, pageNo * PAGE, (pageNo + 1) * PAGE, filter)
+      .then((body) => {
+        const page = { rows: body.rows, total: body.total, begin: body.begin };
+        this.pages.set(key, page);
+        return page;
+      })
+      .finally(() => this.inflight.delete(key));
+    this.inflight.set(key, p);
+    return p;
+  }
+
+  /** The row at a list position (fetches its page). */
+  async rowAt(kind, filter, pos) {
+    const page = await this.page(kind, filter, Math.floor(pos / PAGE));
+    return page.rows[pos - page.begin] || null;
+  }
+
+  /**
+   * The position in a filtered list of the first row whose `key(row)` is >= target
+   * (rows are in index order, so this finds an event index in a process-filtered or
+   * Inf/NaN-only list). Binary search with one-row probes, then one page.
+   * Resolves to {pos, row, total}; pos == total when every row is smaller.
+   */
+  async lowerBound(kind, filter, target, key = (r) => r.index) {
+    const head = await this.list(kind, 0, 1, filter);
+    const total = head.total;
+    if (total === 0) return { pos: 0, row: null, total };
+    let lo = 0;
+    let hi = total; // answer in [lo, hi]
+    if (head.rows.length && key(head.rows[0]) >= target) return { pos: 0, row: head.rows[0], total };
+    lo = 1;
+    while (hi - lo > PAGE) {
+      const mid = (lo + hi) >> 1;
+      const probe = await this.list(kind, mid, mid + 1, filter);
+      const r = probe.rows[0];
+      if (!r || key(r) >= target) hi = mid;
+      else lo = mid + 1;
+    }
+    const span = await this.list(kind, lo, Math.min(hi + 1, total), filter);
+    for (let i = 0; i < span.rows.length; i++) {
+      if (key(span.rows[i]) >= target) return { pos: lo + i, row: span.rows[i], total };
+    }
+    return { pos: Math.min(hi, total), row: null, total };
+  }
+}

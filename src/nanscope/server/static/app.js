@@ -1,0 +1,1039 @@
+// nanscope's web GUI: one page over the JSON API (src/nanscope/server/http_api.md).
+// Plain ES modules, no build step, nothing loaded from elsewhere. Dump-derived text is only
+// ever set with textContent / createElement (util.el), never parsed as HTML.
+//
+// Stable test hooks
+// -----------------
+//   Sections: #alerts (with #rootcause and #alert-lists), #timeline (canvas .tl-canvas in
+//   .tl-wrap, which carries data-begin, data-span, data-total, data-selected = the selected
+//   list position), #exec-detail (data-kind, data-index of the shown event; #detail-op the
+//   op type), #graph-structure (.gnode buttons with data-kind/data-index), #graph-execs
+//   (tabs #tab-executions / #tab-traces, checkbox #only-nonfinite, rows .vrow with
+//   data-index = event index and data-pos = list position; .vrow.selected; .vrow.nan /
+//   .vrow.inf for Inf/NaN rows; #list-foot-text "N executions"), #source
+//   (data-path, data-line; lines .ln[data-line], the marked one .ln.marked; picker
+//   #source-file), #stack (.frame buttons with data-file, data-line; .frame.user,
+//   .frame.lib, .st-fold toggles), #run-select, #process-select, #jump, #live, #problems,
+//   #help (the ? overlay). Alert rows: .arow[data-kind][data-index] (plus data-category,
+//   data-op-type or data-step). Links to events: a.evlink[data-kind][data-index].
+//   The root cause: #rootcause (.rc-headline, a.evlink links). Timeline buttons: #tl-zoom-in,
+//   #tl-zoom-out, #tl-left, #tl-right, #tl-fit, #tl-center. Alert navigation: #prev-alert,
+//   #next-alert, #alert-pos ("k / N").
+//   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
+//   run's alerts are shown; data-selected="e401" / "t12" once the selection's detail is shown.
+//
+// URL: the hash holds the view, e.g. #run=.&process=0&sel=e401&tab=executions&nf=1&sp=0&sf=3&sl=94
+//   run, process (absent: all), sel (e<index> execution, t<index> trace), tab (executions |
+//   traces), nf (only Inf/NaN), op (op type filter), sp/sf/spath/sl (source: process, file
+//   index or recorded path, line). Reloading restores it; editing it navigates.
+//
+// Keys (also in the ? overlay): j/k or ↓/↑ move in the focused list or timeline, PgDn/PgUp,
+//   Home/End, n/N next/previous alert, t toggles the focus, +/-/0/c zoom the timeline,
+//   r root cause, / jump box, Esc closes popups, ? help.
+
+import { Api, ApiError } from "./api.js";
+import { el, setChildren, fmtInt, fmtCompact, clamp, kindLetter, kindFromLetter, debounce } from "./util.js";
+import { summaryCell } from "./counts.js";
+import { VList } from "./vlist.js";
+import { Timeline } from "./timeline.js";
+import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
+import { renderDetail, renderDetailError } from "./detail.js";
+import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
+import { SourceView, stackChoices } from "./source.js";
+import { renderStack, isPseudoFile } from "./stack.js";
+
+const $ = (sel) => document.querySelector(sel);
+const EXEC = "execution";
+const TRACE = "graph_execution_trace";
+const POLL_MS = 2000;
+
+class App {
+  constructor() {
+    this.api = new Api();
+    this.state = { run: null, process: null, sel: null, tab: null, nf: false, op: "", src: null, focus: "list" };
+    this.runs = [];
+    this.logdir = "";
+    this.runInfo = null;
+    this.alerts = null;
+    this.analysis = null;
+    this.detail = null; // {kind, index, ev}
+    this.selSeq = 0;
+    this.placeSeq = 0;
+    this.listPos = null;
+    this.booted = false;
+    this.lastHash = "";
+    this.lastChange = 0;
+    this.pollOk = false;
+    this.alertSeq = 0;
+
+    this.timeline = new Timeline($("#tl-host"), {
+      api: this.api,
+      onSelect: (pos, row) => this.selectTimelinePos(pos, row),
+      onView: () => this.updateTimelineRange(),
+    });
+    this.vlist = new VList($("#list-host"), {
+      api: this.api,
+      rowHeight: 24,
+      renderRow: (row) => this.renderRow(row),
+      onClick: (row, pos) => {
+        this.setFocus("list");
+        this.select({ kind: this.listKind, index: row.index }, { from: "list", pos });
+      },
+      emptyText: "no events",
+    });
+    this.source = new SourceView($("#source-body"), $("#source-path"), $("#source-file"), this);
+    this.updateAlertPosSoon = debounce((ref) => this.updateAlertPos(ref), 200);
+    this.wire();
+  }
+
+  // ---- state helpers -------------------------------------------------------------------
+
+  get listKind() {
+    return this.state.tab === "traces" ? TRACE : EXEC;
+  }
+  get listFilter() {
+    return { process: this.state.process, nonfinite: this.state.nf, op_type: this.state.op || null };
+  }
+  get processFilter() {
+    return { process: this.state.process };
+  }
+  processLabel(index) {
+    if (!this.runInfo || !this.runInfo.processes || this.runInfo.processes.length < 2) return "";
+    const p = this.runInfo.processes.find((x) => x.index === index);
+    return p ? p.label : "";
+  }
+
+  // ---- URL -----------------------------------------------------------------------------
+
+  parseHash() {
+    const qs = new URLSearchParams(location.hash.replace(/^#/, ""));
+    const s = {};
+    if (qs.has("run")) s.run = qs.get("run");
+    s.process = qs.has("process") && qs.get("process") !== "" ? Number(qs.get("process")) : null;
+    const sel = qs.get("sel");
+    const m = sel && /^([et])(\d+)$/.exec(sel);
+    s.sel = m ? { kind: kindFromLetter(m[1]), index: Number(m[2]) } : null;
+    const tab = qs.get("tab");
+    s.tab = tab === "traces" || tab === "executions" ? tab : null;
+    s.nf = qs.get("nf") === "1";
+    s.op = qs.get("op") || "";
+    if (qs.has("sl") && (qs.has("sf") || qs.has("spath"))) {
+      s.src = {
+        process: Number(qs.get("sp") || 0),
+        file: qs.has("sf") ? Number(qs.get("sf")) : undefined,
+        path: qs.get("spath") || undefined,
+        line: Number(qs.get("sl")),
+      };
+    } else s.src = null;
+    return s;
+  }
+
+  writeHash() {
+    if (!this.booted) return;
+    const s = this.state;
+    const qs = new URLSearchParams();
+    if (s.run !== null) qs.set("run", s.run);
+    if (s.process !== null) qs.set("process", String(s.process));
+    if (s.sel) qs.set("sel", kindLetter(s.sel.kind) + s.sel.index);
+    if (s.tab) qs.set("tab", s.tab);
+    if (s.nf) qs.set("nf", "1");
+    if (s.op) qs.set("op", s.op);
+    if (s.src) {
+      qs.set("sp", String(s.src.process ?? 0));
+      if (s.src.file !== undefined && s.src.file !== null) qs.set("sf", String(s.src.file));
+      else if (s.src.path) qs.set("spath", s.src.path);
+      qs.set("sl", String(s.src.line));
+    }
+    const hash = "#" + qs.toString();
+    if (hash !== location.hash) {
+      this.lastHash = hash;
+      history.replaceState(null, "", hash);
+    }
+  }
+
+  async onHashChange() {
+    if (location.hash === this.lastHash) return;
+    this.lastHash = location.hash;
+    const h = this.parseHash();
+    if (h.run !== undefined && h.run !== this.state.run) {
+      Object.assign(this.state, h);
+      await this.loadRun();
+      return;
+    }
+    const listChanged = h.process !== this.state.process || h.nf !== this.state.nf || h.op !== this.state.op || (h.tab && h.tab !== this.state.tab);
+    this.state.process = h.process;
+    this.state.nf = h.nf;
+    this.state.op = h.op;
+    if (h.tab) this.state.tab = h.tab;
+    if (listChanged) await this.setupLists();
+    if (h.sel) await this.select(h.sel, { from: "url", src: h.src });
+    else if (h.src) this.openSource(h.src);
+  }
+
+  // ---- wiring --------------------------------------------------------------------------
+
+  wire() {
+    $("#run-select").addEventListener("change", (e) => {
+      Object.assign(this.state, { run: e.target.value, process: null, sel: null, src: null, tab: null, nf: false, op: "" });
+      this.loadRun();
+    });
+    $("#process-select").addEventListener("change", (e) => {
+      this.state.process = e.target.value === "" ? null : Number(e.target.value);
+      this.setupLists().then(() => {
+        if (this.state.sel) this.placeSelection(this.state.sel, {});
+      });
+      this.writeHash();
+    });
+    for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => this.setTab(b.dataset.tab));
+    $("#only-nonfinite").addEventListener("change", (e) => {
+      this.state.nf = e.target.checked;
+      this.setupLists();
+      this.writeHash();
+    });
+    $("#tl-left").addEventListener("click", () => this.timeline.pan(-0.8));
+    $("#tl-right").addEventListener("click", () => this.timeline.pan(0.8));
+    $("#tl-zoom-in").addEventListener("click", () => this.timeline.zoomButton(0.5));
+    $("#tl-zoom-out").addEventListener("click", () => this.timeline.zoomButton(2));
+    $("#tl-fit").addEventListener("click", () => this.timeline.fit());
+    $("#tl-center").addEventListener("click", () => this.timeline.centerOnSelection());
+    $("#next-alert").addEventListener("click", () => this.nextAlert(1));
+    $("#prev-alert").addEventListener("click", () => this.nextAlert(-1));
+    $("#help-btn").addEventListener("click", () => this.toggleHelp());
+    $("#help-close").addEventListener("click", () => this.toggleHelp(false));
+    $("#help").addEventListener("click", (e) => {
+      if (e.target.id === "help") this.toggleHelp(false);
+    });
+    $("#problems").addEventListener("click", () => {
+      const pop = $("#problems-pop");
+      pop.hidden = !pop.hidden;
+    });
+    $("#jump").addEventListener("keydown", (e) => {
+      if (e.key === "Enter") {
+        e.preventDefault();
+        this.jump(e.target.value.trim());
+      } else if (e.key === "Escape") {
+        e.target.blur();
+      }
+      e.stopPropagation();
+    });
+    $("#timeline").addEventListener("pointerdown", () => this.setFocus("timeline"));
+    $("#graph-execs").addEventListener("pointerdown", () => this.setFocus("list"));
+    document.addEventListener("keydown", (e) => this.onKey(e));
+    window.addEventListener("hashchange", () => this.onHashChange());
+  }
+
+  setFocus(which) {
+    this.state.focus = which;
+    $("#timeline").classList.toggle("kbd-focus", which === "timeline");
+    $("#graph-execs").classList.toggle("kbd-focus", which === "list");
+  }
+
+  toggleHelp(show) {
+    const help = $("#help");
+    help.hidden = show === undefined ? !help.hidden : !show;
+    if (!help.hidden) $("#help-close").focus();
+  }
+
+  toast(message, ms = 2500) {
+    const t = $("#toast");
+    t.textContent = message;
+    t.hidden = false;
+    clearTimeout(this.toastTimer);
+    this.toastTimer = setTimeout(() => (t.hidden = true), ms);
+  }
+
+  onKey(e) {
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    const tag = (e.target && e.target.tagName) || "";
+    if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") {
+      if (e.key === "Escape") e.target.blur();
+      return;
+    }
+    const key = e.key;
+    if (key === "Escape") {
+      $("#help").hidden = true;
+      $("#problems-pop").hidden = true;
+      $("#toast").hidden = true;
+      return;
+    }
+    if (!$("#help").hidden && key !== "?") return;
+    const handled = () => e.preventDefault();
+    switch (key) {
+      case "j":
+      case "ArrowDown":
+        handled();
+        this.move(1);
+        break;
+      case "k":
+      case "ArrowUp":
+        handled();
+        this.move(-1);
+        break;
+      case "ArrowRight":
+        if (this.state.focus === "timeline") {
+          handled();
+          this.move(1);
+        }
+        break;
+      case "ArrowLeft":
+        if (this.state.focus === "timeline") {
+          handled();
+          this.move(-1);
+        }
+        break;
+      case "PageDown":
+        handled();
+        this.move(this.state.focus === "list" ? Math.max(1, Math.floor(this.vlist.viewRows) - 1) : Math.max(1, Math.floor(this.timeline.viewSpan / 2)));
+        break;
+      case "PageUp":
+        handled();
+        this.move(-(this.state.focus === "list" ? Math.max(1, Math.floor(this.vlist.viewRows) - 1) : Math.max(1, Math.floor(this.timeline.viewSpan / 2))));
+        break;
+      case "Home":
+        handled();
+        this.moveTo(0);
+        break;
+      case "End":
+        handled();
+        this.moveTo(Infinity);
+        break;
+      case "n":
+        handled();
+        this.nextAlert(1);
+        break;
+      case "N":
+        handled();
+        this.nextAlert(-1);
+        break;
+      case "t":
+        handled();
+        this.setFocus(this.state.focus === "list" ? "timeline" : "list");
+        break;
+      case "+":
+      case "=":
+        handled();
+        this.timeline.zoomButton(0.5);
+        break;
+      case "-":
+        handled();
+        this.timeline.zoomButton(2);
+        break;
+      case "0":
+        handled();
+        this.timeline.fit();
+        break;
+      case "c":
+        handled();
+        this.timeline.centerOnSelection();
+        break;
+      case "r":
+        handled();
+        if (this.analysis && this.analysis.origin) this.select(this.analysis.origin, { from: "key" });
+        break;
+      case "/":
+        handled();
+        $("#jump").focus();
+        $("#jump").select();
+        break;
+      case "?":
+        handled();
+        this.toggleHelp();
+        break;
+      default:
+    }
+  }
+
+  // ---- runs and polling -----------------------------------------------------------------
+
+  async boot() {
+    Object.assign(this.state, this.parseHash());
+    this.lastHash = location.hash;
+    this.setFocus("list");
+    try {
+      const body = await this.api.runs();
+      this.pollOk = true;
+      this.setRuns(body);
+    } catch (e) {
+      this.showBanner(e.message, true);
+      this.setLive();
+      setTimeout(() => this.boot(), POLL_MS);
+      return;
+    }
+    this.setLive();
+    await this.loadRun();
+    this.pollTimer = setInterval(() => this.poll(), POLL_MS);
+  }
+
+  setRuns(body) {
+    this.logdir = body.logdir || "";
+    this.runs = body.runs || [];
+    const select = $("#run-select");
+    const current = select.value;
+    // Rebuild only when the runs change (an open dropdown would close otherwise).
+    const sig = JSON.stringify(this.runs.map((r) => [r.run, r.error, r.framework, r.tensor_debug_mode]));
+    if (sig === this.runsSig) return;
+    this.runsSig = sig;
+    setChildren(
+      select,
+      ...this.runs.map((r) => el("option", { value: r.run, text: r.run === "." ? "(logdir)" : r.run, title: r.error ? r.error : `${r.framework || ""} ${r.tensor_debug_mode || ""}` })),
+    );
+    select.value = this.state.run !== null && this.runs.some((r) => r.run === this.state.run) ? this.state.run : current;
+    $("#run-select").closest(".field").hidden = this.runs.length < 2 && this.runs.length > 0 && this.runs[0].run === ".";
+  }
+
+  showBanner(message, isError = false) {
+    const b = $("#banner");
+    if (!message) {
+      b.hidden = true;
+      return;
+    }
+    b.hidden = false;
+    b.classList.toggle("error", isError);
+    setChildren(b, message);
+  }
+
+  async loadRun() {
+    document.body.classList.toggle("no-runs", !this.runs.length);
+    if (!this.runs.length) {
+      this.runInfo = null;
+      setChildren($("#rootcause"), el("div", { className: "muted", text: "no dump yet" }));
+      this.showBanner(
+        el(
+          "span",
+          {},
+          `No nanscope dump in ${this.logdir || "the logdir"} yet. Record one with `,
+          el("code", { text: 'nanscope.enable_dump_debug_info(logdir, tensor_debug_mode="FULL_HEALTH", circular_buffer_size=-1)' }),
+          " or run ",
+          el("code", { text: "nanscope demo --logdir LOGDIR" }),
+          ". This page checks again every 2 s.",
+        ),
+      );
+      this.markReady();
+      return;
+    }
+    if (this.state.run === null || !this.runs.some((r) => r.run === this.state.run)) {
+      const good = this.runs.find((r) => !r.error) || this.runs[0];
+      if (this.state.run !== null) this.toast(`no run "${this.state.run}" in ${this.logdir}; showing "${good.run}"`, 5000);
+      Object.assign(this.state, { run: good.run, sel: null, src: null, tab: null, process: null, nf: false, op: "" });
+    }
+    $("#run-select").value = this.state.run;
+    const info = this.runs.find((r) => r.run === this.state.run);
+    this.runInfo = info;
+    this.api.setRun(info.run, info.generation);
+    this.alerts = null;
+    this.analysis = null;
+    this.detail = null;
+    this.listPos = null;
+    if (info.error) {
+      this.showBanner(`This run cannot be read: ${info.error}`, true);
+      this.clearPanels();
+      this.markReady();
+      return;
+    }
+    this.showBanner(null);
+    this.updateMeta();
+    this.fillProcesses();
+    if (!this.state.tab) this.state.tab = info.num_graph_execution_traces > 0 ? "traces" : "executions";
+    this.booted = true;
+    await this.setupLists();
+    this.writeHash();
+    const alertsDone = this.loadAlerts();
+    if (this.state.sel) this.select(this.state.sel, { from: "url", src: this.state.src });
+    else if (this.state.src) this.openSource(this.state.src);
+    else this.clearSelectionPanels();
+    await alertsDone;
+  }
+
+  clearPanels() {
+    setChildren($("#alert-lists"));
+    $("#alert-total").textContent = "";
+    setChildren($("#rootcause"));
+    this.timeline.setSource(EXEC, null, 0);
+    this.vlist.setSource(EXEC, {}, 0);
+    this.clearSelectionPanels();
+  }
+
+  clearSelectionPanels() {
+    const d = $("#exec-detail");
+    delete d.dataset.kind;
+    delete d.dataset.index;
+    $("#detail-title").textContent = "Event";
+    $("#detail-sub").textContent = "";
+    setChildren($("#detail-body"), el("div", { className: "empty-state", text: "Select an alert, a timeline event or a list row (r: the root cause, n: the next alert, ?: keys)." }));
+    renderGraphMessage($("#graph-body"), $("#graph-sub"), "Inputs and consumers of the selected op.");
+    $("#stack-sub").textContent = "";
+    setChildren($("#stack-body"), el("div", { className: "empty-state", text: "Innermost frame first; click a frame to open it." }));
+    if (!this.state.src) this.source.clear("The selected event's source line shows here.");
+    this.source.setChoices([]);
+  }
+
+  markReady() {
+    document.body.dataset.ready = "1";
+  }
+
+  updateMeta() {
+    const r = this.runInfo;
+    const parts = [r.framework, r.tensor_debug_mode, `${fmtInt(r.num_executions)} executions`];
+    if (r.num_graph_execution_traces) parts.push(`${fmtInt(r.num_graph_execution_traces)} graph traces`);
+    $("#run-meta").textContent = parts.filter(Boolean).join(" · ");
+    $("#run-meta").title = `${this.logdir}${r.run !== "." ? "/" + r.run : ""}  run_id ${r.run_id || ""}`;
+    const problems = r.problems || [];
+    const btn = $("#problems");
+    btn.hidden = problems.length === 0;
+    btn.textContent = `⚠ ${problems.length} problem${problems.length === 1 ? "" : "s"}`;
+    btn.classList.toggle("warn", problems.length > 0);
+    setChildren(
+      $("#problems-pop"),
+      el("h3", { text: "Problems found in the dump" }),
+      el("ul", {}, problems.map((p) => el("li", { className: `sev-${p.severity}` }, el("b", { text: p.severity + ": " }), p.message))),
+    );
+    $("#tab-executions .count").textContent = `(${fmtCompact(r.num_executions)})`;
+    $("#tab-executions").title = `${fmtInt(r.num_executions)} executions (eager ops and graph calls)`;
+    $("#tab-traces .count").textContent = `(${fmtCompact(r.num_graph_execution_traces)})`;
+    $("#tab-traces").title = `${fmtInt(r.num_graph_execution_traces)} graph execution traces (tensors inside graphs)`;
+  }
+
+  fillProcesses() {
+    const procs = this.runInfo.processes || [];
+    const select = $("#process-select");
+    setChildren(select, el("option", { value: "", text: procs.length > 1 ? `All (${procs.length})` : "All" }), ...procs.map((p) => el("option", { value: String(p.index), text: p.label || p.name, title: `${p.name} ${p.host || ""}` })));
+    if (this.state.process !== null && !procs.some((p) => p.index === this.state.process)) this.state.process = null;
+    select.value = this.state.process === null ? "" : String(this.state.process);
+    select.closest(".field").classList.toggle("dim", procs.length < 2);
+  }
+
+  setLive() {
+    const live = $("#live");
+    const text = live.querySelector(".live-text");
+    live.classList.remove("on", "idle", "off");
+    if (!this.pollOk) {
+      live.classList.add("off");
+      text.textContent = "offline";
+    } else if (Date.now() - this.lastChange < 10000) {
+      live.classList.add("on");
+      text.textContent = "live";
+    } else {
+      live.classList.add("idle");
+      text.textContent = "up to date";
+    }
+    live.title = `polling /api/runs every 2 s; last check ${new Date().toLocaleTimeString()}`;
+  }
+
+  async poll() {
+    let body;
+    try {
+      body = await this.api.runs();
+      this.pollOk = true;
+    } catch {
+      this.pollOk = false;
+      this.setLive();
+      return;
+    }
+    const before = this.runInfo;
+    const hadRuns = this.runs.length;
+    this.setRuns(body);
+    if (!hadRuns && this.runs.length) {
+      this.lastChange = Date.now();
+      await this.loadRun();
+      this.setLive();
+      return;
+    }
+    const info = this.runs.find((r) => r.run === this.state.run);
+    if (!info || !before) {
+      this.setLive();
+      return;
+    }
+    const genChanged = info.generation !== before.generation;
+    const grew = info.num_executions !== before.num_executions || info.num_graph_execution_traces !== before.num_graph_execution_traces;
+    const errChanged = info.error !== before.error;
+    this.runInfo = info;
+    if (errChanged) {
+      this.lastChange = Date.now();
+      await this.loadRun();
+    } else if (genChanged || grew) {
+      this.lastChange = Date.now();
+      if (genChanged) this.api.setRun(info.run, info.generation);
+      else this.api.dropTailPages();
+      this.updateMeta();
+      await this.refreshTotals();
+      this.loadAlerts();
+      if (genChanged && this.state.sel) this.select(this.state.sel, { from: "refresh", src: this.state.src });
+    } else if (JSON.stringify(info.problems) !== JSON.stringify(before.problems)) {
+      this.updateMeta();
+    }
+    this.setLive();
+  }
+
+  // ---- lists and timeline ----------------------------------------------------------------
+
+  async totalOf(kind, filter) {
+    const noFilter = filter.process === null && !filter.nonfinite && !filter.op_type;
+    if (noFilter && this.runInfo) return kind === TRACE ? this.runInfo.num_graph_execution_traces : this.runInfo.num_executions;
+    const body = await this.api.list(kind, 0, 0, filter);
+    return body.total;
+  }
+
+  async setupLists() {
+    this.updateTabs();
+    this.listPos = null;
+    const kind = this.listKind;
+    const filter = this.listFilter;
+    try {
+      const [tlTotal, listTotal] = await Promise.all([this.totalOf(EXEC, this.processFilter), this.totalOf(kind, filter)]);
+      this.timeline.setSource(EXEC, this.state.process, tlTotal);
+      this.vlist.setSource(kind, filter, listTotal);
+      this.vlist.setSelected(this.state.sel && this.state.sel.kind === kind ? this.state.sel.index : null);
+      this.updateListFoot();
+    } catch (e) {
+      this.vlist.setSource(kind, filter, 0);
+      this.vlist.setError(e.message);
+    }
+    this.updateTimelineRange();
+  }
+
+  async refreshTotals() {
+    try {
+      const [tlTotal, listTotal] = await Promise.all([this.totalOf(EXEC, this.processFilter), this.totalOf(this.listKind, this.listFilter)]);
+      this.timeline.setTotal(tlTotal); // refetches the buckets
+      this.vlist.setTotal(listTotal);
+      this.vlist.schedule();
+      this.updateListFoot();
+      this.updateTimelineRange();
+    } catch (e) {
+      this.vlist.setError(e.message);
+    }
+  }
+
+  updateTabs() {
+    const tab = this.state.tab || "executions";
+    for (const b of document.querySelectorAll(".tab")) {
+      b.classList.toggle("active", b.dataset.tab === tab);
+      b.setAttribute("aria-selected", String(b.dataset.tab === tab));
+    }
+    $("#only-nonfinite").checked = this.state.nf;
+    const header = $("#list-header");
+    if (tab === "traces") {
+      setChildren(header, el("span", { className: "c-idx", text: "#" }), el("span", { className: "c-name", text: "op name" }), el("span", { className: "c-type", text: "op type" }), el("span", { className: "c-step", text: "step" }), el("span", { className: "c-sum", text: "summary" }));
+    } else {
+      setChildren(header, el("span", { className: "c-idx", text: "#" }), el("span", { className: "c-name", text: "op type" }), el("span", { className: "c-phase", text: "ph", title: "phase: f forward, b backward, o optimizer" }), el("span", { className: "c-step", text: "step" }), el("span", { className: "c-sum", text: "summary" }));
+    }
+    const filt = $("#list-filter");
+    filt.hidden = !this.state.op;
+    if (this.state.op) {
+      setChildren(
+        filt,
+        el("span", { className: "muted", text: "op type = " }),
+        el("code", { text: this.state.op }),
+        el("button", {
+          className: "linkbtn",
+          text: "✕ clear",
+          on: {
+            click: () => {
+              this.state.op = "";
+              this.setupLists();
+              this.writeHash();
+            },
+          },
+        }),
+      );
+    }
+    const noTraces = this.runInfo && this.runInfo.num_graph_execution_traces === 0;
+    this.vlist.emptyText = tab === "traces" && noTraces ? "No graph traces in this dump (eager only): see the Executions tab." : this.state.nf ? "No events hold Inf or NaN." : "No events.";
+  }
+
+  updateListFoot() {
+    const total = this.vlist.total;
+    const what = this.listKind === TRACE ? "graph traces" : "executions";
+    const foot = `${fmtInt(total)} ${this.state.nf ? "Inf/NaN " : ""}${what}${this.state.op ? ` of type ${this.state.op}` : ""}${this.vlist.scaled ? " · scaled scrollbar" : ""}`;
+    $("#list-foot-text").textContent = foot;
+  }
+
+  updateTimelineRange() {
+    $("#tl-range").textContent = this.timeline.rangeText();
+  }
+
+  async setTab(tab, opts = {}) {
+    if (tab === this.state.tab && !opts.force) return;
+    this.state.tab = tab;
+    await this.setupLists();
+    this.writeHash();
+    if (this.state.sel && this.state.sel.kind === this.listKind && !opts.noReveal) this.placeInList(this.state.sel, ++this.placeSeq);
+  }
+
+  renderRow(row) {
+    const c = row.counts || {};
+    const cls = ["vrow"];
+    if (row.nonfinite) cls.push("bad");
+    if (c.nan) cls.push("nan");
+    else if (c.neg_inf || c.pos_inf) cls.push("inf");
+    const node = el("div", { className: cls.join(" "), dataset: { index: String(row.index) } });
+    node.appendChild(el("span", { className: "c-idx", text: String(row.index) }));
+    if (this.listKind === TRACE) {
+      const slot = row.output_slot ? `:${row.output_slot}` : "";
+      node.appendChild(el("span", { className: "c-name", text: row.op_name + slot, title: `${row.op_name}:${row.output_slot} in ${row.graph_name || row.graph_id}` }));
+      node.appendChild(el("span", { className: "c-type", text: row.op_type, title: row.op_type }));
+    } else {
+      node.appendChild(el("span", { className: "c-name", text: row.op_type, title: row.op_type }));
+      node.appendChild(el("span", { className: `c-phase phase-${row.phase}`, text: row.phase ? row.phase.slice(0, 1) : "", title: row.phase }));
+    }
+    node.appendChild(el("span", { className: "c-step", text: String(row.step) }));
+    const sum = summaryCell(row);
+    sum.classList.add("c-sum");
+    node.appendChild(sum);
+    return node;
+  }
+
+  // ---- alerts ----------------------------------------------------------------------------
+
+  async loadAlerts() {
+    const seq = ++this.alertSeq;
+    const run = this.state.run;
+    try {
+      const a = await this.api.alerts();
+      if (seq !== this.alertSeq || run !== this.state.run) return;
+      this.alerts = a;
+      renderAlerts($("#alert-lists"), $("#alert-total"), a, this);
+      setChildren($("#op-types"), ...(a.by_op_type || []).map((o) => el("option", { value: o.op_type })));
+      if (this.state.sel) this.updateAlertPosSoon(this.state.sel);
+      else $("#alert-pos").textContent = a.total ? `${fmtInt(a.total)}` : "";
+    } catch (e) {
+      setChildren($("#alert-lists"), el("div", { className: "error", text: e.message }));
+    }
+    this.markReady();
+    // The root cause second: slower on large dumps, so the first paint does not wait for it.
+    if (!this.analysis) renderRootCause($("#rootcause"), null, this);
+    try {
+      const an = await this.api.analysis();
+      if (seq !== this.alertSeq || run !== this.state.run) return;
+      this.analysis = an;
+      renderRootCause($("#rootcause"), an, this);
+    } catch (e) {
+      if (seq === this.alertSeq) renderRootCauseError($("#rootcause"), e.message);
+    }
+  }
+
+  async updateAlertPos(ref) {
+    const a = this.alerts;
+    const posEl = $("#alert-pos");
+    if (!a || !a.total || !ref) {
+      posEl.textContent = a && a.total ? fmtInt(a.total) : "";
+      return;
+    }
+    const filter = { process: this.state.process, nonfinite: true };
+    try {
+      const lb = await this.api.lowerBound(ref.kind, filter, ref.index);
+      if (!this.state.sel || this.state.sel.index !== ref.index || this.state.sel.kind !== ref.kind) return;
+      const k = lb.row && lb.row.index === ref.index ? fmtInt(lb.pos + 1) : "–";
+      posEl.textContent = `${k} / ${fmtInt(lb.total)}`;
+      posEl.title = ref.kind === TRACE ? "alert among the graph traces" : "alert among the executions";
+    } catch {
+      posEl.textContent = "";
+    }
+  }
+
+  async nextAlert(dir) {
+    // Alerts of the kind in view: the timeline's executions or the list's kind; the other
+    // kind when this one has none.
+    const a = this.alerts;
+    const sel = this.state.sel;
+    let kind = this.state.focus === "timeline" ? EXEC : this.listKind;
+    if (a && ((kind === EXEC && !a.executions) || (kind === TRACE && !a.graph_execution_traces))) kind = kind === EXEC ? TRACE : EXEC;
+    const filter = { process: this.state.process, nonfinite: true };
+    const cur = sel && sel.kind === kind ? sel.index : -1;
+    try {
+      if (dir > 0) {
+        const lb = await this.api.lowerBound(kind, filter, cur + 1);
+        if (!lb.row) return this.toast(lb.total ? "no later alert" : "no alerts");
+        await this.select({ kind, index: lb.row.index }, { from: "alert" });
+      } else {
+        if (cur < 0) return this.toast("no earlier alert");
+        const lb = await this.api.lowerBound(kind, filter, cur);
+        if (lb.pos <= 0) return this.toast("no earlier alert");
+        const row = await this.api.rowAt(kind, filter, lb.pos - 1);
+        if (row) await this.select({ kind, index: row.index }, { from: "alert" });
+      }
+    } catch (e) {
+      this.toast(e.message, 4000);
+    }
+  }
+
+  async selectFirstAlertOfStep(step) {
+    const a = this.alerts || {};
+    const kinds = [];
+    if (a.executions !== 0) kinds.push(EXEC);
+    if (a.graph_execution_traces) kinds.push(TRACE);
+    let best = null;
+    try {
+      for (const kind of kinds) {
+        const lb = await this.api.lowerBound(kind, { process: this.state.process, nonfinite: true }, step, (r) => r.step);
+        if (lb.row && lb.row.step === step && (!best || lb.row.wall_time < best.row.wall_time)) best = { kind, row: lb.row };
+      }
+    } catch (e) {
+      return this.toast(e.message, 4000);
+    }
+    if (best) this.select({ kind: best.kind, index: best.row.index }, { from: "alert" });
+    else this.toast(`no alert found in step ${step}`);
+  }
+
+  // ---- selection -------------------------------------------------------------------------
+
+  async selectTimelinePos(pos, row) {
+    this.setFocus("timeline");
+    if (!row) {
+      try {
+        row = await this.api.rowAt(EXEC, this.processFilter, pos);
+      } catch (e) {
+        return this.toast(e.message, 4000);
+      }
+    }
+    if (row) this.select({ kind: EXEC, index: row.index }, { from: "timeline", tlPos: pos });
+  }
+
+  /** Keyboard: move the selection by `delta` in the focused list or the timeline. */
+  async move(delta) {
+    if (this.state.focus === "timeline") {
+      const total = this.timeline.total;
+      if (!total) return;
+      const cur = this.timeline.selectedPos;
+      const pos = clamp(cur === null ? (delta > 0 ? 0 : total - 1) : cur + delta, 0, total - 1);
+      if (pos === cur) return;
+      this.timeline.setSelectedPos(pos);
+      let row;
+      try {
+        row = await this.api.rowAt(EXEC, this.processFilter, pos);
+      } catch (e) {
+        return this.toast(e.message, 4000);
+      }
+      if (row && this.timeline.selectedPos === pos) this.select({ kind: EXEC, index: row.index }, { from: "timeline", tlPos: pos });
+      return;
+    }
+    const total = this.vlist.total;
+    if (!total) return;
+    const kind = this.listKind;
+    const onList = this.listPos !== null && this.state.sel && this.state.sel.kind === kind;
+    const pos = clamp(onList ? this.listPos + delta : Math.floor(this.vlist.pos) + (delta > 0 ? 0 : Math.ceil(this.vlist.viewRows) - 1), 0, total - 1);
+    if (onList && pos === this.listPos) return;
+    this.moveListTo(pos);
+  }
+
+  async moveTo(where) {
+    if (this.state.focus === "timeline") {
+      const total = this.timeline.total;
+      if (!total) return;
+      this.timeline.selectedPos = null;
+      const target = where === Infinity ? total - 1 : 0;
+      this.timeline.setSelectedPos(target);
+      const row = await this.api.rowAt(EXEC, this.processFilter, target);
+      if (row) this.select({ kind: EXEC, index: row.index }, { from: "timeline", tlPos: target });
+      return;
+    }
+    const total = this.vlist.total;
+    if (total) this.moveListTo(where === Infinity ? total - 1 : 0);
+  }
+
+  async moveListTo(pos) {
+    const kind = this.listKind;
+    const filter = this.listFilter;
+    this.listPos = pos;
+    this.vlist.reveal(pos, false);
+    let row;
+    try {
+      row = await this.api.rowAt(kind, filter, pos);
+    } catch (e) {
+      return this.toast(e.message, 4000);
+    }
+    if (row && this.listPos === pos && kind === this.listKind) this.select({ kind, index: row.index }, { from: "list", pos });
+  }
+
+  /**
+   * Select an event: {kind, index}. opts.from: alert | list | timeline | graph | link | url |
+   * key | refresh; opts.pos (list position), opts.tlPos (timeline position), opts.src (the
+   * source location to show instead of the event's own line).
+   */
+  async select(ref, opts = {}) {
+    const kind = ref.kind || EXEC;
+    const index = Number(ref.index);
+    const seq = ++this.selSeq;
+    this.state.sel = { kind, index };
+    if (!opts.src && opts.from !== "refresh") this.state.src = null;
+    this.writeHash();
+    document.body.dataset.selected = "";
+
+    if (kind === TRACE && this.state.tab !== "traces") {
+      this.state.tab = "traces";
+      await this.setupLists();
+      this.writeHash();
+    }
+    this.placeSelection({ kind, index }, opts);
+
+    // Detail.
+    const d = $("#exec-detail");
+    d.classList.add("loading");
+    let ev;
+    try {
+      ev = await this.api.event(kind, index);
+    } catch (e) {
+      if (seq !== this.selSeq) return;
+      d.classList.remove("loading");
+      renderDetailError($("#detail-body"), $("#detail-title"), e instanceof ApiError ? e.message : String(e));
+      renderGraphMessage($("#graph-body"), $("#graph-sub"), "");
+      setChildren($("#stack-body"), el("div", { className: "empty-state", text: "" }));
+      return;
+    }
+    if (seq !== this.selSeq) return;
+    d.classList.remove("loading");
+    this.detail = { kind, index, ev };
+    renderDetail($("#detail-body"), $("#detail-title"), $("#detail-sub"), ev, kind, this);
+    d.dataset.kind = kind;
+    d.dataset.index = String(index);
+
+    // Source: the URL's location, else the innermost user frame that was recorded.
+    const src = opts.src || this.defaultSource(ev);
+    this.source.setChoices(stackChoices(ev.stack, ev.process ?? 0));
+    if (src) this.openSource(src, { keepStack: true });
+    else {
+      this.state.src = null;
+      this.source.clear("This event's source was not recorded in the dump.");
+      this.writeHash();
+    }
+    renderStack($("#stack-body"), $("#stack-sub"), ev, kind, this, this.state.src);
+    document.body.dataset.selected = kindLetter(kind) + index;
+
+    // Graph structure.
+    if (kind === TRACE) {
+      if (!ev.graph_id || !ev.op_name) {
+        renderGraphMessage($("#graph-body"), $("#graph-sub"), "This trace names no graph op.");
+      } else {
+        renderGraphMessage($("#graph-body"), $("#graph-sub"), "loading…");
+        try {
+          const op = await this.api.graphOp(ev.process ?? 0, ev.graph_id, ev.op_name, index);
+          if (seq !== this.selSeq) return;
+          const marked = renderTraceGraph($("#graph-body"), $("#graph-sub"), op, ev, this);
+          this.vlist.setMarked(this.listKind === TRACE ? marked : []);
+        } catch (e) {
+          if (seq !== this.selSeq) return;
+          renderGraphMessage($("#graph-body"), $("#graph-sub"), e.message, true);
+        }
+      }
+    } else {
+      const marked = renderExecGraph($("#graph-body"), $("#graph-sub"), ev, this);
+      this.vlist.setMarked(this.listKind === EXEC ? marked : []);
+    }
+    this.updateAlertPosSoon({ kind, index });
+  }
+
+  /** Mark the selection in the list and the timeline, scrolling them to it. */
+  placeSelection(ref, opts) {
+    const { kind, index } = ref;
+    const listKind = this.listKind;
+    this.vlist.setSelected(kind === listKind ? index : null);
+    if (kind === listKind) {
+      if (opts.from === "list" && opts.pos !== undefined) {
+        this.listPos = opts.pos;
+        this.vlist.reveal(opts.pos, false);
+      } else {
+        this.listPos = null;
+        this.placeInList(ref, ++this.placeSeq);
+      }
+    } else this.listPos = null;
+    if (kind === EXEC) {
+      if (opts.tlPos !== undefined) this.timeline.setSelectedPos(opts.tlPos);
+      else if (this.state.process === null) this.timeline.setSelectedPos(index);
+      else {
+        this.api
+          .lowerBound(EXEC, this.processFilter, index)
+          .then((lb) => {
+            if (this.state.sel && this.state.sel.index === index && this.state.sel.kind === EXEC) this.timeline.setSelectedPos(lb.row && lb.row.index === index ? lb.pos : null);
+          })
+          .catch(() => {});
+      }
+    }
+    this.updateTimelineRange();
+  }
+
+  async placeInList(ref, seq) {
+    const filter = this.listFilter;
+    const plain = filter.process === null && !filter.nonfinite && !filter.op_type;
+    let pos;
+    if (plain) pos = ref.index;
+    else {
+      try {
+        const lb = await this.api.lowerBound(ref.kind, filter, ref.index);
+        if (seq !== this.placeSeq) return;
+        pos = lb.row && lb.row.index === ref.index ? lb.pos : null;
+        if (pos === null) {
+          this.vlist.reveal(Math.min(lb.pos, Math.max(0, lb.total - 1)), true);
+          return;
+        }
+      } catch {
+        return;
+      }
+    }
+    if (seq !== this.placeSeq || !this.state.sel || this.state.sel.index !== ref.index) return;
+    this.listPos = pos;
+    this.vlist.reveal(pos, true);
+  }
+
+  defaultSource(ev) {
+    const stack = (ev.stack || []).filter((f) => !isPseudoFile(f.file));
+    const proc = ev.process ?? 0;
+    for (let i = stack.length - 1; i >= 0; i--) {
+      const f = stack[i];
+      if (f.user && f.file_index >= 0) return { process: proc, file: f.file_index, line: f.line };
+    }
+    if (ev.source && ev.source.file) return { process: proc, path: ev.source.file, line: ev.source.line };
+    for (let i = stack.length - 1; i >= 0; i--) {
+      const f = stack[i];
+      if (f.file_index >= 0) return { process: proc, file: f.file_index, line: f.line };
+    }
+    return null;
+  }
+
+  /** Show a source location: {process, file (index) or path, line}. */
+  openSource(loc, opts = {}) {
+    this.state.src = { process: loc.process ?? 0, file: loc.file, path: loc.file === undefined || loc.file === null ? loc.path : undefined, line: loc.line };
+    this.writeHash();
+    this.source.show(this.state.src);
+    if (!opts.keepStack) {
+      for (const f of document.querySelectorAll("#stack-body .frame")) {
+        const same = Number(f.dataset.line) === loc.line && ((loc.file !== undefined && loc.file !== null && Number(f.dataset.fileIndex) === loc.file) || (loc.path && f.dataset.file === loc.path));
+        f.classList.toggle("active", same);
+      }
+    }
+  }
+
+  /** A frame whose file the dump did not record: say so without asking the server. */
+  sourceNotRecorded(frame) {
+    this.state.src = null;
+    this.writeHash();
+    this.source.clear(`${frame.file}:${frame.line} was not recorded in the dump (by default only the program's own files are).`);
+    for (const f of document.querySelectorAll("#stack-body .frame")) f.classList.toggle("active", f.dataset.file === frame.file && Number(f.dataset.line) === frame.line);
+  }
+
+  async jump(text) {
+    if (!text) {
+      if (this.state.op) {
+        this.state.op = "";
+        await this.setupLists();
+        this.writeHash();
+      }
+      return;
+    }
+    const m = /^([et])?\s*#?\s*(\d+)$/i.exec(text);
+    if (m) {
+      const kind = m[1] ? kindFromLetter(m[1].toLowerCase()) : this.listKind;
+      $("#jump").blur();
+      await this.select({ kind, index: Number(m[2]) }, { from: "jump" });
+      return;
+    }
+    this.state.op = text;
+    await this.setupLists();
+    this.writeHash();
+    $("#jump").blur();
+    if (!this.vlist.total) this.toast(`no ${this.listKind === TRACE ? "graph traces" : "executions"} of op type "${text}" (exact name, e.g. aten.log.default)`, 4000);
+  }
+}
+
+const app = new App();
+window.nanscope = app; // for debugging from the console
+app.boot();

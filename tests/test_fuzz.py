@@ -1,0 +1,30 @@
+"""A bounded run of the coverage-guided fuzzer (fuzz/fuzz_reader.py) over the reader.
+
+CI fuzzes for a short, fixed number of inputs; ``python fuzz/fuzz_reader.py
+-max_total_time=3600`` fuzzes longer. A crash, a hang (over 20 s on one input)
+or memory over 1 GiB makes atheris exit non-zero with the offending input.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("atheris")
+
+HARNESS = Path(__file__).parents[1] / "fuzz" / "fuzz_reader.py"
+
+
+def test_fuzzer_finds_no_crash_hang_or_leak(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "-runs=600", "-max_len=512", "-rss_limit_mb=1024",
+         "-seed=1", f"-artifact_prefix={tmp_path}/"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    tail = proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert "Done 600 runs" in proc.stderr, tail
+    assert not list(tmp_path.glob("crash-*")) and not list(tmp_path.glob("timeout-*"))
