@@ -197,10 +197,10 @@ def browser_round(dump: Path) -> dict[str, Any]:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             t0 = time.perf_counter()
             page.goto(url)
-            page.wait_for_selector("#alerts [data-total]", timeout=60_000)
+            page.wait_for_selector('body[data-ready="1"]', timeout=60_000)
             paint = time.perf_counter() - t0
-            page.click('[data-tab="traces"]') if page.query_selector('[data-tab="traces"]') else None
-            scroller = "#graph-execs .vlist-scroll"
+            page.click("#tab-traces")
+            scroller = "#graph-execs .vl-viewport"
             page.wait_for_selector(scroller, timeout=30_000)
             heap, rows = [], []
             for k in range(51):
@@ -209,8 +209,13 @@ def browser_round(dump: Path) -> dict[str, Any]:
                     k / 50,
                 )  # fmt: skip
                 page.wait_for_timeout(150)
+                page.wait_for_function(
+                    "() => document.body.dataset.pending === '0'", timeout=30_000
+                )
                 heap.append(page.evaluate("performance.memory.usedJSHeapSize") / 2**20)
-                rows.append(page.eval_on_selector_all("#graph-execs [data-index]", "els => els.length"))
+                rows.append(
+                    page.eval_on_selector_all("#graph-execs [data-index]", "els => els.length")
+                )
             last = page.eval_on_selector_all(
                 "#graph-execs [data-index]", "els => Math.max(...els.map(e => +e.dataset.index))"
             )
@@ -243,7 +248,9 @@ def main() -> int:
         rng = random.Random(0)
         ns = [nanscope_round(dump, rng) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in ns) for k in ns[0] if isinstance(ns[0][k], float)}
-        tb = None if args.skip_tb else tensorboard_round(dump, ns[0]["alerts_total"], args.tb_budget)
+        tb = (
+            None if args.skip_tb else tensorboard_round(dump, ns[0]["alerts_total"], args.tb_budget)
+        )
         br = browser_round(dump) if args.browser else None
     print(f"\nnanscope serve vs TensorBoard Debugger V2, {dump} "
           f"(median of {args.repeats} cold starts for nanscope)\n")  # fmt: skip

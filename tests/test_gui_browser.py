@@ -2,8 +2,11 @@
 
 The tests walk the Debugger V2 tutorial on the PyTorch demo dump (alerts, root cause, the
 ``log`` op with the zeros in its input, its source line), then check the URL, the keyboard,
-the virtual list over 200k graph traces, the graph structure, live updates and that
-dump-derived text never becomes HTML. ``test_screenshots`` refreshes ``docs/images/gui_*.png``.
+alert navigation by ``position_of`` probes, per-process alerts of a two-rank dump, the source
+file picker on TensorFlow's dump, the virtual list over 200k graph traces, the graph
+structure, live updates and that dump-derived text never becomes HTML. Every page fails its
+test on a JavaScript error, a failed request or a Content-Security-Policy violation.
+``test_screenshots*`` refresh ``docs/images/gui_*.png``.
 
 Never downloads a browser: the module is skipped without Playwright or /usr/bin/chromium.
 """
@@ -14,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.parse
 import urllib.request
@@ -36,6 +40,8 @@ if not os.path.exists(CHROMIUM):
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent  # noqa: E402
 from nanscope.server import serve_in_thread  # noqa: E402
 
+from .helpers import write_small_dump  # noqa: E402
+
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -46,6 +52,7 @@ ARGS = [
     "--disable-sync",
 ]
 IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
 BIG_TRACES = 200_000
 INJECT = '<img src=x onerror="window.__pwned=1">'
 OPS = [
@@ -104,11 +111,23 @@ def write_inject(root: Path) -> None:
     w.close()
 
 
+def extract_tf(root: Path) -> None:
+    """TensorFlow's own FULL_HEALTH dump (tests/data/tf_dumps.tar.xz), as run "tf"."""
+    with tarfile.open(TF_DUMPS) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith("FULL_HEALTH/")]
+        tar.extractall(root, members=members, filter="data")
+    (root / "FULL_HEALTH").rename(root / "tf")
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("gui")
     write_big(root / "big")
     write_inject(root / "inject")
+    # Two ranks: -inf at steps 6 and 8 in rank 0, at step 3 in rank 1.
+    write_small_dump(root / "ranks", n=10, bad=(6, 8), rank=0, world_size=2)
+    write_small_dump(root / "ranks", n=10, bad=(3,), rank=1, world_size=2)
+    extract_tf(root)
     return root
 
 
@@ -140,13 +159,32 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+# Reports every Content-Security-Policy violation (an inline style="...", an eval, a script
+# or a fetch from elsewhere) to Python: Chromium logs its "Refused to ..." lines through the
+# DevTools Log domain, which Playwright's console events never see.
+CSP_WATCH = """
+document.addEventListener("securitypolicyviolation", (e) =>
+  window.__nanscopeCsp(`${e.violatedDirective} blocked ${e.blockedURI || "inline"}`
+                       + ` at ${e.sourceFile}:${e.lineNumber} ${e.sample || ""}`));
+"""
+
+
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh 1400x900 page; a JavaScript error or a failed request fails the test."""
+def page_errors() -> list[str]:
+    """What went wrong in the test's page: the ``page`` fixture fails the test unless empty."""
+    return []
+
+
+@pytest.fixture
+def page(browser: Any, page_errors: list[str]) -> Iterator[Any]:
+    """A fresh 1400x900 page; a JavaScript error, a console error, a failed request or a CSP
+    violation fails the test."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    errors = page_errors
+    ctx.expose_function("__nanscopeCsp", lambda text: errors.append(f"CSP violation: {text}"))
+    ctx.add_init_script(CSP_WATCH)
     pg = ctx.new_page()
     pg.set_default_timeout(10_000)
-    errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     pg.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
@@ -179,6 +217,12 @@ def list_indices(page: Any) -> list[int]:
 def wait_js(page: Any, expr: str, timeout_s: float = 10) -> None:
     """Wait until a JavaScript expression is true (as a function: the page's CSP forbids eval)."""
     page.wait_for_function(f"() => ({expr})", timeout=timeout_s * 1000)
+
+
+def wait_idle(page: Any) -> None:
+    """Until no API request is in flight (after a short pause for debounced ones)."""
+    page.wait_for_timeout(250)
+    page.wait_for_selector("body[data-pending='0']", state="attached")
 
 
 def wait_rows_loaded(page: Any) -> None:
@@ -308,6 +352,121 @@ def test_keyboard_moves_the_selection(page: Any, server: Any, demo: str) -> None
     page.keyboard.type("7")
     page.keyboard.press("Enter")
     wait_selected(page, "e7")
+
+
+def test_alert_steps_and_next_alert_take_few_requests(page: Any, server: Any, demo: str) -> None:
+    """A step's row selects its first alert; with only Inf/NaN listed, n / N cost one probe."""
+    step = api(server, "/api/alerts", run=demo)["by_step"][1]
+    first = step["first"]["index"]
+    bad = [
+        r["index"] for r in api(server, "/api/executions", run=demo, nonfinite=1, end=1000)["rows"]
+    ]
+    k = bad.index(first)
+    assert 0 < k < len(bad) - 1
+    open_run(page, server, demo)
+    page.click(f"#alerts .arow.step[data-step='{step['step']}']")
+    wait_selected(page, f"e{first}")
+    assert api(server, f"/api/executions/{first}", run=demo)["step"] == step["step"]
+    page.check("#only-nonfinite")  # the keys still work with the checkbox focused
+    page.wait_for_selector(f"#graph-execs .vrow.selected[data-index='{first}']")
+    wait_js(page, f"document.querySelector('#alert-pos').textContent === '{k + 1} / {len(bad)}'")
+    wait_idle(page)
+
+    requests: list[str] = []
+    page.on(
+        "request",
+        lambda r: (
+            requests.append(r.url)
+            if urllib.parse.urlparse(r.url).path.startswith("/api/executions")
+            else None
+        ),
+    )
+    for key, pos in (("n", k + 1), ("n", k + 2), ("N", k + 1)):
+        requests.clear()
+        page.keyboard.press(key)
+        wait_selected(page, f"e{bad[pos]}")
+        page.wait_for_selector(f"#graph-execs .vrow.selected[data-index='{bad[pos]}']")
+        wait_idle(page)
+        assert len(requests) <= 3, (key, requests)  # position_of, maybe a page, the detail
+        assert page.text_content("#alert-pos") == f"{pos + 1} / {len(bad)}"
+        assert page.get_attribute(".tl-wrap", "data-selected") == str(bad[pos])
+
+
+def test_alerts_of_one_process(page: Any, server: Any) -> None:
+    """Two ranks: choosing a process shows its alert counts; the root cause stays whole-run."""
+    whole = api(server, "/api/alerts", run="ranks")
+    rank1 = api(server, "/api/alerts", run="ranks", process=1)
+    assert (whole["total"], rank1["total"]) == (6, 2)
+    open_run(page, server, "ranks", "&tab=executions")
+    assert page.text_content("#alert-total") == "6 NaN/∞"
+    assert page.locator("#alerts .arow.step").count() == 3
+    page.wait_for_selector("#rootcause .rc-title")
+    assert page.locator("#rootcause .rc-scope").count() == 0
+    assert page.locator("#process-select option").all_text_contents() == [
+        "All (2)", "rank 0", "rank 1"
+    ]  # fmt: skip
+
+    page.select_option("#process-select", "1")
+    wait_js(page, "document.querySelector('#alert-total').textContent === '2 NaN/∞'")
+    assert "rank 1" in page.text_content("#alerts .a-scope")
+    assert page.text_content("#rootcause .rc-scope") == "whole run"
+    assert "process=1" in page.url
+    steps = page.locator("#alerts .arow.step")
+    assert steps.count() == 1 and steps.get_attribute("data-step") == "3"
+    steps.click()
+    first = rank1["by_step"][0]["first"]
+    wait_selected(page, f"{first['kind'][0]}{first['index']}")
+    ev = api(server, f"/api/executions/{first['index']}", run="ranks")
+    assert (ev["process"], ev["step"]) == (1, 3)
+    # The process filter lists rank 1 only, with the selection in it; the timeline too.
+    wait_rows_loaded(page)
+    assert len(list_indices(page)) == 10
+    page.wait_for_selector(f"#graph-execs .vrow.selected[data-index='{first['index']}']")
+    wait_js(page, "document.querySelector('.tl-wrap').dataset.total === '10'")
+    wait_js(page, "document.querySelector('.tl-wrap').dataset.selected === '3'")
+    # A reload keeps the process and its counts.
+    page.reload()
+    wait_selected(page, f"{first['kind'][0]}{first['index']}")
+    wait_js(page, "document.querySelector('#alert-total').textContent === '2 NaN/∞'")
+    page.select_option("#process-select", "")
+    wait_js(page, "document.querySelector('#alert-total').textContent === '6 NaN/∞'")
+    assert page.locator("#rootcause .rc-scope").count() == 0
+    assert page.locator("#alerts .a-scope").count() == 0
+
+
+def test_source_file_picker_lists_the_recorded_files(page: Any, server: Any) -> None:
+    """TensorFlow's dump records library files too: all are listed, the program's first."""
+    files = api(server, "/api/source_files", run="tf")["files"]
+    assert len(files) > 10
+    user = [f for f in files if f["user"]]
+    lib = next(f for f in files if f["path"].endswith("/op_callbacks.py"))
+    open_run(page, server, "tf")
+    picker = page.locator("#source-file")
+    wait_js(
+        page,
+        f"document.querySelectorAll('#source-file option[value]:not([value=\"\"])').length === {len(files)}",
+    )
+    values = picker.locator("option:not([disabled])").evaluate_all("os => os.map(o => o.value)")
+    assert values[: len(user)] == [f"{f['process']}:{f['file_index']}" for f in user]
+    assert picker.locator("optgroup").first.get_attribute("label") == "the program"
+    # Nothing selected: a picked file opens at its top.
+    page.select_option("#source-file", f"0:{lib['file_index']}")
+    page.wait_for_selector(f"#source[data-path='{lib['path']}']")
+    assert page.locator("#source .ln").count() == lib["num_lines"]
+    assert page.locator("#source .ln.marked").count() == 0
+    assert f"sf={lib['file_index']}" in page.url
+    # The Log trace: its own line; then the library file opens at the stack's frame in it.
+    page.click("#alerts .arow[data-op-type='Log'][data-kind='graph_execution_trace']")
+    page.wait_for_selector("body[data-selected^='t']")
+    tr = api(server, f"/api/traces/{page.get_attribute('#exec-detail', 'data-index')}", run="tf")
+    line = tr["source"]["line"]
+    page.wait_for_selector(f"#source[data-line='{line}'] .ln.marked")
+    assert page.input_value("#source-file") == f"0:{user[0]['file_index']}"
+    frame = next(f for f in reversed(tr["stack"]) if f["file_index"] == lib["file_index"])
+    page.select_option("#source-file", f"0:{lib['file_index']}")
+    marked = page.locator(f"#source[data-path='{lib['path']}'] .ln.marked")
+    marked.wait_for()
+    assert marked.get_attribute("data-line") == str(frame["line"])
 
 
 def test_timeline_zooms_pans_and_selects_by_click(page: Any, server: Any, demo: str) -> None:
@@ -445,6 +604,20 @@ def test_dump_text_is_never_html(page: Any, server: Any) -> None:
     assert page.evaluate("window.__pwned") is None
 
 
+def test_csp_violations_fail_the_test(page: Any, server: Any, page_errors: list[str]) -> None:
+    """The page sets styles only through the CSSOM; an inline style would be reported."""
+    open_run(page, server, "inject")
+    assert not page_errors
+    page.evaluate("document.body.setAttribute('style', 'outline: 1px solid red')")
+    deadline = time.monotonic() + 5
+    while not any("style-src" in e for e in page_errors):
+        assert time.monotonic() < deadline, page_errors
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(300)  # the <meta> policy and the header's each report it
+    assert all("style-src" in e for e in page_errors), page_errors
+    page_errors.clear()  # the violation was the point
+
+
 # ---- screenshots for the docs -------------------------------------------------------------
 
 
@@ -476,3 +649,22 @@ def test_screenshots(page: Any, server: Any, demo: str) -> None:
         else:
             page.locator(selector).screenshot(path=str(path))
         assert path.stat().st_size > 2000, name
+
+
+def test_screenshots_tf(page: Any, server: Any) -> None:
+    """docs/images/gui_tf_graph.png: TensorFlow's dump, the Log trace in its graph."""
+    open_run(page, server, "tf")
+    page.click("#alerts .arow[data-op-type='Log'][data-kind='graph_execution_trace']")
+    page.wait_for_selector("body[data-selected^='t']")
+    index = int(page.get_attribute("#exec-detail", "data-index"))
+    assert page.text_content("#detail-op") == "Log"
+    softmax = page.locator(f"#graph-structure .gnode[data-index='{index - 1}']")
+    assert "Softmax" in softmax.text_content()
+    page.wait_for_selector("#source .ln.marked")
+    page.wait_for_selector("#rootcause .rc-headline")
+    wait_rows_loaded(page)
+    wait_idle(page)
+    page.mouse.move(0, 0)
+    path = IMAGES / "gui_tf_graph.png"
+    page.screenshot(path=str(path))
+    assert path.stat().st_size > 2000

@@ -213,6 +213,48 @@ def test_many_processes_one_run(tmp_path: Path) -> None:
         assert r.execution(ref.index).process == ref.process
 
 
+def test_process_indices_follow_the_start_time_order(tmp_path: Path) -> None:
+    """Regression: ``ProcessInfo.index`` and graphs kept the order of the file names.
+
+    Processes are ordered by start time; the GUI filters by ``processes[i].index``.
+    """
+    first = write_small_dump(tmp_path, n=5, bad=(2,), rank=1, run_id="shared")
+    write_small_dump(tmp_path, n=5, bad=(), rank=0, run_id="shared")
+    # The earlier set's name sorts last (as when ranks start in another second).
+    for f in list(tmp_path.glob(f"{first.prefix.name}.*")):
+        f.rename(f.with_name(f.name.replace(first.prefix.name, "tfdbg_events.9999999999.h-rank1")))
+    with nanscope.open_dump(tmp_path) as r:
+        assert r.problems == []
+        assert [p.rank for p in r.processes] == [1, 0]  # rank 1 started first
+        assert [p.index for p in r.processes] == [0, 1]
+        for p in r.processes:
+            assert {g.process for g in r.graphs(p.index).values()} == {p.index}
+        ref = r.first_nonfinite(EXECUTIONS)
+        assert ref is not None and r.processes[ref.process].rank == 1
+        assert r.execution(ref.index).process == ref.process == r.processes[ref.process].index
+
+
+def test_a_set_found_later_that_started_earlier_moves_the_others(tmp_path: Path) -> None:
+    early, late = tmp_path / "early", tmp_path / "late"
+    write_small_dump(early, n=5, bad=(2,), rank=1, run_id="shared")
+    write_small_dump(late, n=3, bad=(), rank=0, run_id="shared")
+    with nanscope.open_dump(late) as r:
+        assert [p.rank for p in r.processes] == [0] and r.num_executions() == 3
+        generation = r.generation
+        for f in early.iterdir():  # copied in while the reader is open
+            f.rename(late / f.name)
+        assert r.update()
+        assert [(p.rank, p.index) for p in r.processes] == [(1, 0), (0, 1)]
+        assert r.generation > generation  # earlier indices moved: viewers reload
+        procs = r.processes_of(EXECUTIONS)
+        assert procs.tolist() == [0] * 5 + [1] * 3
+        for i in range(r.num_executions()):
+            assert r.execution(i).process == procs[i]
+        assert {g.process for g in r.graphs(1).values()} == {1}
+        ref = r.first_nonfinite(EXECUTIONS)
+        assert ref is not None and r.processes[ref.process].rank == 1
+
+
 def test_trace_written_before_its_graph_is_tolerated(tmp_path: Path) -> None:
     with DumpWriter(tmp_path, "FULL_HEALTH", -1) as w:
         w.write_trace(TraceEvent("unknown-graph", "X", 0, full_health()))

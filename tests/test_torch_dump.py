@@ -631,6 +631,35 @@ def test_uninitialised_memory_is_not_reported_as_nonfinite(tmp_path: Path) -> No
     assert r.first_nonfinite(EXECUTIONS) is None
 
 
+def test_views_of_uninitialised_memory_are_not_summarised(tmp_path: Path) -> None:
+    """Regression: DDP views its gradient buckets right after ``empty``; NaN garbage was an origin."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def run() -> Any:
+        for _ in range(20):
+            with _disable_current_modes():  # not recorded: NaN memory, then freed
+                garbage = torch.full((4096,), NAN)
+            del garbage
+            bucket = torch.empty(4096)  # usually gets that memory back
+            bucket.as_strided((2048,), (2,)).view(32, 64).t()
+            bucket[:5].view(5, 1)
+        written = torch.empty(4)
+        written.fill_(NAN)  # a write: its views have values again
+        return written.view(2, 2)
+
+    r, execs, out = record(tmp_path, run)
+    ops = [e.op_type for e in execs]
+    views = [e for e in execs[:-3] if e.op_type != "aten.empty.memory_format"]
+    assert {e.op_type for e in views} == {
+        "aten.as_strided.default", "aten.view.default", "aten.t.default", "aten.slice.Tensor"
+    }  # fmt: skip
+    assert all(e.debug_tensor_values == (None,) for e in views)
+    assert ops[-3:] == ["aten.empty.memory_format", "aten.fill_.Scalar", "aten.view.default"]
+    check_outputs(execs[-1], [out], "FULL_HEALTH")
+    ref = r.first_nonfinite(EXECUTIONS)
+    assert ref is not None and r.execution(ref.index).op_type == "aten.fill_.Scalar"
+
+
 # -- backward, optimizer, steps ---------------------------------------------------------------
 
 

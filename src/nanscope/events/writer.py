@@ -9,6 +9,7 @@ runs at exit, on uncaught exceptions and on SIGTERM/SIGINT).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import socket
@@ -41,13 +42,19 @@ FILE_VERSION = "debug.Event:1"
 def default_run_id() -> str:
     """The run id shared by all processes of one run.
 
-    ``NANSCOPE_RUN_ID`` wins; then torchrun's ``TORCHELASTIC_RUN_ID``; else a
-    fresh id (like TensorFlow: 8 characters of a uuid4).
+    ``NANSCOPE_RUN_ID`` wins; then torchrun's ``TORCHELASTIC_RUN_ID``; then,
+    where that is ``none`` (torchrun's static rendezvous: ``--master-addr`` and
+    ``--master-port``, as in multi-node jobs) or unset, one derived from
+    ``MASTER_ADDR:MASTER_PORT``, which every rank of a ``torch.distributed`` run
+    shares; else a fresh id (like TensorFlow: 8 characters of a uuid4).
     """
     for var in ("NANSCOPE_RUN_ID", "TORCHELASTIC_RUN_ID"):
         value = os.environ.get(var, "")
         if value and value != "none":
             return value
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if addr and port:
+        return hashlib.sha1(f"{addr}:{port}".encode()).hexdigest()[:8]
     return uuid.uuid4().hex[:8]
 
 
@@ -57,6 +64,12 @@ def default_rank() -> int | None:
         if value is not None and value.lstrip("-").isdigit():
             return int(value)
     return None
+
+
+def default_world_size() -> int:
+    """``WORLD_SIZE`` (set by torchrun), else 0 (unknown)."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else 0
 
 
 @dataclass
@@ -69,6 +82,7 @@ class WriterStats:
     traces_kept: int = 0
     errors: int = 0
     waits: int = 0  # times a producer waited for the writer (backpressure)
+    max_backlog: int = 0  # most events ever waiting for the background thread
 
 
 class DumpWriter:
@@ -84,8 +98,9 @@ class DumpWriter:
       all. In addition, the first event with a non-finite value and
       ``origin_window`` events on each side of it are always kept.
     - ``framework``: e.g. ``"torch 2.13.0"``, recorded in the metadata.
-    - ``run_id``, ``rank``, ``world_size``: identity in a multi-process run;
-      the rank (or else the pid) goes into the file names.
+    - ``run_id``, ``rank``, ``world_size``: identity in a multi-process run
+      (defaults: :func:`default_run_id`, ``NANSCOPE_RANK``/``RANK``,
+      ``WORLD_SIZE``); the rank (or else the pid) goes into the file names.
     - ``flush_interval``: seconds between flushes; this bounds what a process
       killed by SIGKILL loses.
     - ``source_snapshots``: ``"user"`` records the lines of the user's own files
@@ -103,7 +118,7 @@ class DumpWriter:
         framework: str = "",
         run_id: str | None = None,
         rank: int | None = None,
-        world_size: int = 0,
+        world_size: int | None = None,
         host_name: str | None = None,
         origin_window: int = 100,
         flush_interval: float = 1.0,
@@ -168,7 +183,7 @@ class DumpWriter:
         md.framework = framework
         md.nanscope_version = __version__
         md.process_rank = self.rank if self.rank is not None else -1
-        md.world_size = world_size
+        md.world_size = default_world_size() if world_size is None else world_size
         md.pid = self.pid
         md.tensor_debug_mode = self.mode.value  # type: ignore[assignment]
         md.circular_buffer_size = self.circular_buffer_size
@@ -261,6 +276,9 @@ class DumpWriter:
                     time.time(),
                 )
             )
+            self._backlog += n
+        if self._backlog > self.max_queue:
+            self._backpressure()
         return first
 
     def _put(self, item: tuple[Any, ...]) -> None:
@@ -270,6 +288,7 @@ class DumpWriter:
         """Wait until the writer has caught up with half the backlog (bounds memory)."""
         self._wake.set()
         self.stats.waits += 1
+        self.stats.max_backlog = max(self.stats.max_backlog, self._backlog)
         while self._backlog > self.max_queue // 2 and self._thread.is_alive():
             time.sleep(0.001)
 

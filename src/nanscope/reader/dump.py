@@ -9,6 +9,7 @@ decoded on demand.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class DumpReader:
         self._trace_rows = np.zeros(0, dtype=ROW_DTYPE)
         self._trace_process = np.zeros(0, dtype=np.int16)
         self._trace_types: np.ndarray | None = None
+        self._reindexed = False
         self.generation = 0
         files.discover(self.dump_root)  # a clear error for a missing or empty dump root
         self.update()
@@ -160,15 +162,17 @@ class DumpReader:
                         f"(the writer was interrupted or is still writing); the {name} records "
                         "before it were read",
                     )
-        if exec_changed:
+        reindexed, self._reindexed = self._reindexed, False
+        if exec_changed or reindexed:
             self._exec_rows, self._exec_process = self._concat("executions")
-        if trace_changed:
+        if trace_changed or reindexed:
             self._trace_rows, self._trace_process = self._concat("traces")
             self._trace_types = None
         if (
             sum(p.executions.reset_count for p in self._processes) != exec_resets
             or sum(p.traces.reset_count for p in self._processes) != trace_resets
             or (len(self._processes) > 1 and (exec_changed or trace_changed))
+            or reindexed
         ):
             # Indices of earlier events may have moved: tell live viewers to reload.
             self.generation += 1
@@ -213,10 +217,17 @@ class DumpReader:
             proc = _Process(len(self._processes), s, self._strings)
             self._read_metadata(proc, problems)
             self._processes.append(proc)
-        # Earliest first, as TensorFlow's reader orders hosts; indices follow.
+        # Earliest first, as TensorFlow's reader orders hosts; indices follow, in
+        # everything that holds one (metadata read and graphs made before sorting).
         self._processes.sort(key=lambda p: (p.info.start_time if p.info else 0.0, p.file_set.name))
         for i, p in enumerate(self._processes):
+            if p.index != i and (len(p.executions.rows) or len(p.traces.rows)):
+                self._reindexed = True  # rows already concatenated under the old index
             p.index = i
+            if p.info is not None and p.info.index != i:
+                p.info = dataclasses.replace(p.info, index=i)
+            for g in p.graphs.values():
+                g.process = i
         run_ids = {p.info.run_id for p in self._processes if p.info and p.info.run_id}
         if len(run_ids) > 1:
             problems.append(

@@ -9,8 +9,8 @@ Nothing here touches HTTP, so tests call the handlers directly.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np

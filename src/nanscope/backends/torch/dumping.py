@@ -61,11 +61,17 @@ class DumpingMode(TorchDispatchMode):
         # their base's summary while the base has not been written to since.
         self._summaries: dict[int, tuple[int, np.ndarray]] = {}
         self._last_step = -1
+        # Ids of uninitialised tensors (allocations, and views of them): a view of
+        # memory that nothing has written yet holds garbage, possibly NaN (DDP's
+        # gradient buckets are viewed right after allocation). A write gives the
+        # written tensor a fresh id, so a tensor leaves the set by being written.
+        self._blank: dict[int, None] = {}
         self._health = writer.mode in (
             TensorDebugMode.FULL_HEALTH,
             TensorDebugMode.CONCISE_HEALTH,
             TensorDebugMode.CURT_HEALTH,
         )
+        self._reads_values = self._health or writer.mode == TensorDebugMode.FULL_TENSOR
 
     def __torch_dispatch__(
         self,
@@ -78,6 +84,8 @@ class DumpingMode(TorchDispatchMode):
         info = self._ops[func]
         if not info.skip:
             try:
+                if info.collective and info.record_values and self._reads_values:
+                    _wait_for_collective(out)
                 self._record(info, args, kwargs, out)
             except Exception as exc:  # never break the user's program
                 self._failed(exc)
@@ -133,6 +141,14 @@ class DumpingMode(TorchDispatchMode):
         d = summarize_device(t, mode)
         return None if d is None else self.device_buffer.add(d)
 
+    def _uninitialised(self, tids: list[int]) -> None:
+        blank = self._blank
+        for tid in tids:
+            blank[tid] = None
+        if len(blank) > 4096:  # ids are never reused: the oldest are the least likely views
+            for k in list(blank)[:2048]:
+                del blank[k]
+
     def _remember(self, tid: int, t: torch.Tensor, summary: np.ndarray, inplace: bool) -> None:
         cache = self._summaries
         # An in-place op's output gets its version bump only after dispatch returns.
@@ -159,14 +175,18 @@ class DumpingMode(TorchDispatchMode):
         in_ids = [ids.get(t) for t in ins]
         out_ids = [ids.new(t) for t in outs]
         source = (in_ids[0], ins[0]) if info.same_elements and in_ids else None
-        parts = []
-        summary = self._summary
-        for t, tid in zip(outs, out_ids, strict=True):
-            try:
-                parts.append(summary(t, tid, info, source))
-            except Exception as exc:  # an unusual tensor: record the op without its summary
-                self._failed(exc)
-                parts.append(None)
+        parts: list[Any] = []
+        if info.uninitialised or (info.view and in_ids and in_ids[0] in self._blank):
+            self._uninitialised(out_ids)
+            parts = [None] * len(outs)
+        else:
+            summary = self._summary
+            for t, tid in zip(outs, out_ids, strict=True):
+                try:
+                    parts.append(summary(t, tid, info, source))
+                except Exception as exc:  # an unusual tensor: record the op without its summary
+                    self._failed(exc)
+                    parts.append(None)
         summaries: Any = parts
         input_summaries: list[Any] = []
         if any(type(p) is tuple for p in parts):  # device summaries, resolved later
@@ -241,6 +261,28 @@ class DumpingMode(TorchDispatchMode):
         if did is None:
             did = self._devices["cpu"] = self.writer.register_device("cpu")
         return did
+
+
+def _wait_for_collective(out: Any) -> None:
+    """Wait until an asynchronous collective on CPU tensors is done, so its outputs are summarised.
+
+    A ``c10d`` collective returns a ``Work`` at once; gloo writes the result
+    later on its own threads. Summarised at once, the outputs would show this
+    rank's values before the reduction (finite on a rank that is about to get
+    another rank's NaN), or a mix. Waiting costs DDP its overlap of
+    communication with the backward pass while recording. Accelerator outputs
+    are not waited for (their summaries are computed on the device).
+    """
+    if not (type(out) is tuple and len(out) == 2 and isinstance(out[1], torch.ScriptObject)):
+        return
+    outs = tensors_of(out[0], [])
+    if not outs or not all(t.is_cpu for t in outs):
+        return
+    from torch.distributed import Work
+
+    work = Work.unbox(out[1])
+    if not work.is_completed():
+        work.wait()
 
 
 def _version(t: torch.Tensor) -> int:

@@ -31,6 +31,19 @@ UNINITIALISED = frozenset(
     }
 )  # fmt: skip
 
+# torch.distributed collectives: they return a Work before their outputs hold
+# the result, which the backend writes on its own threads. (Not send/recv: a
+# rank waiting for those could wait for a peer that waits for it.)
+COLLECTIVES = frozenset(
+    {
+        "c10d.allreduce_", "c10d.allreduce_coalesced_", "c10d.broadcast_", "c10d.reduce_",
+        "c10d.allgather_", "c10d._allgather_base_", "c10d.allgather_coalesced_",
+        "c10d.allgather_into_tensor_coalesced_", "c10d.reduce_scatter_",
+        "c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_",
+        "c10d.alltoall_", "c10d.alltoall_base_", "c10d.gather_", "c10d.scatter_",
+    }
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
@@ -40,6 +53,9 @@ class OpInfo:
     inplace: bool
     record_values: bool  # op_regex allows summarising its outputs, and they are initialised
     value_args: tuple[int, ...] = ()  # positions where a Python number is a value, not a dim
+    collective: bool = False  # in COLLECTIVES
+    uninitialised: bool = False  # an allocation (UNINITIALISED): its values are garbage
+    view: bool = False  # its outputs alias its first input without writing to it
 
 
 # Schema types whose Python-number arguments are values (x / 0.0), unlike dims and sizes.
@@ -59,6 +75,11 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         )
     )
     value_args: tuple[int, ...] = ()
+    view = bool(
+        schema is not None
+        and schema.returns
+        and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    )
     if schema is not None:
         value_args = tuple(
             i for i, a in enumerate(schema.arguments)
@@ -71,6 +92,9 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         # view.dtype reinterprets the bytes: not the same elements at all.
         same_elements=packet in SAME_ELEMENT_VIEWS and name != "aten.view.dtype",
         inplace=inplace,
+        collective=packet in COLLECTIVES,
+        uninitialised=packet in UNINITIALISED,
+        view=view,
         record_values=packet not in UNINITIALISED
         and (op_regex is None or op_regex.match(name) is not None),
     )

@@ -55,6 +55,12 @@ function rcLine(label, ...children) {
   return el("div", { className: "rc-line" }, el("span", { className: "rc-k", text: label }), el("span", { className: "rc-v" }, ...children));
 }
 
+/** "whole run" beside the root cause's title while the alerts show one process. */
+function scopeTag(app) {
+  if (app.state.process === null || app.state.process === undefined) return null;
+  return el("span", { className: "rc-scope", text: "whole run", title: "the root cause is of the whole run (all processes); the counts below are of the selected process" });
+}
+
 export function renderRootCause(host, a, app) {
   if (!a) {
     setChildren(host, el("div", { className: "muted", text: "root cause: analysing…" }));
@@ -66,7 +72,7 @@ export function renderRootCause(host, a, app) {
     host.classList.toggle("ok", !a.found_nonfinite);
     setChildren(
       host,
-      el("div", { className: "rc-title", text: a.found_nonfinite ? "Root cause not found" : "No Inf or NaN recorded" }),
+      el("div", { className: "rc-title" }, a.found_nonfinite ? "Root cause not found" : "No Inf or NaN recorded", scopeTag(app)),
       a.headline ? el("div", { className: "rc-headline", text: a.headline }) : null,
       ...(a.notes || []).map((n) => el("div", { className: "rc-note", text: n })),
     );
@@ -76,7 +82,7 @@ export function renderRootCause(host, a, app) {
   host.classList.remove("ok");
   const src = origin.source;
   const rows = [
-    el("div", { className: "rc-title" }, "Root cause", el("span", { className: "rc-kind", text: a.origin_kind || "", title: ORIGIN_KIND[a.origin_kind] || "" })),
+    el("div", { className: "rc-title" }, "Root cause", el("span", { className: "rc-kind", text: a.origin_kind || "", title: ORIGIN_KIND[a.origin_kind] || "" }), scopeTag(app)),
     el("div", { className: "rc-headline", text: a.headline || `${origin.op_type} produced Inf/NaN` }),
     rcLine(
       "origin",
@@ -126,13 +132,16 @@ function alertRow(app, { label, cls, count, ref, title, dataset }) {
   );
 }
 
-export function renderAlerts(host, totalEl, a, app) {
+/** The alert counts; `scope` names the process they are of ("" for the whole run). */
+export function renderAlerts(host, totalEl, a, app, scope = "") {
   totalEl.textContent = a.total ? `${fmtInt(a.total)} NaN/∞` : "none";
   totalEl.classList.toggle("bad", a.total > 0);
   totalEl.classList.toggle("ok", a.total === 0);
+  totalEl.title = scope ? `alerts of ${scope}` : "alerts of the whole run";
   const out = [];
+  if (scope) out.push(el("div", { className: "a-scope", dataset: { scope } }, el("span", { className: "muted", text: "alerts of " }), el("b", { text: scope })));
   if (!a.total) {
-    out.push(el("div", { className: "empty-state", text: "No event holds Inf or NaN." }));
+    out.push(el("div", { className: "empty-state", text: scope ? `No event of ${scope} holds Inf or NaN.` : "No event holds Inf or NaN." }));
     setChildren(host, ...out);
     return;
   }
@@ -194,14 +203,15 @@ export function renderAlerts(host, totalEl, a, app) {
     const max = Math.max(...steps.map((s) => s.count));
     const list = el("div", { className: "a-steps" });
     for (const s of steps) {
+      const ref = s.first;
       list.appendChild(
         el(
-          "button",
+          ref ? "button" : "div",
           {
-            className: "arow step",
-            dataset: { step: String(s.step) },
-            title: `first alert of step ${s.step}`,
-            on: { click: () => app.selectFirstAlertOfStep(s.step) },
+            className: `arow step${ref ? "" : " inert"}`,
+            dataset: { step: String(s.step), ...(ref ? { kind: ref.kind, index: String(ref.index) } : {}) },
+            title: ref ? `first alert of step ${s.step}: ${ref.kind === "graph_execution_trace" ? "graph trace" : "execution"} #${ref.index}` : "",
+            on: ref ? { click: () => app.select(ref, { from: "alert" }) } : undefined,
           },
           el("span", { className: "a-label", text: `step ${s.step}` }),
           el("span", { className: "a-bar" }, el("span", { style: { width: `${Math.max(2, (100 * s.count) / max)}%` } })),

@@ -63,6 +63,8 @@ export class Api {
     this.inflight = new Map();
     this.events = new LRU(100); // event details
     this.sources = new LRU(20);
+    this.positions = new LRU(200); // position_of answers
+    this.files = new Map(); // /api/source_files answers, by process
   }
 
   setRun(run, generation) {
@@ -71,6 +73,8 @@ export class Api {
       this.inflight.clear();
       this.events.clear();
       this.sources.clear();
+      this.positions.clear();
+      this.files.clear();
     }
     this.run = run;
     this.generation = generation;
@@ -78,6 +82,8 @@ export class Api {
 
   /** Totals grew (a live dump): pages that were short at the tail must be refetched. */
   dropTailPages() {
+    this.positions.clear(); // totals and positions past the old tail changed
+    this.files.clear(); // a live run may record more files
     for (const [key, page] of [...this.pages.map.entries()]) {
       if (page.rows.length < PAGE) this.pages.map.delete(key);
     }
@@ -90,8 +96,19 @@ export class Api {
   runs() {
     return getJSON("/api/runs");
   }
-  alerts() {
-    return getJSON("/api/alerts", this.params());
+  alerts(process) {
+    return getJSON("/api/alerts", this.params({ process }));
+  }
+
+  /** The recorded source files (of one process, or all): [{process, file_index, path, host, num_lines, user}]. */
+  sourceFiles(process) {
+    const key = `${this.run}|${process ?? ""}`;
+    if (!this.files.has(key)) {
+      const p = getJSON("/api/source_files", this.params({ process })).then((body) => body.files || []);
+      p.catch(() => this.files.delete(key)); // retry next time
+      this.files.set(key, p);
+    }
+    return this.files.get(key);
   }
   analysis() {
     return getJSON("/api/analysis", this.params());
@@ -128,8 +145,8 @@ export class Api {
     return body;
   }
 
-  /** A raw list request (no cache). filter: {process, nonfinite, op_type}. */
-  list(kind, begin, end, filter = {}) {
+  /** A raw list request (no cache). filter: {process, nonfinite, op_type}; extra: more params. */
+  list(kind, begin, end, filter = {}, extra = {}) {
     const route = kind === "graph_execution_trace" ? "/api/traces" : "/api/executions";
     return getJSON(
       route,
@@ -139,6 +156,7 @@ export class Api {
         process: filter.process,
         nonfinite: filter.nonfinite ? 1 : null,
         op_type: filter.op_type,
+        ...extra,
       }),
     );
   }
@@ -176,30 +194,23 @@ export class Api {
   }
 
   /**
-   * The position in a filtered list of the first row whose `key(row)` is >= target
-   * (rows are in index order, so this finds an event index in a process-filtered or
-   * Inf/NaN-only list). Binary search with one-row probes, then one page.
-   * Resolves to {pos, row, total}; pos == total when every row is smaller.
+   * Where event `index` sits in a filtered list (one request, `position_of`): resolves to
+   * {position, exact, total}; `position` is that of the first event at or after `index`
+   * (null when there is none) and `exact` whether `index` itself is in the list.
    */
-  async lowerBound(kind, filter, target, key = (r) => r.index) {
-    const head = await this.list(kind, 0, 1, filter);
-    const total = head.total;
-    if (total === 0) return { pos: 0, row: null, total };
-    let lo = 0;
-    let hi = total; // answer in [lo, hi]
-    if (head.rows.length && key(head.rows[0]) >= target) return { pos: 0, row: head.rows[0], total };
-    lo = 1;
-    while (hi - lo > PAGE) {
-      const mid = (lo + hi) >> 1;
-      const probe = await this.list(kind, mid, mid + 1, filter);
-      const r = probe.rows[0];
-      if (!r || key(r) >= target) hi = mid;
-      else lo = mid + 1;
-    }
-    const span = await this.list(kind, lo, Math.min(hi + 1, total), filter);
-    for (let i = 0; i < span.rows.length; i++) {
-      if (key(span.rows[i]) >= target) return { pos: lo + i, row: span.rows[i], total };
-    }
-    return { pos: Math.min(hi, total), row: null, total };
+  positionOf(kind, filter, index) {
+    const key = `${this.pageKey(kind, filter, "pos")}|${index}`;
+    const hit = this.positions.get(key);
+    if (hit) return Promise.resolve(hit);
+    if (this.inflight.has(key)) return this.inflight.get(key);
+    const p = this.list(kind, 0, 0, filter, { position_of: index })
+      .then((body) => {
+        const out = { position: body.position ?? null, exact: Boolean(body.exact), total: body.total };
+        this.positions.set(key, out);
+        return out;
+      })
+      .finally(() => this.inflight.delete(key));
+    this.inflight.set(key, p);
+    return p;
   }
 }

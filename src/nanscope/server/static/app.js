@@ -39,8 +39,8 @@ import { Timeline } from "./timeline.js";
 import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
 import { renderDetail, renderDetailError } from "./detail.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
-import { SourceView, stackChoices } from "./source.js";
-import { renderStack, isPseudoFile } from "./stack.js";
+import { SourceView } from "./source.js";
+import { renderStack } from "./stack.js";
 
 const $ = (sel) => document.querySelector(sel);
 const EXEC = "execution";
@@ -96,6 +96,14 @@ class App {
   }
   get processFilter() {
     return { process: this.state.process };
+  }
+  /** The alerts of the process in view: the list behind n/N and "alert k / N". */
+  get alertFilter() {
+    return { process: this.state.process, nonfinite: true };
+  }
+  /** Whether the list in view shows exactly the alerts (so alert positions are list positions). */
+  get listIsAlerts() {
+    return this.state.nf && !this.state.op;
   }
   processLabel(index) {
     if (!this.runInfo || !this.runInfo.processes || this.runInfo.processes.length < 2) return "";
@@ -161,11 +169,16 @@ class App {
       return;
     }
     const listChanged = h.process !== this.state.process || h.nf !== this.state.nf || h.op !== this.state.op || (h.tab && h.tab !== this.state.tab);
+    const processChanged = h.process !== this.state.process;
     this.state.process = h.process;
     this.state.nf = h.nf;
     this.state.op = h.op;
     if (h.tab) this.state.tab = h.tab;
     if (listChanged) await this.setupLists();
+    if (processChanged) {
+      this.loadAlerts();
+      this.loadSourceFiles();
+    }
     if (h.sel) await this.select(h.sel, { from: "url", src: h.src });
     else if (h.src) this.openSource(h.src);
   }
@@ -182,6 +195,8 @@ class App {
       this.setupLists().then(() => {
         if (this.state.sel) this.placeSelection(this.state.sel, {});
       });
+      this.loadAlerts();
+      this.loadSourceFiles();
       this.writeHash();
     });
     for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => this.setTab(b.dataset.tab));
@@ -245,7 +260,9 @@ class App {
   onKey(e) {
     if (e.ctrlKey || e.metaKey || e.altKey) return;
     const tag = (e.target && e.target.tagName) || "";
-    if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") {
+    // Text boxes and drop-downs keep their keys; a checkbox (only Inf/NaN) leaves them to the page.
+    const typing = (tag === "INPUT" && e.target.type !== "checkbox") || tag === "SELECT" || tag === "TEXTAREA";
+    if (typing) {
       if (e.key === "Escape") e.target.blur();
       return;
     }
@@ -438,6 +455,7 @@ class App {
     await this.setupLists();
     this.writeHash();
     const alertsDone = this.loadAlerts();
+    this.loadSourceFiles();
     if (this.state.sel) this.select(this.state.sel, { from: "url", src: this.state.src });
     else if (this.state.src) this.openSource(this.state.src);
     else this.clearSelectionPanels();
@@ -450,6 +468,7 @@ class App {
     setChildren($("#rootcause"));
     this.timeline.setSource(EXEC, null, 0);
     this.vlist.setSource(EXEC, {}, 0);
+    this.source.setFiles([]);
     this.clearSelectionPanels();
   }
 
@@ -464,7 +483,7 @@ class App {
     $("#stack-sub").textContent = "";
     setChildren($("#stack-body"), el("div", { className: "empty-state", text: "Innermost frame first; click a frame to open it." }));
     if (!this.state.src) this.source.clear("The selected event's source line shows here.");
-    this.source.setChoices([]);
+    this.source.setStack(null);
   }
 
   markReady() {
@@ -557,6 +576,7 @@ class App {
       this.updateMeta();
       await this.refreshTotals();
       this.loadAlerts();
+      this.loadSourceFiles();
       if (genChanged && this.state.sel) this.select(this.state.sel, { from: "refresh", src: this.state.src });
     } else if (JSON.stringify(info.problems) !== JSON.stringify(before.problems)) {
       this.updateMeta();
@@ -685,23 +705,31 @@ class App {
 
   // ---- alerts ----------------------------------------------------------------------------
 
+  /** The alert counts of the process in view (/api/alerts), then the whole run's root cause. */
   async loadAlerts() {
     const seq = ++this.alertSeq;
     const run = this.state.run;
+    const process = this.state.process;
     try {
-      const a = await this.api.alerts();
+      const a = await this.api.alerts(process);
       if (seq !== this.alertSeq || run !== this.state.run) return;
       this.alerts = a;
-      renderAlerts($("#alert-lists"), $("#alert-total"), a, this);
+      renderAlerts($("#alert-lists"), $("#alert-total"), a, this, process === null ? "" : this.processLabel(process) || `process ${process}`);
       setChildren($("#op-types"), ...(a.by_op_type || []).map((o) => el("option", { value: o.op_type })));
       if (this.state.sel) this.updateAlertPosSoon(this.state.sel);
-      else $("#alert-pos").textContent = a.total ? `${fmtInt(a.total)}` : "";
+      else this.updateAlertPos(null);
     } catch (e) {
+      if (seq !== this.alertSeq) return;
       setChildren($("#alert-lists"), el("div", { className: "error", text: e.message }));
     }
     this.markReady();
-    // The root cause second: slower on large dumps, so the first paint does not wait for it.
-    if (!this.analysis) renderRootCause($("#rootcause"), null, this);
+    // The root cause (of the whole run, whatever the process) second: slower on large dumps,
+    // so the first paint does not wait for it.
+    if (this.analysis) {
+      renderRootCause($("#rootcause"), this.analysis, this);
+      return;
+    }
+    renderRootCause($("#rootcause"), null, this);
     try {
       const an = await this.api.analysis();
       if (seq !== this.alertSeq || run !== this.state.run) return;
@@ -712,25 +740,31 @@ class App {
     }
   }
 
-  async updateAlertPos(ref) {
+  /** "k / N" in the Alerts head: the selection's place among the alerts of its kind. */
+  async updateAlertPos(ref, known) {
     const a = this.alerts;
     const posEl = $("#alert-pos");
     if (!a || !a.total || !ref) {
       posEl.textContent = a && a.total ? fmtInt(a.total) : "";
+      posEl.title = "Inf/NaN alerts: n / N go to the next / previous one";
       return;
     }
-    const filter = { process: this.state.process, nonfinite: true };
-    try {
-      const lb = await this.api.lowerBound(ref.kind, filter, ref.index);
-      if (!this.state.sel || this.state.sel.index !== ref.index || this.state.sel.kind !== ref.kind) return;
-      const k = lb.row && lb.row.index === ref.index ? fmtInt(lb.pos + 1) : "–";
-      posEl.textContent = `${k} / ${fmtInt(lb.total)}`;
-      posEl.title = ref.kind === TRACE ? "alert among the graph traces" : "alert among the executions";
-    } catch {
-      posEl.textContent = "";
+    let p = known;
+    if (!p) {
+      try {
+        p = await this.api.positionOf(ref.kind, this.alertFilter, ref.index);
+      } catch {
+        posEl.textContent = "";
+        return;
+      }
     }
+    if (!this.state.sel || this.state.sel.index !== ref.index || this.state.sel.kind !== ref.kind) return;
+    const k = p.exact ? fmtInt(p.position + 1) : "–";
+    posEl.textContent = `${k} / ${fmtInt(p.total)}`;
+    posEl.title = ref.kind === TRACE ? "alert among the graph traces" : "alert among the executions";
   }
 
+  /** n / N: the next or previous alert (one position_of probe, then the row's page). */
   async nextAlert(dir) {
     // Alerts of the kind in view: the timeline's executions or the list's kind; the other
     // kind when this one has none.
@@ -738,41 +772,31 @@ class App {
     const sel = this.state.sel;
     let kind = this.state.focus === "timeline" ? EXEC : this.listKind;
     if (a && ((kind === EXEC && !a.executions) || (kind === TRACE && !a.graph_execution_traces))) kind = kind === EXEC ? TRACE : EXEC;
-    const filter = { process: this.state.process, nonfinite: true };
+    const filter = this.alertFilter;
     const cur = sel && sel.kind === kind ? sel.index : -1;
     try {
+      let pos;
+      let total;
       if (dir > 0) {
-        const lb = await this.api.lowerBound(kind, filter, cur + 1);
-        if (!lb.row) return this.toast(lb.total ? "no later alert" : "no alerts");
-        await this.select({ kind, index: lb.row.index }, { from: "alert" });
+        const p = await this.api.positionOf(kind, filter, cur + 1);
+        if (p.position === null) return this.toast(p.total ? "no later alert" : "no alerts");
+        pos = p.position;
+        total = p.total;
       } else {
         if (cur < 0) return this.toast("no earlier alert");
-        const lb = await this.api.lowerBound(kind, filter, cur);
-        if (lb.pos <= 0) return this.toast("no earlier alert");
-        const row = await this.api.rowAt(kind, filter, lb.pos - 1);
-        if (row) await this.select({ kind, index: row.index }, { from: "alert" });
+        const p = await this.api.positionOf(kind, filter, cur);
+        pos = (p.position === null ? p.total : p.position) - 1;
+        total = p.total;
+        if (pos < 0) return this.toast("no earlier alert");
       }
+      const row = await this.api.rowAt(kind, filter, pos);
+      if (!row) return;
+      const opts = { from: "alert", alertPos: { position: pos, exact: true, total } };
+      if (this.listIsAlerts) opts.pos = pos; // the list shows the alerts: no probe to place it
+      await this.select({ kind, index: row.index }, opts);
     } catch (e) {
       this.toast(e.message, 4000);
     }
-  }
-
-  async selectFirstAlertOfStep(step) {
-    const a = this.alerts || {};
-    const kinds = [];
-    if (a.executions !== 0) kinds.push(EXEC);
-    if (a.graph_execution_traces) kinds.push(TRACE);
-    let best = null;
-    try {
-      for (const kind of kinds) {
-        const lb = await this.api.lowerBound(kind, { process: this.state.process, nonfinite: true }, step, (r) => r.step);
-        if (lb.row && lb.row.step === step && (!best || lb.row.wall_time < best.row.wall_time)) best = { kind, row: lb.row };
-      }
-    } catch (e) {
-      return this.toast(e.message, 4000);
-    }
-    if (best) this.select({ kind: best.kind, index: best.row.index }, { from: "alert" });
-    else this.toast(`no alert found in step ${step}`);
   }
 
   // ---- selection -------------------------------------------------------------------------
@@ -847,8 +871,9 @@ class App {
 
   /**
    * Select an event: {kind, index}. opts.from: alert | list | timeline | graph | link | url |
-   * key | refresh; opts.pos (list position), opts.tlPos (timeline position), opts.src (the
-   * source location to show instead of the event's own line).
+   * key | refresh; opts.pos (its position in the list in view), opts.tlPos (timeline
+   * position), opts.alertPos ({position, exact, total} among the alerts), opts.src (the source
+   * location to show instead of the event's own line).
    */
   async select(ref, opts = {}) {
     const kind = ref.kind || EXEC;
@@ -889,7 +914,7 @@ class App {
 
     // Source: the URL's location, else the innermost user frame that was recorded.
     const src = opts.src || this.defaultSource(ev);
-    this.source.setChoices(stackChoices(ev.stack, ev.process ?? 0));
+    this.source.setStack(ev.stack, ev.process ?? 0);
     if (src) this.openSource(src, { keepStack: true });
     else {
       this.state.src = null;
@@ -919,7 +944,8 @@ class App {
       const marked = renderExecGraph($("#graph-body"), $("#graph-sub"), ev, this);
       this.vlist.setMarked(this.listKind === EXEC ? marked : []);
     }
-    this.updateAlertPosSoon({ kind, index });
+    if (opts.alertPos) this.updateAlertPos({ kind, index }, opts.alertPos);
+    else this.updateAlertPosSoon({ kind, index });
   }
 
   /** Mark the selection in the list and the timeline, scrolling them to it. */
@@ -928,9 +954,9 @@ class App {
     const listKind = this.listKind;
     this.vlist.setSelected(kind === listKind ? index : null);
     if (kind === listKind) {
-      if (opts.from === "list" && opts.pos !== undefined) {
+      if (opts.pos !== undefined) {
         this.listPos = opts.pos;
-        this.vlist.reveal(opts.pos, false);
+        this.vlist.reveal(opts.pos, opts.from !== "list");
       } else {
         this.listPos = null;
         this.placeInList(ref, ++this.placeSeq);
@@ -941,9 +967,9 @@ class App {
       else if (this.state.process === null) this.timeline.setSelectedPos(index);
       else {
         this.api
-          .lowerBound(EXEC, this.processFilter, index)
-          .then((lb) => {
-            if (this.state.sel && this.state.sel.index === index && this.state.sel.kind === EXEC) this.timeline.setSelectedPos(lb.row && lb.row.index === index ? lb.pos : null);
+          .positionOf(EXEC, this.processFilter, index)
+          .then((p) => {
+            if (this.state.sel && this.state.sel.index === index && this.state.sel.kind === EXEC) this.timeline.setSelectedPos(p.exact ? p.position : null);
           })
           .catch(() => {});
       }
@@ -958,13 +984,14 @@ class App {
     if (plain) pos = ref.index;
     else {
       try {
-        const lb = await this.api.lowerBound(ref.kind, filter, ref.index);
+        const p = await this.api.positionOf(ref.kind, filter, ref.index);
         if (seq !== this.placeSeq) return;
-        pos = lb.row && lb.row.index === ref.index ? lb.pos : null;
-        if (pos === null) {
-          this.vlist.reveal(Math.min(lb.pos, Math.max(0, lb.total - 1)), true);
+        if (!p.exact) {
+          // Not in this filtered list: show where it would be.
+          if (p.total) this.vlist.reveal(p.position === null ? p.total - 1 : p.position, true);
           return;
         }
+        pos = p.position;
       } catch {
         return;
       }
@@ -975,7 +1002,7 @@ class App {
   }
 
   defaultSource(ev) {
-    const stack = (ev.stack || []).filter((f) => !isPseudoFile(f.file));
+    const stack = ev.stack || [];
     const proc = ev.process ?? 0;
     for (let i = stack.length - 1; i >= 0; i--) {
       const f = stack[i];
@@ -987,6 +1014,21 @@ class App {
       if (f.file_index >= 0) return { process: proc, file: f.file_index, line: f.line };
     }
     return null;
+  }
+
+  /** The Source section's file picker: every file the dump recorded (of the process in view). */
+  async loadSourceFiles() {
+    const run = this.state.run;
+    const process = this.state.process;
+    let files;
+    try {
+      files = await this.api.sourceFiles(process);
+    } catch {
+      files = [];
+    }
+    if (run !== this.state.run || process !== this.state.process) return;
+    const multi = this.runInfo && (this.runInfo.processes || []).length > 1;
+    this.source.setFiles(files, multi && process === null ? (p) => this.processLabel(p) : null);
   }
 
   /** Show a source location: {process, file (index) or path, line}. */

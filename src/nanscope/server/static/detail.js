@@ -3,7 +3,7 @@
 // consumers, and the FULL_TENSOR values viewer.
 
 import { el, setChildren, fmtInt, kindLabel } from "./util.js";
-import { countsTable, shapeText, hasNonfinite } from "./counts.js";
+import { countsTable, shapeText } from "./counts.js";
 import { eventLink, sourceLink } from "./alerts.js";
 
 function badge(label, value, cls = "") {
@@ -43,11 +43,8 @@ export function renderDetail(host, titleEl, subEl, ev, kind, app) {
     ),
   );
 
-  if (ev.explanation) {
-    const bad = hasNonfinite(ev.counts) || (ev.counts && ev.counts.any_nonfinite === true) || (ev.outputs || []).some((o) => hasNonfinite(o.counts));
-    if (bad) out.push(el("div", { className: "d-why" }, el("span", { className: "d-why-k", text: "why" }), el("span", { text: ev.explanation })));
-    else out.push(el("div", { className: "d-note", text: ev.explanation }));
-  }
+  // The server explains only events known to hold Inf/NaN (empty otherwise).
+  if (ev.explanation) out.push(el("div", { className: "d-why" }, el("span", { className: "d-why-k", text: "why" }), el("span", { text: ev.explanation })));
 
   // backward → forward
   if (ev.forward_op || (ev.forward_index !== null && ev.forward_index !== undefined)) {

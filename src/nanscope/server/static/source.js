@@ -1,9 +1,12 @@
 // Source code (#source): a file recorded in the dump (/api/source), highlighted from the
 // server's pygments token classes (each token a <span class="tok-CLS"> with textContent),
-// the op's line marked and scrolled into view. The file picker lists the files of the
-// selected event's stack.
+// the op's line marked and scrolled into view. The file picker (#source-file) lists every
+// file whose text the dump holds (/api/source_files), the program's own files first; a file
+// of the selected event's stack opens at that frame's line.
 
 import { el, setChildren, basename } from "./util.js";
+
+const fileKey = (process, fileIndex) => `${process ?? 0}:${fileIndex}`;
 
 export class SourceView {
   constructor(body, pathEl, picker, app) {
@@ -16,25 +19,62 @@ export class SourceView {
     this.lineEls = [];
     this.marked = null;
     this.seq = 0;
-    this.choices = [];
+    this.files = new Map(); // picker value -> {process, file, path}
+    this.stackLines = new Map(); // picker value -> the innermost line of the selected event's stack
+    this.setFiles([]);
     picker.addEventListener("change", () => {
-      const c = this.choices[Number(picker.value)];
-      if (c) app.openSource(c);
+      const f = this.files.get(picker.value);
+      if (!f) return;
+      app.openSource({ process: f.process, file: f.file, line: this.stackLines.get(picker.value) ?? 0 });
     });
   }
 
-  /** The files of the current stack, for the picker: [{process, file, path, line, label}]. */
-  setChoices(choices) {
-    this.choices = choices;
-    const opts = choices.map((c, i) => el("option", { value: String(i), text: c.label, title: c.path || "" }));
-    if (!choices.length) opts.push(el("option", { value: "", text: "no recorded files" }));
-    setChildren(this.picker, ...opts);
+  /**
+   * The recorded files ([{process, file_index, path, host, num_lines, user}]); `procLabel`
+   * (a function of the process index, or null) tells files of several processes apart.
+   */
+  setFiles(files, procLabel = null) {
+    this.files = new Map();
+    const sorted = files.slice().sort((a, b) => Number(b.user) - Number(a.user) || a.path.localeCompare(b.path) || a.process - b.process);
+    const option = (f) => {
+      const value = fileKey(f.process, f.file_index);
+      this.files.set(value, { process: f.process, file: f.file_index, path: f.path });
+      const who = procLabel ? procLabel(f.process) : "";
+      return el("option", { value, text: `${basename(f.path)}${who ? " · " + who : ""}`, title: `${f.path}${f.host ? " @ " + f.host : ""} (${f.num_lines} lines)` });
+    };
+    const user = sorted.filter((f) => f.user).map(option);
+    const lib = sorted.filter((f) => !f.user).map(option);
+    const head = el("option", { value: "", text: files.length ? `${files.length} recorded file${files.length === 1 ? "" : "s"}…` : "no recorded files", disabled: true });
+    setChildren(
+      this.picker,
+      head,
+      user.length ? el("optgroup", { label: "the program" }, user) : null,
+      lib.length ? el("optgroup", { label: "libraries" }, lib) : null,
+    );
+    this.picker.disabled = !files.length;
     this.syncPicker();
   }
 
+  /** The selected event's stack: a picked file of it opens at its innermost frame's line. */
+  setStack(stack, process) {
+    this.stackLines = new Map();
+    for (const f of stack || []) {
+      if (Number.isInteger(f.file_index) && f.file_index >= 0) this.stackLines.set(fileKey(process, f.file_index), f.line);
+    }
+  }
+
   syncPicker() {
-    const i = this.choices.findIndex((c) => this.current && c.process === this.current.process && (c.file === this.current.file || (this.current.path && c.path === this.current.path)));
-    this.picker.value = i >= 0 ? String(i) : "";
+    const c = this.current;
+    let value = "";
+    if (c) {
+      if (c.file !== undefined && c.file !== null && this.files.has(fileKey(c.process, c.file))) value = fileKey(c.process, c.file);
+      else if (c.path) {
+        for (const [k, f] of this.files) {
+          if (f.process === (c.process ?? 0) && f.path === c.path) value = k;
+        }
+      }
+    }
+    this.picker.value = value;
   }
 
   clear(message) {
@@ -45,6 +85,7 @@ export class SourceView {
     delete this.section.dataset.path;
     delete this.section.dataset.line;
     setChildren(this.body, el("div", { className: "empty-state", text: message || "No source." }));
+    this.syncPicker();
   }
 
   /** Show {process, file (index) or path, line}; resolves once rendered. */
@@ -112,16 +153,4 @@ export class SourceView {
     const top = line.offsetTop - body.clientHeight / 2 + line.offsetHeight / 2;
     body.scrollTop = Math.max(0, top);
   }
-}
-
-/** The picker's entries for a stack: one per recorded file, innermost first. */
-export function stackChoices(stack, process) {
-  const seen = new Map();
-  for (let i = (stack || []).length - 1; i >= 0; i--) {
-    const f = stack[i];
-    if (f.file_index === undefined || f.file_index < 0 || /^<.*>$/.test(basename(f.file))) continue;
-    if (seen.has(f.file_index)) continue;
-    seen.set(f.file_index, { process, file: f.file_index, path: f.file, line: f.line, label: `${basename(f.file)}${f.user ? "" : " (library)"}` });
-  }
-  return [...seen.values()];
 }

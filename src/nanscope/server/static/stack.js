@@ -4,14 +4,10 @@
 
 import { el, setChildren, basename, kindLabel } from "./util.js";
 
-/** A pseudo-file such as "<frozen runpy>" or "<string>": no text to show, not the user's code. */
-export function isPseudoFile(path) {
-  return /^<.*>$/.test(basename(path || ""));
-}
-
 export function renderStack(host, subEl, ev, kind, app, active) {
-  // Innermost first. Frames of pseudo-files (<frozen runpy>) count as library frames.
-  const frames = (ev.stack || []).slice().reverse().map((f) => (isPseudoFile(f.file) ? { ...f, user: false, file_index: -1 } : f));
+  // Innermost first. The server marks <frozen ...> frames as library code, and gives
+  // file_index -1 to a file whose text the dump does not hold.
+  const frames = (ev.stack || []).slice().reverse();
   subEl.textContent = `${kindLabel(kind)} #${ev.index}: ${ev.op_type || ev.op_name || ""}`;
   if (!frames.length) {
     setChildren(host, el("div", { className: "empty-state", text: "No stack recorded for this event." }));
@@ -62,7 +58,7 @@ function isActive(f, active) {
 }
 
 function frameRow(f, ev, app, active, depth) {
-  const recorded = f.file_index !== undefined && f.file_index >= 0;
+  const recorded = Number.isInteger(f.file_index) && f.file_index >= 0;
   const row = el(
     "button",
     {

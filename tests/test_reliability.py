@@ -1,0 +1,63 @@
+"""Memory bounds promised in docs/RELIABILITY.md that no other test module covers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nanscope
+from nanscope.events import DumpWriter, ExecutionEvent
+from nanscope.format.sidecar import ROW_DTYPE
+from nanscope.reader import EXECUTIONS, TRACES
+from tests.helpers import full_health
+
+
+class SlowSummaries:
+    """Summaries that take a while to fetch (as from a busy GPU): a slow writer thread."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def resolve(self) -> np.ndarray:
+        time.sleep(0.002)
+        return np.tile(full_health(), (self.rows, 1))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_backpressure_bounds_the_queue(tmp_path: Path, batched: bool) -> None:
+    """A producer faster than the writer waits: at most max_queue (+ one batch) events wait."""
+    limit, batch = 500, 50
+    w = DumpWriter(tmp_path, "FULL_HEALTH", circular_buffer_size=-1, max_queue=limit)
+    for i in range(4000 // (batch if batched else 1)):
+        if batched:
+            w.write_traces("g", ["op"] * batch, [0] * batch, SlowSummaries(batch), step=i)
+        else:
+            w.write_execution(ExecutionEvent("op", [i + 1], [i], summaries=SlowSummaries(1)))
+    w.close()
+    assert w.stats.waits > 0  # the producer did wait
+    assert 0 < w.stats.max_backlog <= limit + (batch if batched else 1)
+    with nanscope.open_dump(tmp_path) as r:  # and nothing was dropped
+        assert r.num(TRACES if batched else EXECUTIONS) == 4000
+
+
+def test_reader_holds_an_index_not_the_events(tmp_path: Path) -> None:
+    """The reader's memory per event is one index row, whatever the events' size."""
+    big = np.zeros(11)
+    w = DumpWriter(tmp_path, "FULL_HEALTH", circular_buffer_size=-1, source_snapshots="none")
+    stack = w.capture_stack()
+    for i in range(3000):
+        # Long op names and stacks make the records large; the index stays the same.
+        w.write_execution(
+            ExecutionEvent(f"aten.op_{i % 7}" + "x" * 200, [i + 1], [i], summaries=[big],
+                           stack=stack)
+        )  # fmt: skip
+    w.close()
+    records = sum(p.stat().st_size for p in tmp_path.glob("*.execution"))
+    with nanscope.open_dump(tmp_path) as r:
+        index = r.index(EXECUTIONS)
+        assert len(index) == 3000 and index.dtype == ROW_DTYPE
+        assert r.decoded_for_index() == 0  # the sidecar served it: no record was decoded
+        assert index.nbytes == 3000 * ROW_DTYPE.itemsize < records
