@@ -68,7 +68,6 @@ def test_index_without_sidecar_is_identical(tmp_path: Path) -> None:
                 "length",
                 "step",
                 "sequence",
-                "size",
                 "neg_inf",
                 "nan",
                 "nonfinite",
@@ -277,7 +276,7 @@ def test_batched_traces_index_matches_a_scan(tmp_path: Path) -> None:
     with nanscope.open_dump(a) as ra, nanscope.open_dump(b) as rb:
         assert ra.decoded_for_index() == 0 and rb.decoded_for_index() == 24
         ia, ib = ra.index(TRACES), rb.index(TRACES)
-        for col in ("offset", "length", "slot", "step", "sequence", "size", "neg_inf", "nonfinite"):
+        for col in ("offset", "length", "slot", "step", "sequence", "neg_inf", "nonfinite"):
             np.testing.assert_array_equal(ia[col], ib[col], err_msg=col)
         assert [ra.string(x) for x in ia["name"]] == [rb.string(x) for x in ib["name"]]
         assert ra.nonfinite(TRACES).tolist() == [20]

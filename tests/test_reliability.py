@@ -10,8 +10,8 @@ import pytest
 
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent
-from nanscope.format.sidecar import ROW_DTYPE
 from nanscope.reader import EXECUTIONS, TRACES
+from nanscope.reader.eventfile import INDEX_DTYPE
 from tests.helpers import full_health
 
 
@@ -58,6 +58,7 @@ def test_reader_holds_an_index_not_the_events(tmp_path: Path) -> None:
     records = sum(p.stat().st_size for p in tmp_path.glob("*.execution"))
     with nanscope.open_dump(tmp_path) as r:
         index = r.index(EXECUTIONS)
-        assert len(index) == 3000 and index.dtype == ROW_DTYPE
+        assert len(index) == 3000 and index.dtype == INDEX_DTYPE
         assert r.decoded_for_index() == 0  # the sidecar served it: no record was decoded
-        assert index.nbytes == 3000 * ROW_DTYPE.itemsize < records
+        assert index.nbytes == 3000 * INDEX_DTYPE.itemsize < records
+        assert INDEX_DTYPE.itemsize == 64

@@ -220,13 +220,14 @@ class EventStream:
         new = self.strings.take_new()
         if new:
             self._index.write(sidecar.strings_chunk(new))
-        self._index.write(sidecar.rows_chunk(rows))
+        for chunk in sidecar.rows_chunks(rows):
+            self._index.write(chunk)
         self._index.flush(sync)
 
     def _rewrite(self, sync: bool) -> None:
         data, rows = self._records([*self._before, *self._protected, *self._ring], 0)
-        index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + frame(
-            sidecar.rows_chunk(rows)
+        index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + b"".join(
+            frame(chunk) for chunk in sidecar.rows_chunks(rows)
         )
         _replace(self.path, data, sync)
         _replace(self.index_path, index, sync)

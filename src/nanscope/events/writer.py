@@ -349,7 +349,11 @@ class DumpWriter:
                 last_flush = time.monotonic()
                 # A huge circular buffer (FULL_TENSOR) makes each rewrite
                 # expensive: never spend more than ~10% of the time rewriting.
-                interval = max(self.flush_interval, 10 * (last_flush - started))
+                # Appends cost only what is new, so unbounded files keep the
+                # interval (backing off there would hold more events in memory
+                # and lose more to a SIGKILL).
+                if self.circular_buffer_size > 0:
+                    interval = max(self.flush_interval, 10 * (last_flush - started))
 
     def _drain(self, deadline: float = float("inf")) -> bool:
         """Process queued items until none is left or ``deadline`` passes; True on close."""

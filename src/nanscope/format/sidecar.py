@@ -51,6 +51,17 @@ def rows_chunk(rows: np.ndarray) -> bytes:
     return KIND_ROWS + np.ascontiguousarray(rows, dtype=ROW_DTYPE).tobytes()
 
 
+# Rows per chunk: a reader then needs at most one chunk's bytes (5.5 MB) beside its index.
+ROWS_PER_CHUNK = 65536
+
+
+def rows_chunks(rows: np.ndarray) -> list[bytes]:
+    """``rows`` as chunks of at most :data:`ROWS_PER_CHUNK` rows (at least one chunk)."""
+    if len(rows) <= ROWS_PER_CHUNK:
+        return [rows_chunk(rows)]
+    return [rows_chunk(rows[i : i + ROWS_PER_CHUNK]) for i in range(0, len(rows), ROWS_PER_CHUNK)]
+
+
 def strings_chunk(strings: list[str]) -> bytes:
     return KIND_STRINGS + "\0".join(strings).encode()
 

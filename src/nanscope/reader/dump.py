@@ -21,7 +21,6 @@ from nanscope.format import files
 from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health, sum_health
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
-from nanscope.format.sidecar import ROW_DTYPE
 from nanscope.reader.data import (
     Execution,
     GraphExecutionTrace,
@@ -39,7 +38,7 @@ from nanscope.reader.decode import (
     tensor_values,
     trace_row,
 )
-from nanscope.reader.eventfile import EventFile, StringPool
+from nanscope.reader.eventfile import INDEX_DTYPE, EventFile, StringPool
 from nanscope.reader.logs import RecordLog
 
 SUPPORTED_FILE_VERSION = 1
@@ -108,9 +107,9 @@ class DumpReader:
         self._problems: dict[str, Problem] = {}
         self._processes: list[_Process] = []
         self._known_sets: set[str] = set()
-        self._exec_rows = np.zeros(0, dtype=ROW_DTYPE)
+        self._exec_rows = np.zeros(0, dtype=INDEX_DTYPE)
         self._exec_process = np.zeros(0, dtype=np.int16)
-        self._trace_rows = np.zeros(0, dtype=ROW_DTYPE)
+        self._trace_rows = np.zeros(0, dtype=INDEX_DTYPE)
         self._trace_process = np.zeros(0, dtype=np.int16)
         self._trace_types: np.ndarray | None = None
         self._reindexed = False
@@ -187,7 +186,7 @@ class DumpReader:
             for r, p in zip(parts, self._processes, strict=True)
         ]
         if not parts:
-            return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int16)
+            return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int16)
         if len(parts) == 1:  # one process: its rows as they are, no copy
             return parts[0], procs[0]
         return np.concatenate(parts), np.concatenate(procs)
@@ -414,7 +413,7 @@ class DumpReader:
         return self.num_executions() if kind == EXECUTIONS else self.num_graph_execution_traces()
 
     def index(self, kind: str) -> np.ndarray:
-        """The index rows (:data:`nanscope.format.sidecar.ROW_DTYPE`) of one kind of event.
+        """The index rows (:data:`nanscope.reader.eventfile.INDEX_DTYPE`) of one kind of event.
 
         Columns ``name``/``graph`` are ids into :meth:`string`; ``process`` is
         given by :meth:`processes_of`. Do not modify the array.
