@@ -664,6 +664,9 @@ def test_screenshots_tf(page: Any, server: Any) -> None:
     page.wait_for_selector("#rootcause .rc-headline")
     wait_rows_loaded(page)
     wait_idle(page)
+    page.evaluate(
+        "document.querySelector('#alerts .panel-body').scrollTop = 0"
+    )  # the click scrolled it
     page.mouse.move(0, 0)
     path = IMAGES / "gui_tf_graph.png"
     page.screenshot(path=str(path))

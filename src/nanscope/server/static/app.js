@@ -12,10 +12,13 @@
 //   data-index = event index and data-pos = list position; .vrow.selected; .vrow.nan /
 //   .vrow.inf for Inf/NaN rows; #list-foot-text "N executions"), #source
 //   (data-path, data-line; lines .ln[data-line], the marked one .ln.marked; picker
-//   #source-file), #stack (.frame buttons with data-file, data-line; .frame.user,
-//   .frame.lib, .st-fold toggles), #run-select, #process-select, #jump, #live, #problems,
+//   #source-file: every recorded file, option values "<process>:<file_index>"), #stack
+//   (.frame buttons with data-file, data-line; .frame.user, .frame.lib, .st-fold toggles),
+//   #run-select, #process-select, #jump, #live, #problems,
 //   #help (the ? overlay). Alert rows: .arow[data-kind][data-index] (plus data-category,
-//   data-op-type or data-step). Links to events: a.evlink[data-kind][data-index].
+//   data-op-type or data-step; a step's row selects its first alert). With a process chosen
+//   the counts are that process's (.a-scope names it) and the root cause, always of the whole
+//   run, carries .rc-scope "whole run". Links to events: a.evlink[data-kind][data-index].
 //   The root cause: #rootcause (.rc-headline, a.evlink links). Timeline buttons: #tl-zoom-in,
 //   #tl-zoom-out, #tl-left, #tl-right, #tl-fit, #tl-center. Alert navigation: #prev-alert,
 //   #next-alert, #alert-pos ("k / N").
@@ -30,6 +33,13 @@
 // Keys (also in the ? overlay): j/k or ↓/↑ move in the focused list or timeline, PgDn/PgUp,
 //   Home/End, n/N next/previous alert, t toggles the focus, +/-/0/c zoom the timeline,
 //   r root cause, / jump box, Esc closes popups, ? help.
+//
+// Positions: a filtered list (a process, only Inf/NaN, an op type) is not indexed by event
+// index; where an event sits in it comes from one `position_of` probe (Api.positionOf), so
+// scrolling to the selection, "alert k / N" and n/N cost a request each, not a search.
+//
+// Styles: the CSP (the server's header and the page's <meta>) has style-src 'self': no
+// inline style="" in HTML or through setAttribute; set styles through the CSSOM only.
 
 import { Api, ApiError } from "./api.js";
 import { el, setChildren, fmtInt, fmtCompact, clamp, kindLetter, kindFromLetter, debounce } from "./util.js";
@@ -604,6 +614,8 @@ class App {
       this.vlist.setSource(kind, filter, listTotal);
       this.vlist.setSelected(this.state.sel && this.state.sel.kind === kind ? this.state.sel.index : null);
       this.updateListFoot();
+      // A new filter or tab: scroll the new list to the selection.
+      if (this.state.sel && this.state.sel.kind === kind && listTotal) this.placeInList(this.state.sel, ++this.placeSeq);
     } catch (e) {
       this.vlist.setSource(kind, filter, 0);
       this.vlist.setError(e.message);
@@ -677,7 +689,6 @@ class App {
     this.state.tab = tab;
     await this.setupLists();
     this.writeHash();
-    if (this.state.sel && this.state.sel.kind === this.listKind && !opts.noReveal) this.placeInList(this.state.sel, ++this.placeSeq);
   }
 
   renderRow(row) {
@@ -955,6 +966,7 @@ class App {
     this.vlist.setSelected(kind === listKind ? index : null);
     if (kind === listKind) {
       if (opts.pos !== undefined) {
+        ++this.placeSeq; // a placement still under way is stale
         this.listPos = opts.pos;
         this.vlist.reveal(opts.pos, opts.from !== "list");
       } else {

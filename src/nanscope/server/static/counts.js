@@ -54,25 +54,37 @@ export function countsBar(c) {
   return bar;
 }
 
+/** "float32" -> "f32", "bfloat16" -> "bf16", "int64" -> "i64": the list's summary column is narrow. */
+export function shortDtype(dtype) {
+  const m = /^(b?float|u?int|complex|bool)(\d*)$/.exec(String(dtype));
+  if (!m) return String(dtype);
+  const head = { float: "f", bfloat: "bf", int: "i", uint: "u", complex: "c", bool: "bool" }[m[1]];
+  return head + m[2];
+}
+
+function dtypeSpan(dtype) {
+  return el("span", { className: "dtype", text: shortDtype(dtype), title: dtype });
+}
+
 /** The per-mode summary of a list row (FULL_HEALTH bar, SHAPE shape, CONCISE counts, ...). */
 export function summaryCell(row) {
   const c = row.counts;
   const cell = el("span", { className: "summary" });
   if (c && c.neg !== null && c.neg !== undefined) {
     cell.appendChild(countsBar(c));
-    if (c.dtype) cell.appendChild(el("span", { className: "dtype", text: c.dtype }));
+    if (c.dtype) cell.appendChild(dtypeSpan(c.dtype));
     if (hasNonfinite(c)) {
       const bad = [];
       if (c.nan) bad.push(`NaN×${fmtCompact(c.nan)}`);
       if (c.neg_inf) bad.push(`−∞×${fmtCompact(c.neg_inf)}`);
       if (c.pos_inf) bad.push(`+∞×${fmtCompact(c.pos_inf)}`);
-      cell.appendChild(el("span", { className: "badtxt", text: bad.join(" ") }));
+      cell.appendChild(el("span", { className: "badtxt", text: bad.join(" "), title: bad.join(" ") }));
     }
     return cell;
   }
   if (row.shape) {
     cell.appendChild(el("span", { className: "shape", text: shapeText(row.shape) }));
-    if (c && c.dtype) cell.appendChild(el("span", { className: "dtype", text: c.dtype }));
+    if (c && c.dtype) cell.appendChild(dtypeSpan(c.dtype));
     return cell;
   }
   if (c && c.nan !== null && c.nan !== undefined) {
