@@ -136,7 +136,7 @@ def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
             names = rows["name"][hits]
         else:
             a.graph_execution_traces = int(hits.size)
-            names = reader.trace_op_types()[hits]
+            names = reader.trace_op_types(hits)
         for sid in np.unique(names).tolist():
             members = hits[names == sid]
             per_op[(reader.string(sid), kind)] = [int(members.size), int(members[0])]

@@ -433,24 +433,36 @@ class DumpReader:
     def string_id(self, value: str) -> int | None:
         return self._strings.id(value)
 
-    def trace_op_types(self) -> np.ndarray:
-        """The op type (string id) of every trace, resolved through the graphs."""
-        if self._trace_types is None or len(self._trace_types) != len(self._trace_rows):
-            rows = self._trace_rows
-            key = (
-                self._trace_process.astype(np.uint64) << np.uint64(48)
-                | rows["graph"].astype(np.uint64) << np.uint64(24)
-                | rows["name"].astype(np.uint64)
-            )
-            uniq, inverse = np.unique(key, return_inverse=True)
-            types = np.zeros(len(uniq), dtype=np.uint32)
-            for i, k in enumerate(uniq.tolist()):
-                proc = self._processes[k >> 48]
-                graph = proc.graphs.get(self.string((k >> 24) & 0xFFFFFF))
-                op = graph.ops.get(self.string(k & 0xFFFFFF)) if graph else None
-                types[i] = self._strings.intern(op.op_type if op else "")
-            self._trace_types = types[inverse]
-        return self._trace_types
+    def trace_op_types(self, indices: np.ndarray | None = None) -> np.ndarray:
+        """The op type (string id) of every trace, or of the traces at ``indices``.
+
+        Op types come from the graphs; all of them are resolved once and kept,
+        but a few ``indices`` (the Inf/NaN traces, say) are resolved on their own.
+        """
+        if self._trace_types is not None and len(self._trace_types) == len(self._trace_rows):
+            return self._trace_types if indices is None else self._trace_types[indices]
+        if indices is not None and len(indices) < len(self._trace_rows) // 4:
+            return self._resolve_op_types(indices)
+        self._trace_types = self._resolve_op_types(None)
+        return self._trace_types if indices is None else self._trace_types[indices]
+
+    def _resolve_op_types(self, indices: np.ndarray | None) -> np.ndarray:
+        rows = self._trace_rows if indices is None else self._trace_rows[indices]
+        procs = self._trace_process if indices is None else self._trace_process[indices]
+        key = (
+            procs.astype(np.uint64) << np.uint64(48)
+            | rows["graph"].astype(np.uint64) << np.uint64(24)
+            | rows["name"].astype(np.uint64)
+        )
+        uniq, inverse = np.unique(key, return_inverse=True)
+        types = np.zeros(len(uniq), dtype=np.uint32)
+        for i, k in enumerate(uniq.tolist()):
+            proc = self._processes[k >> 48]
+            graph = proc.graphs.get(self.string((k >> 24) & 0xFFFFFF))
+            op = graph.ops.get(self.string(k & 0xFFFFFF)) if graph else None
+            types[i] = self._strings.intern(op.op_type if op else "")
+        result: np.ndarray = types[inverse]
+        return result
 
     def nonfinite(self, kind: str) -> np.ndarray:
         """Indices of the events whose recorded outputs hold Inf or NaN, in order."""

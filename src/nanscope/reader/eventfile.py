@@ -62,11 +62,30 @@ INDEX_DTYPE = np.dtype(
 )
 
 
+def _offset(dtype: np.dtype, name: str) -> int:
+    return int(dtype.fields[name][1])  # type: ignore[index]
+
+
+# Both row types start with the same fields up to ``size`` and end with the same fields
+# from ``nonfinite`` on: those parts are copied as bytes, the counts converted.
+_HEAD = _offset(ROW_DTYPE, "size")
+_SRC_COUNTS, _DST_COUNTS = _offset(ROW_DTYPE, "neg_inf"), _offset(INDEX_DTYPE, "neg_inf")
+_SRC_TAIL, _DST_TAIL = _offset(ROW_DTYPE, "nonfinite"), _offset(INDEX_DTYPE, "nonfinite")
+assert _DST_COUNTS == _HEAD
+assert ROW_DTYPE.itemsize - _SRC_TAIL == INDEX_DTYPE.itemsize - _DST_TAIL
+
+
 def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
-    """Copy sidecar rows (:data:`ROW_DTYPE`) into index rows (:data:`INDEX_DTYPE`), field by field."""
-    for name in INDEX_DTYPE.names or ():
-        col = src[name]
-        dst[name] = np.minimum(col, _I32_MAX) if name in _NARROW else col
+    """Copy sidecar rows (:data:`ROW_DTYPE`) into index rows (:data:`INDEX_DTYPE`)."""
+    n = len(src)
+    if not n:
+        return
+    s = np.ascontiguousarray(src).view(np.uint8).reshape(n, ROW_DTYPE.itemsize)
+    d = dst.view(np.uint8).reshape(n, INDEX_DTYPE.itemsize)
+    d[:, :_HEAD] = s[:, :_HEAD]
+    d[:, _DST_TAIL:] = s[:, _SRC_TAIL:]
+    counts = s[:, _SRC_COUNTS:_SRC_TAIL].view("<i8")
+    d[:, _DST_COUNTS:_DST_TAIL].view("<i4")[:] = np.minimum(counts, _I32_MAX)
 
 
 _SAMPLES = 64
