@@ -85,21 +85,26 @@ def stop(proc: subprocess.Popen[Any]) -> None:
             proc.wait(timeout=10)
 
 
-def nanscope_round(dump: Path, rng: random.Random) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def start_nanscope(dump: Path) -> tuple[subprocess.Popen[str], str]:
+    """``nanscope serve DUMP --port 0`` in a new process group, and its URL once printed."""
     proc = subprocess.Popen(
         [*bin_of("nanscope"), "serve", str(dump), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
     )  # fmt: skip
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            stop(proc)
+            raise SystemExit("nanscope serve exited before printing its URL")
+        if " open " in line:
+            return proc, line.split(" open ", 1)[1].split()[0]
+
+
+def nanscope_round(dump: Path, rng: random.Random) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    proc, url = start_nanscope(dump)
     try:
-        assert proc.stdout is not None
-        url = ""
-        while not url:
-            line = proc.stdout.readline()
-            if not line:
-                raise SystemExit("nanscope serve exited before printing its URL")
-            if " open " in line:
-                url = line.split(" open ", 1)[1].split()[0]
         ready = time.perf_counter() - t0
         get(url)  # the page itself
         _, runs = get(url + "api/runs")
@@ -178,17 +183,8 @@ def browser_round(dump: Path) -> dict[str, Any]:
     """First paint and a full scroll of the graph-execution list in headless Chromium."""
     from playwright.sync_api import sync_playwright
 
-    proc = subprocess.Popen(
-        [*bin_of("nanscope"), "serve", str(dump), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc, url = start_nanscope(dump)
     try:
-        assert proc.stdout is not None
-        url = ""
-        while not url:
-            line = proc.stdout.readline()
-            if " open " in line:
-                url = line.split(" open ", 1)[1].split()[0]
         args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--enable-precise-memory-info"]  # fmt: skip

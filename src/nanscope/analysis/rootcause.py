@@ -182,16 +182,26 @@ def _origin_kind(origin: EventView) -> str:
     return "born"
 
 
-def _first(reader: DumpReader, column: str) -> tuple[str, int] | None:
-    """The earliest event (by wall time across kinds; file order within one) with ``column`` > 0."""
+def first_event(
+    reader: DumpReader, column: str, process: int | None = None
+) -> tuple[int, tuple[str, int] | None]:
+    """How many events (of ``process``, or all) have ``column`` > 0, and the earliest of them.
+
+    ``column`` is ``neg_inf``, ``pos_inf``, ``nan``, ``nonfinite`` or ``inf`` (either
+    infinity). "Earliest" is by wall time across kinds and processes, in file order within one.
+    """
     best: tuple[float, str, int] | None = None
+    count = 0
     for kind in (EXECUTIONS, TRACES):
         rows = reader.index(kind)
         if column == "inf":
             mask = (rows["neg_inf"] > 0) | (rows["pos_inf"] > 0)
         else:
             mask = rows[column] > 0
+        if process is not None:
+            mask &= reader.processes_of(kind) == process
         hits = np.flatnonzero(mask)
+        count += int(hits.size)
         if not hits.size:
             continue
         procs = reader.processes_of(kind)[hits]
@@ -200,7 +210,7 @@ def _first(reader: DumpReader, column: str) -> tuple[str, int] | None:
             t = float(rows["wall_time"][i])
             if best is None or t < best[0]:
                 best = (t, kind, i)
-    return None if best is None else (best[1], best[2])
+    return count, None if best is None else (best[1], best[2])
 
 
 def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
@@ -271,8 +281,8 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
                 return None
         return cache[key]
 
-    inf_at = _first(reader, "inf")
-    nan_at = _first(reader, "nan")
+    inf_at = first_event(reader, "inf")[1]
+    nan_at = first_event(reader, "nan")[1]
     result.first_inf = view(*inf_at) if inf_at else None
     result.first_nan = view(*nan_at) if nan_at else None
     if result.first_nan is not None:

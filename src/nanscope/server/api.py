@@ -17,7 +17,7 @@ import numpy as np
 
 from nanscope._paths import is_user_file
 from nanscope.analysis import Counts, ViewBuilder, analyze
-from nanscope.analysis.rootcause import count_alerts, process_json
+from nanscope.analysis.rootcause import count_alerts, first_event, process_json
 from nanscope.analysis.views import PHASES, counts_of
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
@@ -221,28 +221,6 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
     return {"logdir": str(runs.logdir), "runs": out}
 
 
-def _first_where(reader: DumpReader, column: str, process: int | None) -> Any:
-    """How many events (of ``process``, or all) have ``column`` > 0, and the earliest of them."""
-    best: tuple[float, str, int] | None = None
-    count = 0
-    for kind in KINDS:
-        rows = reader.index(kind)
-        mask = rows[column] > 0
-        if process is not None:
-            mask &= reader.processes_of(kind) == process
-        hits = np.flatnonzero(mask)
-        count += int(hits.size)
-        if not hits.size:
-            continue
-        procs = reader.processes_of(kind)[hits]
-        _, first_of_proc = np.unique(procs, return_index=True)
-        for i in hits[first_of_proc].tolist():
-            t = float(rows["wall_time"][i])
-            if best is None or t < best[0]:
-                best = (t, kind, i)
-    return count, (None if best is None else {"kind": best[1], "index": best[2]})
-
-
 def alerts_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
     run = _run(runs, q)
     with run.lock:
@@ -254,7 +232,8 @@ def alerts_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, A
             a = count_alerts(reader, process)
             categories = []
             for cat in ("neg_inf", "pos_inf", "nan", "nonfinite"):
-                count, where = _first_where(reader, cat, process)
+                count, at = first_event(reader, cat, process)
+                where = {"kind": at[0], "index": at[1]} if at else None
                 categories.append({"category": cat, "count": count, "first": where})
             first = categories.pop()["first"]
             return {
