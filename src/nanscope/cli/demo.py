@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     with DumpReader(logdir) as reader:
         render_text(analyze(reader), console_for())
     console.print(f"\nThe same as JSON: nanscope report {logdir} --json")
+    console.print(f"Explore it in the browser: nanscope serve {logdir}")
     console.print(
         "The fixed model (clipped log) trains: python -m nanscope.examples.debug_mnist --fix"
     )

@@ -180,16 +180,24 @@ class DumpReader:
         return changed or exec_changed or trace_changed
 
     def _concat(self, which: str) -> tuple[np.ndarray, np.ndarray]:
-        parts = [getattr(p, which).rows for p in self._processes]
-        procs = [
-            np.full(len(r), p.index, dtype=np.int16)
-            for r, p in zip(parts, self._processes, strict=True)
-        ]
-        if not parts:
+        files_ = [getattr(p, which) for p in self._processes]
+        if not files_:
             return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int16)
-        if len(parts) == 1:  # one process: its rows as they are, no copy
-            return parts[0], procs[0]
-        return np.concatenate(parts), np.concatenate(procs)
+        sizes = [len(f.rows) for f in files_]
+        procs = np.repeat(
+            np.array([p.index for p in self._processes], dtype=np.int16), np.array(sizes)
+        )
+        if len(files_) == 1:  # one process: its rows as they are, no copy
+            return files_[0].rows, procs
+        # One merged index; each process then keeps a view of its part instead of its own
+        # copy, so the index is held once (and the peak is the index plus one part).
+        merged = np.empty(sum(sizes), dtype=INDEX_DTYPE)
+        start = 0
+        for f, n in zip(files_, sizes, strict=True):
+            merged[start : start + n] = f.rows
+            f.adopt(merged[start : start + n])
+            start += n
+        return merged, procs
 
     def _discover(self, problems: list[Problem]) -> bool:
         try:

@@ -89,6 +89,7 @@ def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 _SAMPLES = 64
+_SLICE = 1 << 20
 
 
 class EventFile:
@@ -136,6 +137,13 @@ class EventFile:
         if self._fh is None:
             raise RecordError(str(self.path), offset, "file not indexed yet; call update()")
         return os.pread(self._fh.fileno(), length, offset)
+
+    def adopt(self, rows: np.ndarray) -> None:
+        """Hold ``rows`` (equal to :attr:`rows`, a view of a merged index) instead of a copy."""
+        n_confirmed = len(rows) - len(self._tail)
+        self.rows = rows
+        self._confirmed = [rows[:n_confirmed]] if n_confirmed else []
+        self._tail = rows[n_confirmed:]
 
     def close(self) -> None:
         if self._fh is not None:
@@ -252,13 +260,16 @@ class EventFile:
 
     def _consistent(self, rows: np.ndarray, data_size: int, n_strings: int) -> bool:
         """Rows must tile the data file from where we are, and agree with sampled headers."""
-        offsets = rows["offset"].astype(np.int64)
-        lengths = rows["length"].astype(np.int64)
-        if offsets[0] != self._confirmed_end:
+        offsets, lengths = rows["offset"], rows["length"]
+        if int(offsets[0]) != self._confirmed_end:
             return False
-        if np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
-            return False
-        if offsets[-1] + lengths[-1] > data_size:
+        # In slices: int64 temporaries of a 10M-row index would cost hundreds of MB.
+        for lo in range(0, len(rows) - 1, _SLICE):
+            hi = min(len(rows), lo + _SLICE + 1)
+            o = offsets[lo:hi].astype(np.int64)
+            if np.any(o[1:] != o[:-1] + lengths[lo : hi - 1]):
+                return False
+        if int(offsets[-1]) + int(lengths[-1]) > data_size:
             return False
         if rows["name"].max(initial=0) >= n_strings or rows["graph"].max(initial=0) >= n_strings:
             return False
@@ -266,7 +277,7 @@ class EventFile:
         try:
             for i in picks:
                 header = self.read(int(offsets[i]), 8)
-                if int.from_bytes(header, "little") != lengths[i] - HEADER_SIZE - 4:
+                if int.from_bytes(header, "little") != int(lengths[i]) - HEADER_SIZE - 4:
                     return False
         except OSError:
             return False
