@@ -667,12 +667,100 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"ladder": result, "profile": buf.getvalue()}
 
 
+# -- torch.compile (--compiled) ----------------------------------------------------------------
+# The compiled Transformer: the same model as _torch_transformer (dropout 0 here, so that
+# compiled and instrumented steps do the same work), compiled with torch.compile's default
+# inductor backend. Every switch of a nanscope session resets Dynamo (see
+# nanscope.backends.torch.compiled), so each variant recompiles in its warm-up steps (inductor's
+# on-disk FX graph cache makes repeats cheap); compile time is never in the timed steps.
+COMPILED_VARIANTS = ["plain", *MODES]
+
+
+def _compiled_transformer(torch: Any, cfg: dict[str, Any]) -> Any:
+    nn = torch.nn
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    d, vocab = cfg["d_model"], TRANSFORMER["vocab"]
+
+    class TinyTransformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            layer = nn.TransformerEncoderLayer(
+                d, TRANSFORMER["nhead"], 4 * d, dropout=0.0, batch_first=True
+            )
+            self.encoder = nn.TransformerEncoder(layer, cfg["layers"], enable_nested_tensor=False)
+            self.head = nn.Linear(d, vocab)
+
+        def forward(self, tokens: Any) -> Any:
+            return self.head(self.encoder(self.embed(tokens)))
+
+    model = TinyTransformer()
+    compiled = torch.compile(model)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (cfg["batch"], cfg["seq"]), generator=g)
+    targets = torch.randint(0, vocab, (cfg["batch"], cfg["seq"]), generator=g)
+    opt = torch.optim.SGD(model.parameters(), lr=TRANSFORMER["lr"])
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = compiled(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def child_torch_compiled_time(cfg: dict[str, Any]) -> dict[str, Any]:
+    torch = _torch_setup()
+    step = _compiled_transformer(torch, cfg)
+    for _ in range(cfg["warmup"]):
+        step()
+
+    def switch(v: str, logdir: Path) -> _TorchVariant:
+        return _TorchVariant(torch, v, logdir)
+
+    return _interleave(
+        cfg["variants"], cfg["rounds"], cfg["steps"], cfg["warmup"], switch, step, "compiled"
+    )
+
+
+def run_compiled(args: Any) -> None:
+    """``--compiled``: compiled Transformer, plain vs every mode, side by side."""
+    cfg = {
+        "layers": args.compiled_layers,
+        "d_model": args.compiled_d_model,
+        "batch": args.compiled_batch,
+        "seq": args.compiled_seq,
+        "variants": [v for v in COMPILED_VARIANTS if v in args.compiled_variants.split(",")],
+        "rounds": args.rounds or 3,
+        "steps": args.compiled_steps,
+        "warmup": 2,
+    }
+    started = time.time()
+    res = run_child("torch-compiled-time", cfg, timeout=3600)
+    print(f"torch.compile Transformer: {cfg}  ({time.time() - started:.0f} s)")
+    print(f"git {_git_facts()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print("| variant | step ms | wall ratio (min-max) | CPU ratio |")
+    print("|---|---:|---:|---:|")
+    for v in cfg["variants"]:
+        r = res[v]
+        print(
+            f"| {v} | {r['step_ms']:.1f} | {r['ratio_wall']:.2f} "
+            f"({r['ratio_wall_min']:.2f}-{r['ratio_wall_max']:.2f}) | {r['ratio_cpu']:.2f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"compiled": res, "cfg": cfg}, indent=1))
+
+
 CHILDREN = {
     "torch-time": child_torch_time,
     "torch-mem": child_torch_mem,
     "tf-time": child_tf_time,
     "tf-mem": child_tf_mem,
     "breakdown": child_breakdown,
+    "torch-compiled-time": child_torch_compiled_time,
 }
 
 
@@ -801,6 +889,13 @@ def main() -> None:
         action="store_true",
         help="run the children as this script (its 1000-line <module> frame under every op)",
     )
+    ap.add_argument("--compiled", action="store_true", help="only the torch.compile section")
+    ap.add_argument("--compiled-layers", type=int, default=TRANSFORMER["layers"])
+    ap.add_argument("--compiled-d-model", type=int, default=TRANSFORMER["d_model"])
+    ap.add_argument("--compiled-batch", type=int, default=TRANSFORMER["batch"])
+    ap.add_argument("--compiled-seq", type=int, default=TRANSFORMER["seq"])
+    ap.add_argument("--compiled-steps", type=int, default=3)
+    ap.add_argument("--compiled-variants", default=",".join(COMPILED_VARIANTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("cfg", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -811,6 +906,9 @@ def main() -> None:
         return
     global AS_SCRIPT
     AS_SCRIPT = args.as_script
+    if args.compiled:
+        run_compiled(args)
+        return
 
     quick = args.quick
     mlp_rounds = args.rounds or (2 if quick else 7)

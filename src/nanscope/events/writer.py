@@ -202,6 +202,20 @@ class DumpWriter:
         """The stack id of the caller's Python stack (nanscope's frames left out)."""
         return self.stacks.capture(frame if frame is not None else sys._getframe(1), limit)
 
+    def stack_from_frames(self, frames: Sequence[tuple[str, int, str]]) -> int:
+        """The stack id of explicit ``(file, line, function)`` frames, outermost first.
+
+        For stacks known only as text (a compiled graph node's recorded stack
+        trace): frames and files are interned and snapshotted as for
+        :meth:`capture_stack`.
+        """
+        return self.stacks.intern_frames(
+            [
+                (f if f.startswith("<") else os.path.abspath(f), int(line), fn)
+                for f, line, fn in frames
+            ]
+        )
+
     def register_device(self, device_name: str) -> int:
         """The id of a device (from 1, in first-seen order), written once to ``.graphs``."""
         did = self._devices.get(device_name)

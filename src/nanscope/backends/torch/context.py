@@ -71,7 +71,9 @@ class RunContext:
         name = names.get(parent_path)
         if name is not None:
             return name
-        if stack:
+        if stack and getattr(stack[-1][0], "_orig_mod", None) is module:
+            name = parent_path  # the model inside torch.compile's OptimizedModule
+        elif stack:
             parent = stack[-1][0]
             child = next(
                 (key for key, sub in parent.named_children() if sub is module),
@@ -79,14 +81,22 @@ class RunContext:
             )
             name = f"{parent_path}.{child}"
         else:
-            name = type(module).__name__
+            # torch.compile(model) is an OptimizedModule: name it by the model.
+            name = type(getattr(module, "_orig_mod", module)).__name__
         names[parent_path] = name
         return name
 
     def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
+        # Inside a frame that torch.compile traces, the hooks must be no-ops:
+        # Dynamo cannot trace this bookkeeping, and compiled graphs take their
+        # module paths from the nodes' ``nn_module_stack`` instead.
+        if torch.compiler.is_compiling():
+            return
         self._local.modules.append((module, self._name_of(module)))
 
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         stack = self._local.modules
         if stack and stack[-1][0] is module:
             stack.pop()

@@ -34,6 +34,18 @@ class _Local(threading.local):
         self.last_seq_nr = -1
 
 
+class _Suspended(threading.local):
+    """Per thread: > 0 while a compiled graph runs or torch.compile compiles (see compiled.py)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+# The ops that a compiled graph runs (its extern kernels) are recorded as one
+# execution of the graph, and compilation's own (fake) ops not at all.
+SUSPENDED = _Suspended()
+
+
 class DumpingMode(TorchDispatchMode):
     """Records each op it sees into a :class:`DumpWriter`."""
 
@@ -81,6 +93,8 @@ class DumpingMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        if SUSPENDED.depth:
+            return out
         info = self._ops[func]
         if not info.skip:
             try:
@@ -90,6 +104,13 @@ class DumpingMode(TorchDispatchMode):
             except Exception as exc:  # never break the user's program
                 self._failed(exc)
         return out
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, torch.compile runs every frame eagerly under the mode;
+        # with it, compiled code runs and nanscope.backends.torch.compiled
+        # records its graphs and their summaries.
+        return True
 
     _warned = False
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
 
+from nanscope.backends.torch.compiled import CompiledRecorder
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dumping import DumpingMode, dtype_filter_from
 from nanscope.events import DumpWriter
@@ -92,6 +93,11 @@ class TorchDumpSession:
         self.context = RunContext()
         self.mode = DumpingMode(self.writer, self.context, pattern, dtype_filter)
         self._installed = InstalledMode(self.mode, self.context)
+        # torch.compile'd code: graphs recorded, summaries computed inside them.
+        self.compiled = CompiledRecorder(
+            self.mode, self.writer, self.context, pattern, dtype_filter
+        )
+        self.compiled.install()
         self._closed = False
 
     def flush(self) -> None:
@@ -102,6 +108,7 @@ class TorchDumpSession:
         if self._closed:
             return
         self._closed = True
+        self.compiled.uninstall()
         self._installed.remove()
         self.mode.device_buffer.submit()
         self.writer.close()
