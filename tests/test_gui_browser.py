@@ -6,7 +6,8 @@ alert navigation by ``position_of`` probes, per-process alerts of a two-rank dum
 file picker on TensorFlow's dump, the virtual list over 200k graph traces, the graph
 structure, live updates and that dump-derived text never becomes HTML. Every page fails its
 test on a JavaScript error, a failed request or a Content-Security-Policy violation.
-``test_screenshots*`` refresh ``docs/images/gui_*.png``.
+``test_screenshots*`` refresh ``docs/images/gui_*.png`` when ``NANSCOPE_SCREENSHOTS=1``
+(else they write to a temporary folder).
 
 Never downloads a browser: the module is skipped without Playwright or /usr/bin/chromium.
 """
@@ -51,7 +52,14 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+
+
+@pytest.fixture()
+def images(tmp_path: Path) -> Path:
+    """Where screenshots go: docs/images with NANSCOPE_SCREENSHOTS=1, else a temporary folder
+    (so that a test run leaves the checkout as it was)."""
+    return DOC_IMAGES if os.environ.get("NANSCOPE_SCREENSHOTS") else tmp_path
 TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
 BIG_TRACES = 200_000
 INJECT = '<img src=x onerror="window.__pwned=1">'
@@ -621,7 +629,7 @@ def test_csp_violations_fail_the_test(page: Any, server: Any, page_errors: list[
 # ---- screenshots for the docs -------------------------------------------------------------
 
 
-def test_screenshots(page: Any, server: Any, demo: str) -> None:
+def test_screenshots(page: Any, server: Any, demo: str, images: Path) -> None:
     """docs/images/gui_*.png: the tutorial's view of the log op, at 1400x900."""
     idx = api(server, "/api/analysis", run=demo)["origin"]["index"]
     open_run(page, server, demo)
@@ -632,7 +640,7 @@ def test_screenshots(page: Any, server: Any, demo: str) -> None:
     wait_rows_loaded(page)
     page.mouse.move(0, 0)
     time.sleep(0.3)  # let the canvas and the list settle
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    images.mkdir(parents=True, exist_ok=True)
     shots = {
         "gui_full.png": None,
         "gui_alerts.png": "#alerts",
@@ -643,7 +651,7 @@ def test_screenshots(page: Any, server: Any, demo: str) -> None:
         "gui_stack.png": "#stack",
     }
     for name, selector in shots.items():
-        path = IMAGES / name
+        path = images / name
         if selector is None:
             page.screenshot(path=str(path))
         else:
@@ -651,7 +659,7 @@ def test_screenshots(page: Any, server: Any, demo: str) -> None:
         assert path.stat().st_size > 2000, name
 
 
-def test_screenshots_tf(page: Any, server: Any) -> None:
+def test_screenshots_tf(page: Any, server: Any, images: Path) -> None:
     """docs/images/gui_tf_graph.png: TensorFlow's dump, the Log trace in its graph."""
     open_run(page, server, "tf")
     page.click("#alerts .arow[data-op-type='Log'][data-kind='graph_execution_trace']")
@@ -668,6 +676,6 @@ def test_screenshots_tf(page: Any, server: Any) -> None:
         "document.querySelector('#alerts .panel-body').scrollTop = 0"
     )  # the click scrolled it
     page.mouse.move(0, 0)
-    path = IMAGES / "gui_tf_graph.png"
+    path = images / "gui_tf_graph.png"
     page.screenshot(path=str(path))
     assert path.stat().st_size > 2000
