@@ -7,10 +7,12 @@ report what it skipped, and decode every event it indexed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +90,83 @@ def test_damaged_dumps_never_crash_the_reader(
         from nanscope.analysis import analyze
 
         analyze(r)  # the report never crashes on what the reader accepted
+
+
+def _read_all(root: Path) -> tuple[int, int, list[str]]:
+    """Open, index, decode everything and analyze, in a thread that must finish in 30 s."""
+    import threading
+
+    from nanscope.analysis import analyze
+
+    out: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            with nanscope.open_dump(root) as r:
+                for i in range(r.num(EXECUTIONS)):
+                    r.execution(i)
+                for i in range(r.num(TRACES)):
+                    r.trace(i)
+                analyze(r).to_json()
+                out["result"] = (r.num(EXECUTIONS), r.num(TRACES), [p.message for p in r.problems])
+        except BaseException as exc:  # reported below, with the failing case
+            out["error"] = exc
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the reader hung"
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["result"]  # type: ignore[return-value]
+
+
+def _replace(path: Path, how: str, other: Path) -> None:
+    path.unlink()
+    if how == "dev_zero":
+        path.symlink_to("/dev/zero")
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "directory":
+        path.mkdir()
+    elif how == "dangling":
+        path.symlink_to(path.parent / "nowhere")
+    elif how == "loop":
+        loop = path.parent / "loop"
+        loop.symlink_to(path)
+        path.symlink_to(loop)
+    elif how == "wrong_type":
+        path.write_bytes(other.read_bytes())  # records of another kind of file
+
+
+@pytest.mark.parametrize("how", ["dev_zero", "fifo", "directory", "dangling", "loop", "wrong_type"])
+@pytest.mark.parametrize(
+    "suffix", [files.EXECUTION, files.GRAPH_EXECUTION_TRACES, files.STACK_FRAMES, files.GRAPHS]
+)
+def test_special_files_in_a_dump_are_reported_not_followed(
+    tmp_path: Path, how: str, suffix: str
+) -> None:
+    """Symlinks to devices, FIFOs, directories, dangling and looping links, wrong record kinds."""
+    write_small_dump(tmp_path, n=6, bad=(2,))
+    (fs,) = files.discover(tmp_path)
+    other = fs.path(files.GRAPHS if suffix != files.GRAPHS else files.EXECUTION)
+    _replace(fs.path(suffix), how, other)
+    n_exec, n_traces, problems = _read_all(tmp_path)
+    damaged_events = suffix in (files.EXECUTION, files.GRAPH_EXECUTION_TRACES)
+    if damaged_events:
+        assert (n_exec if suffix == files.EXECUTION else n_traces) == 0
+    assert (n_traces if suffix == files.EXECUTION else n_exec) == 6  # the rest is read
+    if how in ("dev_zero", "fifo", "directory"):
+        assert any("not a regular file" in p for p in problems), problems
+    elif how == "loop":
+        assert any("symbolic links" in p.lower() or "missing" in p for p in problems), problems
+
+
+def test_symlinked_files_of_a_real_dump_are_read(tmp_path: Path) -> None:
+    """A dump assembled from links (to regular files) reads as the original."""
+    write_small_dump(tmp_path / "real", n=6, bad=(2,))
+    (tmp_path / "linked").mkdir()
+    for p in (tmp_path / "real").iterdir():
+        (tmp_path / "linked" / p.name).symlink_to(p)
+    n_exec, n_traces, problems = _read_all(tmp_path / "linked")
+    assert (n_exec, n_traces, problems) == (6, 6, [])

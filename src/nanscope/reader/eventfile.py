@@ -23,7 +23,7 @@ from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
 from nanscope.reader.data import Problem
 from nanscope.reader.decode import DecodeError, RowData, parse_event
-from nanscope.reader.logs import describe
+from nanscope.reader.logs import describe, open_regular, unreadable
 
 CHUNK = 32 << 20
 
@@ -156,6 +156,9 @@ class EventFile:
             st = os.stat(self.path)
         except FileNotFoundError:
             return False
+        except OSError as exc:  # a looping symlink, no access
+            problems.append(unreadable(self.path, exc))
+            return False
         identity = (st.st_ino, st.st_dev)
         if self._identity is not None and (
             identity != self._identity or st.st_size < self._confirmed_end
@@ -164,8 +167,11 @@ class EventFile:
         first = self._identity is None
         if first:
             try:
-                self._fh = open(self.path, "rb")  # noqa: SIM115 - kept for read()
-            except OSError:
+                self._fh = open_regular(self.path)  # kept open for read()
+            except FileNotFoundError:
+                return False
+            except OSError as exc:  # a directory, FIFO or device in the dump's name
+                problems.append(unreadable(self.path, exc))
                 return False
             identity = (os.fstat(self._fh.fileno()).st_ino, os.fstat(self._fh.fileno()).st_dev)
             size = os.fstat(self._fh.fileno()).st_size
@@ -198,7 +204,7 @@ class EventFile:
 
     def _read_sidecar(self, data_size: int) -> None:
         try:
-            with open(self.index_path, "rb") as fh:
+            with open_regular(self.index_path) as fh:
                 found = self._sidecar_rows(fh)
         except (OSError, ValueError):
             self._sidecar_ok = False

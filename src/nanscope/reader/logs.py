@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.reader.data import Problem
 from nanscope.reader.decode import DecodeError, parse_event
+
+
+class NotARegularFile(OSError):
+    """A dump file that is a directory, a FIFO, a device or a socket: never read from."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file (following symlinks).
+
+    ``O_NONBLOCK`` keeps a FIFO planted in a dump from blocking the open; the
+    check after it refuses FIFOs, devices (``/dev/zero`` would never end) and
+    directories. Raises ``OSError`` (``NotARegularFile`` for those).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(f"{path}: not a regular file (a directory, FIFO or device)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def unreadable(path: Path, exc: OSError) -> Problem:
+    """The problem to report for a dump file that cannot be opened or read."""
+    why = str(exc) if isinstance(exc, NotARegularFile) else f"{path}: {exc.strerror or exc}"
+    return Problem("error", f"{why}; its events are not shown")
 
 
 class RecordLog:
@@ -24,7 +53,7 @@ class RecordLog:
     def new_events(self, problems: list[Problem]) -> Iterator[tuple[int, pb.DebugEvent]]:
         """``(offset, event)`` for each complete record after the last one read."""
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path) as fh:
                 st = os.fstat(fh.fileno())
                 identity = (st.st_ino, st.st_dev)
                 if self._identity is not None and (
@@ -44,6 +73,9 @@ class RecordLog:
                 blob = fh.read()
         except FileNotFoundError:
             return
+        except OSError as exc:  # a directory, FIFO, device, dangling or looping link, no access
+            problems.append(unreadable(self.path, exc))
+            return
         result = scan(blob, str(self.path), base=self.offset)
         for err in result.errors:
             problems.append(Problem("error", describe(err)))
@@ -60,7 +92,7 @@ class RecordLog:
                 )
 
     def read_event(self, offset: int) -> pb.DebugEvent:
-        with open(self.path, "rb") as fh:
+        with open_regular(self.path) as fh:
             fh.seek(offset)
             header = fh.read(8)
             length = int.from_bytes(header, "little")
