@@ -60,6 +60,8 @@ def images(tmp_path: Path) -> Path:
     """Where screenshots go: docs/images with NANSCOPE_SCREENSHOTS=1, else a temporary folder
     (so that a test run leaves the checkout as it was)."""
     return DOC_IMAGES if os.environ.get("NANSCOPE_SCREENSHOTS") else tmp_path
+
+
 TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
 BIG_TRACES = 200_000
 INJECT = '<img src=x onerror="window.__pwned=1">'
