@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import peak_rss_mib, source_state
+
 OPS_PER_CALL = 200
 PAGE = 200
 DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -78,12 +80,6 @@ def page_offset(n: int) -> int:
 
 
 # -- measurement helpers (children) ----------------------------------------------------------
-
-
-def peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def vm_hwm_mib() -> float:
@@ -479,24 +475,6 @@ def run_child(args: list[str], label: str) -> dict:
     result["wall_s"] = wall
     print(f" {wall:.1f}s", file=sys.stderr, flush=True)
     return result
-
-
-def source_state() -> str:
-    """The commit measured, and whether src/ had uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True, text=True
-        ).stdout.split("\n")
-    except OSError:
-        return "unknown (no git)"
-    changed = [ln[3:] for ln in dirty if ln.strip()]
-    return f"git {head or '?'}" + (
-        f" + uncommitted changes in {', '.join(changed)}" if changed else " (src/ clean)"
-    )
 
 
 def med(results: list[dict], key: str) -> float:

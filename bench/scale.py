@@ -73,6 +73,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchlib import peak_rss_mib, source_state
+
 RESULT_TAG = "SCALE-RESULT "
 PAGE = 200
 LAYERS = 44
@@ -667,12 +669,6 @@ def nanscope_location() -> str:
     return os.path.dirname(os.path.abspath(nanscope.__file__))
 
 
-def peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
 def emit(result: dict[str, Any]) -> None:
     result["peak_rss_mib"] = peak_rss_mib()
     print(RESULT_TAG + json.dumps(result), flush=True)
@@ -814,23 +810,6 @@ def warm(dump: str) -> float:
             while fh.readinto(buf):
                 pass
     return time.perf_counter() - t
-
-
-def source_state() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True, text=True
-        ).stdout.split("\n")
-    except OSError:
-        return "unknown (no git)"
-    changed = [ln[3:] for ln in dirty if ln.strip()]
-    return f"git {head or '?'}" + (
-        f" + uncommitted changes in {', '.join(changed)}" if changed else " (src/ clean)"
-    )
 
 
 def snapshot_head(root: Path) -> tuple[str, Path]:

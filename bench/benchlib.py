@@ -1,0 +1,31 @@
+"""Helpers shared by the benchmark scripts (imported as a sibling: ``python bench/x.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (``ru_maxrss``), in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def source_state() -> str:
+    """The commit measured, and whether src/ had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True, text=True
+        ).stdout.split("\n")
+    except OSError:
+        return "unknown (no git)"
+    changed = [ln[3:] for ln in dirty if ln.strip()]
+    return f"git {head or '?'}" + (
+        f" + uncommitted changes in {', '.join(changed)}" if changed else " (src/ clean)"
+    )
