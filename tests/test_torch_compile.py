@@ -223,6 +223,34 @@ def test_nan_born_in_backward_graph_points_at_the_forward_line(tmp_path: Path) -
         assert origin.counts.pos_inf == int(torch.isposinf(h.grad).sum()) > 0
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "CONCISE_HEALTH"])
+def test_counts_of_every_class_are_exact(tmp_path: Path, mode: str, dynamic: bool) -> None:
+    # Static sizes: the graph leaves NaN to the size less the other counts; symbolic sizes
+    # count it. Both give eager's counts, each class present in one tensor.
+    x = torch.tensor(
+        [[-np.inf, np.inf, np.nan, -2.0, 0.0, 3.0, 5.0], [np.nan, -1.0, 0.0, 0.0, np.inf, 1.0, 2.0]]
+    )
+
+    def f(x: Any) -> Any:
+        return torch.relu(x * 2.0) - x
+
+    fn = torch.compile(f, dynamic=dynamic)
+    with nanscope.enable_dump_debug_info(tmp_path, mode, circular_buffer_size=-1):
+        fn(x)
+    y = (x * 2.0).numpy()
+    ninf, pinf, nan = np.sum(y == -np.inf), np.sum(y == np.inf), np.sum(np.isnan(y))
+    neg, zero, pos = np.sum(y < 0) - ninf, np.sum(y == 0), np.sum(y > 0) - pinf
+    with nanscope.open_dump(tmp_path) as dump:
+        (mul,) = traces_of(dump, "mul", "inference")
+        value = summary(mul)
+    if mode == "FULL_HEALTH":
+        expected = [-1, -1, 1, 2, 14, ninf, pinf, nan, neg, zero, pos]
+    else:
+        expected = [-1, 14, ninf, pinf, nan]
+    np.testing.assert_array_equal(value, expected)
+
+
 # -- graph breaks, shapes, modes, filters ---------------------------------------------------------
 
 

@@ -11,10 +11,12 @@ partitioning and before inductor's post-grad passes and lowering. There we
    and the source line (the node's ``stack_trace``; backward nodes carry the
    forward line, recorded as their forward stack too);
 2. append to the graph, per instrumented node output, the few reductions that
-   the mode's summary needs (FULL_HEALTH: counts of -inf, +inf, NaN, < 0,
-   == 0, > 0), concatenate all of them into one int64 vector and make it one
-   more graph output. Inductor compiles the summaries with the graph and fuses
-   them into the producing kernels;
+   the mode's summary needs (FULL_HEALTH: counts of -inf, +inf, < 0, == 0,
+   > 0; NaN is the size less the last three, on the host, where the sizes are
+   static, else counted as ``x != x``), concatenate all of them into one
+   vector (int32 where no traced value has 2**31 elements, else int64) and
+   make it one more graph output. Inductor compiles the summaries with the
+   graph and fuses them into the producing kernels;
 3. wrap the compiled graph: at each call it takes the extra output off (the
    rest of torch never sees it), and hands it to the writer with one
    ``write_traces`` call and one ``Execution`` for the call (``graph_id`` set).
@@ -119,6 +121,9 @@ class GraphPlan:
     op_names: list[str] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Static sizes: the graph leaves NaN out of its counts, the size less the other classes.
+    nan_from_size: bool = False
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     output_traces: list[int] = field(default_factory=list)  # graph output -> trace index, -1
 
@@ -126,6 +131,8 @@ class GraphPlan:
         self.op_names = [t.op_name for t in self.traces]
         self.slots = [t.slot for t in self.traces]
         self.rows = np.array([t.row for t in self.traces], dtype=np.int64)
+        if self.nan_from_size:
+            self.sizes = np.array([_numel(t.shape) for t in self.traces], dtype=np.float64)
         if self.mode == TensorDebugMode.SHAPE:
             self.static = np.array(
                 [
@@ -157,11 +164,19 @@ class GraphPlan:
         if mode == TensorDebugMode.CURT_HEALTH:
             out[:, 1] = c[:, 0] > 0
         elif mode == TensorDebugMode.CONCISE_HEALTH:
-            ninf, pinf, nan, finite = c.T
+            if self.nan_from_size:
+                ninf, pinf, finite = c.T
+                nan = self.sizes - finite - ninf - pinf
+            else:
+                ninf, pinf, nan, finite = c.T
             out[:, 1] = finite + ninf + pinf + nan
             out[:, 2], out[:, 3], out[:, 4] = ninf, pinf, nan
         else:
-            ninf, pinf, nan, neg, zero, pos = c.T
+            if self.nan_from_size:
+                ninf, pinf, neg, zero, pos = c.T
+                nan = self.sizes - neg - zero - pos
+            else:
+                ninf, pinf, nan, neg, zero, pos = c.T
             out[:, 1] = -1
             out[:, 2:4] = self.static
             out[:, 4] = neg + zero + pos + nan
@@ -470,6 +485,14 @@ class CompiledRecorder:
             return []
         aten = torch.ops.aten
         k = plan.k = _K[mode]
+        sizes = [_static_numel(t.shape) for t in plan.traces]
+        # All sizes static: each element is exactly one of < 0, == 0, > 0 (infinities
+        # included) and NaN, or of finite, -inf, +inf and NaN: the NaN count is the size less
+        # the others, one count fewer per traced value.
+        static = all(n is not None for n in sizes)
+        if static and mode in (TensorDebugMode.FULL_HEALTH, TensorDebugMode.CONCISE_HEALTH):
+            plan.nan_from_size = True
+            k = plan.k = k - 1
         new: list[torch.fx.Node] = []
         parts: list[torch.fx.Node] = []
         rows: dict[torch.fx.Node, int] = {}
@@ -480,12 +503,17 @@ class CompiledRecorder:
             new.append(node)
             return node
 
-        def count(x: torch.fx.Node, target: Any, *args: Any) -> torch.fx.Node:
-            return call(aten.sum.default, call(target, x, *args))
+        def count(x: torch.fx.Node, dtype: torch.dtype, target: Any, *args: Any) -> torch.fx.Node:
+            return call(aten.sum.default, call(target, x, *args), dtype=dtype)
 
         def finite(x: torch.fx.Node) -> torch.fx.Node:
             # |x| < inf: false for Inf and NaN (aten.isfinite is decomposed away by now).
             return call(aten.lt.Scalar, call(aten.abs.default, x), inf)
+
+        # int32 counts where none can overflow: twice the lanes of int64 per vector, and the
+        # one vector is int32 too (no conversion of each count to int64).
+        small = all(n is not None and n < 2**31 for n in sizes)
+        dt = torch.int32 if small and mode != TensorDebugMode.SHAPE else torch.int64
 
         with graph.inserting_before(output):
             for t in plan.traces:
@@ -495,24 +523,22 @@ class CompiledRecorder:
                     t.row = rows[base]
                     rows[x] = t.row
                     continue
-                if mode == TensorDebugMode.FULL_HEALTH:
-                    cs = [
-                        count(x, aten.eq.Scalar, -inf),
-                        count(x, aten.eq.Scalar, inf),
-                        count(x, aten.isnan.default),
-                        count(x, aten.lt.Scalar, 0),
-                        count(x, aten.eq.Scalar, 0),
-                        count(x, aten.gt.Scalar, 0),
-                    ]
-                elif mode == TensorDebugMode.CONCISE_HEALTH:
-                    cs = [
-                        count(x, aten.eq.Scalar, -inf),
-                        count(x, aten.eq.Scalar, inf),
-                        count(x, aten.isnan.default),
-                        call(aten.sum.default, finite(x)),
-                    ]
+                if mode in (TensorDebugMode.FULL_HEALTH, TensorDebugMode.CONCISE_HEALTH):
+                    cs = [count(x, dt, aten.eq.Scalar, -inf), count(x, dt, aten.eq.Scalar, inf)]
+                    if not plan.nan_from_size:
+                        cs.append(count(x, dt, aten.ne.Tensor, x))  # x != x; isnan is scalar
+                    if mode == TensorDebugMode.FULL_HEALTH:
+                        cs += [
+                            count(x, dt, aten.lt.Scalar, 0),
+                            count(x, dt, aten.eq.Scalar, 0),
+                            count(x, dt, aten.gt.Scalar, 0),
+                        ]
+                    else:
+                        cs.append(call(aten.sum.default, finite(x), dtype=dt))
                 elif mode == TensorDebugMode.CURT_HEALTH:
-                    cs = [call(aten.sum.default, call(aten.logical_not.default, finite(x)))]
+                    cs = [
+                        call(aten.sum.default, call(aten.logical_not.default, finite(x)), dtype=dt)
+                    ]
                 else:  # SHAPE with symbolic sizes: numel and the last six dims, computed
                     dims: list[Any] = [call(aten.sym_size.int, x, d) for d in range(len(t.shape))]
                     dims = dims[-SHAPE_SLOTS:] + [0] * (SHAPE_SLOTS - min(SHAPE_SLOTS, len(dims)))
@@ -527,17 +553,31 @@ class CompiledRecorder:
         return [cat]
 
 
+def _static_numel(shape: Sequence[Any]) -> int | None:
+    """The number of elements of a static shape; ``None`` for a symbolic one."""
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    return _numel(shape)
+
+
 def _trace(op_name: str, slot: int, value: torch.fx.Node, val: torch.Tensor) -> _Trace:
     shape = tuple(int(d) if isinstance(d, int) else d for d in val.shape)
     return _Trace(op_name, slot, value, DTYPE_ENUM.get(val.dtype, 0), val.dim(), shape)
 
 
+# Copies whose elements are their input's (a different layout at most): the same counts.
+_SAME_ELEMENT_COPIES = frozenset({"aten.clone"})
+
+
 def _same_elements_base(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The input whose elements a same-element view shows (its summary counts are the same)."""
+    """The input whose elements a same-element view or copy shows (the same summary counts)."""
     if node.op != "call_function" or not node.args:
         return None
     name = str(node.target)
-    if name.rsplit(".", 1)[0] not in SAME_ELEMENT_VIEWS or name == "aten.view.dtype":
+    packet = name.rsplit(".", 1)[0]
+    if (packet not in SAME_ELEMENT_VIEWS and packet not in _SAME_ELEMENT_COPIES) or (
+        name == "aten.view.dtype"
+    ):
         return None
     base = node.args[0]
     return base if isinstance(base, torch.fx.Node) else None
