@@ -359,3 +359,55 @@ def test_transformer_block(tmp_path: Path) -> None:
         assert out[4] == eager_out.numel()
         assert out[8] == int((eager_out < 0).sum()) and out[10] == int((eager_out > 0).sum())
         assert dump.num(EXECUTIONS) == dump.num_executions()
+
+
+def test_report_and_gui_api_show_the_compiled_origin(tmp_path: Path) -> None:
+    """`nanscope report` and the GUI's graph-structure route on a NaN born in a compiled graph."""
+    import json
+    import subprocess
+    import sys
+
+    from nanscope.server.api import ROUTES, Query
+    from nanscope.server.runs import RunSet
+
+    run(tmp_path, fresh(LogOfZero), steps=1).close()
+    report = subprocess.run(
+        [sys.executable, "-m", "nanscope", "report", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 1, report.stderr
+    origin = json.loads(report.stdout)["origin"]
+    assert (origin["kind"], origin["op_type"], origin["op_name"]) == (
+        "graph_execution_trace", "aten.log.default", "log",
+    )  # fmt: skip
+    assert origin["source"]["line"] == marked_line(THIS_FILE, "# forward nan: log")
+
+    runs = RunSet(tmp_path)
+    alerts = ROUTES["/api/alerts"](runs, Query({}), {})
+    assert alerts["first"] == {"kind": TRACES, "index": origin["index"]}
+    tr = ROUTES["/api/traces/<int:index>"](runs, Query({}), {"index": origin["index"]})
+    op = ROUTES["/api/graph_op"](
+        runs,
+        Query({"graph_id": tr["graph_id"], "op_name": "log", "near": str(origin["index"])}),
+        {},
+    )
+    assert op["op"]["op_type"] == "aten.log.default"
+    assert [i["op_name"] for i in op["inputs"]] and all(i["op_type"] for i in op["inputs"])
+    # Its producer (the softmax/division feeding the log) was traced just before it.
+    assert any(i["trace_index"] is not None and i["trace_index"] < origin["index"]
+               for i in op["inputs"])  # fmt: skip
+    # From the producer, the log is a consumer, traced at the origin.
+    (producer,) = [i for i in op["inputs"] if i["trace_index"] is not None]
+    up = ROUTES["/api/graph_op"](
+        runs,
+        Query({"graph_id": tr["graph_id"], "op_name": producer["op_name"],
+               "near": str(producer["trace_index"])}),
+        {},
+    )  # fmt: skip
+    assert {"op_name": "log", "trace_index": origin["index"]}.items() <= next(
+        c for c in up["consumers"] if c["op_name"] == "log"
+    ).items()
+    frames = [f for f in tr["stack"] if f["user"]]
+    assert frames and frames[-1]["line"] == origin["source"]["line"]
+    src = ROUTES["/api/source"](runs, Query({"file": str(frames[-1]["file_index"])}), {})
+    assert "# forward nan: log" in "".join(t for _, t in src["lines"][frames[-1]["line"] - 1])
