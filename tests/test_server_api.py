@@ -70,6 +70,7 @@ def test_runs_alerts_and_headline(demo: RunSet) -> None:
     runs = call(demo, "/api/runs")["runs"]
     assert [r["run"] for r in runs] == ["."]
     assert runs[0]["tensor_debug_mode"] == "FULL_HEALTH" and runs[0]["num_executions"] > 100
+    assert runs[0]["steps_known"]
     alerts = call(demo, "/api/alerts")
     cats = {c["category"]: c for c in alerts["by_category"]}
     # The log made the -inf first; NaN came after.
@@ -204,6 +205,8 @@ def test_many_runs_in_one_logdir(tf_logdir: Path) -> None:
     runs = RunSet(tf_logdir)
     names = [r["run"] for r in call(runs, "/api/runs")["runs"]]
     assert "FULL_HEALTH" in names and "SHAPE" in names and len(names) == 8
+    # TensorFlow records no steps: the page must not show "step 0" everywhere.
+    assert not any(r["steps_known"] for r in call(runs, "/api/runs")["runs"])
     err = refused(runs, "/api/alerts")
     assert err.status == 404 and "name one with run=" in err.message
 

@@ -197,7 +197,7 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
         run = runs.get(name)
         entry: dict[str, Any] = {"run": name, "run_id": "", "framework": "",
                                  "tensor_debug_mode": None, "num_executions": 0,
-                                 "num_graph_execution_traces": 0, "generation": 0,
+                                 "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
                                  "processes": [], "problems": [], "error": None}  # fmt: skip
         with run.lock:
             try:
@@ -214,6 +214,8 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
                 num_executions=r.num_executions(),
                 num_graph_execution_traces=r.num_graph_execution_traces(),
                 generation=r.generation,
+                # TensorFlow's dumps record no training step (every event says 0).
+                steps_known=any(p.nanscope_version for p in r.processes),
                 processes=[process_json(p) for p in r.processes],
                 problems=[{"severity": p.severity, "message": p.message} for p in r.problems],
             )

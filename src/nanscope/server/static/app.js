@@ -707,7 +707,9 @@ class App {
       node.appendChild(el("span", { className: "c-name", text: row.op_type, title: row.op_type }));
       node.appendChild(el("span", { className: `c-phase phase-${row.phase}`, text: row.phase ? row.phase.slice(0, 1) : "", title: row.phase }));
     }
-    node.appendChild(el("span", { className: "c-step", text: String(row.step) }));
+    // TensorFlow's dumps record no steps: show none rather than a misleading 0.
+    const stepsKnown = !this.runInfo || this.runInfo.steps_known !== false;
+    node.appendChild(el("span", { className: "c-step", text: stepsKnown ? String(row.step) : "–", title: stepsKnown ? "" : "this dump records no steps" }));
     const sum = summaryCell(row);
     sum.classList.add("c-sum");
     node.appendChild(sum);

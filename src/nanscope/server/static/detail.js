@@ -33,7 +33,7 @@ export function renderDetail(host, titleEl, subEl, ev, kind, app) {
     el(
       "div",
       { className: "badges" },
-      badge("step", ev.step),
+      app && app.runInfo && app.runInfo.steps_known === false ? null : badge("step", ev.step),
       badge("phase", ev.phase, `phase-${ev.phase}`),
       badge("module", ev.module_path),
       badge("device", ev.device),
