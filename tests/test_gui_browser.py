@@ -671,6 +671,8 @@ def test_screenshots_tf(page: Any, server: Any, images: Path) -> None:
     # TensorFlow's dumps record no steps: no "step 0" badge, and "–" in the list's step column.
     assert page.locator("#exec-detail .badge .b-k", has_text="step").count() == 0
     assert page.locator("#graph-execs .vrow .c-step").first.text_content() == "–"
+    assert "step" not in page.text_content("#rootcause .rc-headline + *")
+    assert page.locator("#alerts .arow.step").count() == 0
     softmax = page.locator(f"#graph-structure .gnode[data-index='{index - 1}']")
     assert "Softmax" in softmax.text_content()
     page.wait_for_selector("#source .ln.marked")

@@ -233,6 +233,7 @@ def test_tf_graph_walk(tf_logdir: Path) -> None:
     assert "log" in "".join(t for _, t in src["lines"][user["line"] - 1]).lower()
     traces_tl = call(runs, "/api/timeline", run="FULL_HEALTH", kind="graph_execution_trace")
     assert max(traces_tl["status"]) == 3
+    assert traces_tl["steps"] is None  # TensorFlow records no steps
 
 
 def test_tf_shape_mode_rows(tf_logdir: Path) -> None:

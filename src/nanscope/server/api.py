@@ -588,7 +588,10 @@ def timeline_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
             "bucket_size": width,
             "status": np.maximum.reduceat(status, starts).tolist(),
             "nonfinite": np.add.reduceat((status >= 2).astype(np.int64), starts).tolist(),
-            "steps": rows["step"][idx[starts]].tolist(),
+            # None for dumps that record no steps (TensorFlow's), not a row of zeros.
+            "steps": rows["step"][idx[starts]].tolist()
+            if any(p.nanscope_version for p in reader.processes)
+            else None,
             "first_index": idx[starts].tolist(),
         }
 

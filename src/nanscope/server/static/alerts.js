@@ -87,7 +87,8 @@ export function renderRootCause(host, a, app) {
     rcLine(
       "origin",
       eventLink(app, origin, `${origin.op_type} #${origin.index}`),
-      el("span", { className: "muted", text: ` · step ${origin.step}${origin.phase ? " · " + origin.phase : ""}${origin.module_path ? " · " + origin.module_path : ""}` }),
+      // a.steps is null for dumps that record no steps (TensorFlow's): no "step 0" then.
+      el("span", { className: "muted", text: `${a.steps === null ? "" : ` · step ${origin.step}`}${origin.phase ? " · " + origin.phase : ""}${origin.module_path ? " · " + origin.module_path : ""}` }),
     ),
   ];
   if (origin.explanation) rows.push(rcLine("why", el("span", { className: "rc-why", text: origin.explanation })));
@@ -197,7 +198,8 @@ export function renderAlerts(host, totalEl, a, app, scope = "") {
     out.push(list);
   }
 
-  const steps = a.by_step || [];
+  const stepsKnown = !(app && app.runInfo && app.runInfo.steps_known === false);
+  const steps = stepsKnown ? a.by_step || [] : [];
   if (steps.length) {
     out.push(el("h3", { text: "By step" }));
     const max = Math.max(...steps.map((s) => s.count));
