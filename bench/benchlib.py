@@ -29,3 +29,18 @@ def source_state() -> str:
     return f"git {head or '?'}" + (
         f" + uncommitted changes in {', '.join(changed)}" if changed else " (src/ clean)"
     )
+
+
+def fmt_s(x: float | None) -> str:
+    """Seconds for a table: 3 decimals below 10 s, "-" when not measured."""
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def fmt_ratio(tf: float | None, ns: float | None) -> str:
+    """TensorFlow's time over nanscope's, "-" when either is missing."""
+    if tf is None or ns is None or ns <= 0:
+        return "-"
+    r = tf / ns
+    return f"{r:,.0f}x" if r >= 100 else f"{r:.1f}x"

@@ -741,7 +741,9 @@ def run_compiled(args: Any) -> None:
     started = time.time()
     res = run_child("torch-compiled-time", cfg, timeout=3600)
     print(f"torch.compile Transformer: {cfg}  ({time.time() - started:.0f} s)")
-    print(f"git {_git_facts()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    from benchlib import source_state  # parent only: children load this file from a stub
+
+    print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     print("| variant | step ms | wall ratio (min-max) | CPU ratio |")
     print("|---|---:|---:|---:|")
     for v in cfg["variants"]:
@@ -796,22 +798,6 @@ def run_child(kind: str, cfg: dict[str, Any], timeout: float = 900) -> Any:
         raise SystemExit(f"child {kind} {cfg} failed with exit status {proc.returncode}")
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
     return json.loads(last)
-
-
-def _git_facts() -> str:
-    """The commit, and the files under src/ that differ from it (the code measured)."""
-    root = HERE.parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=root
-        ).stdout.split()
-    except OSError:
-        return "unknown"
-    changed = [p for p in dirty if p.startswith("src/")]
-    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -930,8 +916,10 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(res, indent=1))
         return
 
+    from benchlib import source_state  # parent only: children load this file from a stub
+
     results: dict[str, Any] = {
-        "git": _git_facts(),
+        "git": source_state(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",

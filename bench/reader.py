@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import peak_rss_mib, source_state
+from benchlib import fmt_ratio, fmt_s, peak_rss_mib, source_state
 
 OPS_PER_CALL = 200
 PAGE = 200
@@ -479,19 +479,6 @@ def run_child(args: list[str], label: str) -> dict:
 
 def med(results: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in results)
-
-
-def fmt_s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
-
-
-def fmt_ratio(tf: float | None, ns: float | None) -> str:
-    if tf is None or ns is None or ns <= 0:
-        return "-"
-    r = tf / ns
-    return f"{r:,.0f}x" if r >= 100 else f"{r:.1f}x"
 
 
 def main() -> int:

@@ -73,7 +73,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchlib import peak_rss_mib, source_state
+from benchlib import fmt_ratio, fmt_s, peak_rss_mib, source_state
 
 RESULT_TAG = "SCALE-RESULT "
 PAGE = 200
@@ -841,21 +841,8 @@ def parse_size(text: str) -> int:
     return int(float(text))
 
 
-def fmt_s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
-
-
 def fmt_mib(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
-
-
-def fmt_ratio(tf: float | None, ns: float | None) -> str:
-    if tf is None or ns is None or ns <= 0:
-        return "-"
-    r = tf / ns
-    return f"{r:,.0f}x" if r >= 100 else f"{r:.1f}x"
 
 
 def main() -> int:

@@ -110,6 +110,19 @@ def _sum_counts(items: list[Counts]) -> Counts:
     return Counts(**sum_health(items), dtype=items[0].dtype if items else "")  # type: ignore[arg-type]
 
 
+def execution_counts(ex: Execution) -> tuple[Counts | None, list[int | None] | None]:
+    """An execution's counts summed over its outputs (``None`` when none was recorded), and
+    its shape in SHAPE mode."""
+    mode = ex.tensor_debug_mode
+    values = ex.debug_tensor_values if ex.debug_tensor_values is not None else ex.tensor_values
+    outs = [counts_of(mode, v) for v in (values or ()) if v is not None]
+    counts = _sum_counts(outs) if outs else None
+    shape = None
+    if mode == TensorDebugMode.SHAPE and values and values[0] is not None:
+        shape = list(shape_from_summary(values[0]))
+    return counts, shape
+
+
 class ViewBuilder:
     """Builds :class:`EventView` objects; looks ``lookback`` events back for producers."""
 
@@ -171,13 +184,7 @@ class ViewBuilder:
     def execution(self, index: int) -> EventView:
         r = self.reader
         ex = r.execution(index)
-        mode = ex.tensor_debug_mode
-        values = ex.debug_tensor_values if ex.debug_tensor_values is not None else ex.tensor_values
-        outs = [counts_of(mode, v) for v in (values or ()) if v is not None]
-        counts = _sum_counts(outs) if outs else Counts()
-        shape = None
-        if mode == TensorDebugMode.SHAPE and values and values[0] is not None:
-            shape = list(shape_from_summary(values[0]))
+        counts, shape = execution_counts(ex)
         source, stack = self._frames(r.stack(ex), ex.process)
         inputs, external = self._execution_inputs(ex)
         view = EventView(
@@ -196,7 +203,7 @@ class ViewBuilder:
             device=r.devices(ex.process).get(ex.output_tensor_device_ids[0], "")
             if ex.output_tensor_device_ids
             else "",
-            counts=counts,
+            counts=counts or Counts(),
             shape=shape,
             inputs=inputs,
             source=source,
@@ -212,7 +219,9 @@ class ViewBuilder:
             )
             view.forward_source = fsource
         if self._flagged(EXECUTIONS, index):
-            view.explanation = explain(ex.op_type, counts, [i.counts for i in inputs], external)
+            view.explanation = explain(
+                ex.op_type, view.counts, [i.counts for i in inputs], external
+            )
         return view
 
     def by_sequence(self, sequence: int, process: int) -> Execution | None:

@@ -613,6 +613,10 @@ class DumpReader:
         chain.reverse()
         return chain
 
+    def graph_chain(self, graph_id: str, process: int = 0) -> list[str]:
+        """``graph_id`` and the graphs enclosing it, outermost first."""
+        return self._graph_chain(self._processes[process], graph_id) if self._processes else []
+
     def graphs(self, process: int = 0) -> dict[str, GraphInfo]:
         return self._processes[process].graphs if self._processes else {}
 

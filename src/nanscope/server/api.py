@@ -18,10 +18,10 @@ import numpy as np
 from nanscope._paths import is_user_file
 from nanscope.analysis import Counts, ViewBuilder, analyze
 from nanscope.analysis.rootcause import count_alerts, first_event, process_json
-from nanscope.analysis.views import PHASES, counts_of
+from nanscope.analysis.views import PHASES, counts_of, execution_counts
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
-from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, GraphInfo
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.runs import Run, RunNotFound, RunSet
 from nanscope.server.source import tokenize
 
@@ -283,22 +283,9 @@ def _execution_row(reader: DumpReader, i: int) -> dict[str, Any]:
     except UNREADABLE as exc:
         out["error"] = str(exc)
         return out
-    mode = ex.tensor_debug_mode
-    values = ex.debug_tensor_values if ex.debug_tensor_values is not None else ex.tensor_values
-    parts = [counts_of(mode, v) for v in (values or ()) if v is not None]
-    if parts:
-        out["counts"] = _counts_json(_sum(parts))
-    if mode == TensorDebugMode.SHAPE and values and values[0] is not None:
-        out["shape"] = list(shape_from_summary(values[0]))
+    counts, out["shape"] = execution_counts(ex)
+    out["counts"] = _counts_json(counts)
     return out
-
-
-def _sum(parts: list[Counts]) -> Counts:
-    if len(parts) == 1:
-        return parts[0]
-    from nanscope.format.modes import sum_health
-
-    return Counts(**sum_health(parts), dtype=parts[0].dtype)  # type: ignore[arg-type]
 
 
 def _trace_row(reader: DumpReader, i: int) -> dict[str, Any]:
@@ -527,17 +514,10 @@ def graph_op_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
             consumers.append({"op_name": dst, "op_type": dst_op.op_type if dst_op else "",
                               "output_slot": out_slot, "input_slot": in_slot,
                               "trace_index": trace_of(dst, None, True)})  # fmt: skip
-        chain = []
-        g: GraphInfo | None = graph
-        seen: set[str] = set()
-        while g is not None and g.graph_id not in seen:
-            seen.add(g.graph_id)
-            chain.append(g.graph_id)
-            g = reader.graph(g.outer_graph_id, process) if g.outer_graph_id else None
         return {
             "graph_id": graph_id,
             "graph_name": graph.name,
-            "graph_ids": chain[::-1],
+            "graph_ids": reader.graph_chain(graph_id, process),
             "op": {"op_name": op.op_name, "op_type": op.op_type, "num_outputs": op.num_outputs,
                    "device": op.device_name, "module_path": op.module_path,
                    "stack": _stack_json(reader, op.stack_frame_ids, process)},
