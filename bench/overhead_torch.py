@@ -65,7 +65,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 MODES = ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_TENSOR"]
-TORCH_VARIANTS = ["plain", *MODES, "check_numerics", "detect_anomaly"]
+# "python:MODE": the same mode with the Python dispatch-mode recorder, the
+# fallback where the native recorder cannot be built.
+PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
+TORCH_VARIANTS = ["plain", *MODES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 # Targets from the issue: (model, variant, limit) on the wall ratio.
 TARGETS = [
@@ -273,6 +276,16 @@ class _TorchVariant:
             self.session = nanscope.enable_dump_debug_info(
                 self.logdir, tensor_debug_mode=self.name, circular_buffer_size=1000
             )
+        elif self.name in PYTHON_RECORDER:
+            os.environ["NANSCOPE_TORCH_RECORDER"] = "python"
+            try:
+                self.session = nanscope.enable_dump_debug_info(
+                    self.logdir,
+                    tensor_debug_mode=self.name.split(":")[1],
+                    circular_buffer_size=1000,
+                )
+            finally:
+                del os.environ["NANSCOPE_TORCH_RECORDER"]
         elif self.name == "check_numerics":
             nanscope.enable_check_numerics()
         elif self.name == "detect_anomaly":
@@ -809,6 +822,8 @@ def _label(v: str, framework: str) -> str:
         return f"TF {v}"
     if v in ("plain", "detect_anomaly"):
         return f"torch {v}"
+    if v in PYTHON_RECORDER:
+        return f"nanscope {v.split(':')[1]} (Python recorder)"
     return f"nanscope {v}"
 
 

@@ -46,3 +46,10 @@ def write_small_dump(
         w.write_trace(TraceEvent("g", "Log" if i % 2 else "probs", 0, h, step=i))
     w.close()
     return w
+
+
+def torch_recorder() -> str:
+    """Which PyTorch recorder a session started now uses: ``"native"`` or ``"python"``."""
+    from nanscope.backends.torch.session import native_library
+
+    return "native" if native_library() is not None else "python"

@@ -7,6 +7,7 @@ summary can be checked against numpy on exactly the values the program computed.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,14 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import nanscope  # noqa: E402
+from nanscope.backends.torch.pause import not_recorded  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
 
-from .helpers import marked_line  # noqa: E402
+from .helpers import marked_line, torch_recorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -93,13 +95,51 @@ class Capture(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        with _disable_current_modes():  # the snapshots are not part of the program
+        with not_recorded():  # the snapshots are not part of the program
             self.ops.append((str(func), [Snapshot(t) for t in flat_tensors(out)]))
         return out
 
 
+# Ops a dispatch mode sees that the native recorder does not: those autograd's
+# own kernels run inside an op (saving an output for backward, making a
+# gradient contiguous), which it sees inside the op that ran them, and
+# ``lift_fresh`` (torch.tensor's no-op marker), which PyTorch does not show to
+# RecordFunction observers.
+INSIDE_AN_OP = frozenset({"aten.detach.default", "aten.clone.default", "aten.lift_fresh.default"})
+# Ops the native recorder sees that a dispatch mode does not: what torch.tensor
+# and some autograd formulas run with the Python dispatch keys excluded.
+BELOW_PYTHON = frozenset({"aten.empty.memory_format", "aten.detach_.default"})
+
+
+def seen_by_native_recorder(
+    ops: list[tuple[str, list[Snapshot]]],
+    recorded: list[str],
+    raised: frozenset[str] = frozenset(),
+) -> list[tuple[str, list[Snapshot]] | None]:
+    """The dispatch mode's ops aligned with what the native recorder recorded.
+
+    Entry ``i`` is the dispatch mode's view of ``recorded[i]`` (``None`` for an
+    op only the native recorder sees). Ops missing on either side must be of
+    the kinds above (or in ``raised``: an op whose call raised after computing,
+    which a dispatch mode sees and the native recorder does not); anything
+    else fails.
+    """
+    names = [n for n, _ in ops]
+    aligned: list[tuple[str, list[Snapshot]] | None] = []
+    matcher = difflib.SequenceMatcher(None, names, recorded, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            aligned.extend(ops[i1:i2])
+            continue
+        missing, extra = names[i1:i2], recorded[j1:j2]
+        assert set(missing) <= INSIDE_AN_OP | raised, (j1, missing, extra)
+        assert set(extra) <= BELOW_PYTHON, (j1, missing, extra)
+        aligned.extend([None] * len(extra))
+    return aligned
+
+
 def record_checked(
-    logdir: Path, fn: Callable[[], Any]
+    logdir: Path, fn: Callable[[], Any], raised: frozenset[str] = frozenset()
 ) -> tuple[DumpReader, list[Execution], Any, dict[str, int]]:
     """Run ``fn`` under nanscope (FULL_HEALTH, keep all) and check every recorded op.
 
@@ -107,7 +147,7 @@ def record_checked(
     op type were compared with numpy.
     """
     with (
-        nanscope.enable_dump_debug_info(logdir, "FULL_HEALTH", circular_buffer_size=-1),
+        nanscope.enable_dump_debug_info(logdir, "FULL_HEALTH", circular_buffer_size=-1) as s,
         Capture() as cap,
     ):
         result = fn()
@@ -118,10 +158,18 @@ def record_checked(
     # (profiler bookkeeping, e.g. around optimizer.step(), is left out on purpose).
     ops = [(name, snaps) for name, snaps in cap.ops if not name.startswith("profiler.")]
     assert len(ops) < len(cap.ops) or not any(e.phase == 3 for e in execs)
-    assert [e.op_type for e in execs] == [name for name, _ in ops]
+    aligned: list[tuple[str, list[Snapshot]] | None] = list(ops)
+    if s._session.recorder == "native":
+        aligned = seen_by_native_recorder(ops, [e.op_type for e in execs], raised)
+    assert [e.op_type for e in execs] == [
+        a[0] if a is not None else e.op_type for e, a in zip(execs, aligned, strict=True)
+    ]
     assert [e.sequence for e in execs] == list(range(1, len(execs) + 1))
     compared: dict[str, int] = {}
-    for e, (name, snaps) in zip(execs, ops, strict=True):
+    for e, op in zip(execs, aligned, strict=True):
+        if op is None:
+            continue
+        name, snaps = op
         assert len(e.output_tensor_ids) == len(snaps), name
         assert e.debug_tensor_values is not None and len(e.debug_tensor_values) == len(snaps)
         for got, snap in zip(e.debug_tensor_values, snaps, strict=True):
@@ -448,7 +496,12 @@ def test_checkpoint_non_reentrant(tmp_path: Path) -> None:
         model(x).pow(2).sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    _, execs, grads, compared = record_checked(tmp_path, run)
+    # Recomputation stops by raising from the pack hook of the last op it
+    # needs (tanh): its call raises after computing, and the native recorder
+    # records no op whose call raised.
+    native = torch_recorder() == "native"
+    raised = frozenset({"aten.tanh.default"}) if native else frozenset()
+    _, execs, grads, compared = record_checked(tmp_path, run, raised)
     model.zero_grad()
     model(x, use_checkpoint=False).pow(2).sum().backward()
     for g, p in zip(grads, model.parameters(), strict=True):
@@ -456,10 +509,13 @@ def test_checkpoint_non_reentrant(tmp_path: Path) -> None:
     # The forward ops inside the checkpoint run again during backward.
     fwd_tanh = [e for e in execs if e.op_type == "aten.tanh.default" and e.phase == 1]
     again = [e for e in execs if e.op_type == "aten.tanh.default" and e.phase == 2]
-    assert len(fwd_tanh) == 1 and len(again) == 1
-    np.testing.assert_array_equal(
-        again[0].debug_tensor_values[0], fwd_tanh[0].debug_tensor_values[0]
-    )
+    assert len(fwd_tanh) == 1 and len(again) == (0 if native else 1)
+    recomputed = [e for e in execs if e.op_type == "aten.addmm.default" and e.phase == 2]
+    assert recomputed  # the recomputed ops before tanh
+    if not native:
+        np.testing.assert_array_equal(
+            again[0].debug_tensor_values[0], fwd_tanh[0].debug_tensor_values[0]
+        )
     assert compared["aten.sigmoid.default"] == 2
     assert {"Checkpointed", "Checkpointed.a", "Checkpointed.b", "Checkpointed.c"} <= {
         e.module_path for e in execs

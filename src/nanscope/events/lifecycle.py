@@ -25,15 +25,22 @@ class Closable(Protocol):
 
 
 _writers: weakref.WeakSet[Any] = weakref.WeakSet()
+# Closed and flushed before the writers: what feeds events into them (a
+# backend's buffer, e.g. the native PyTorch recorder's).
+_sources: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _lock = threading.Lock()
 
 
-def register(writer: Closable) -> None:
-    """Close ``writer`` at exit, on an uncaught exception and on SIGTERM/SIGINT."""
+def register(writer: Closable, source: bool = False) -> None:
+    """Close ``writer`` at exit, on an uncaught exception and on SIGTERM/SIGINT.
+
+    ``source=True``: something that hands events to writers, closed (or
+    flushed) before any writer is.
+    """
     global _installed
     with _lock:
-        _writers.add(writer)
+        (_sources if source else _writers).add(writer)
         if not _installed:
             _installed = True
             _install()
@@ -42,10 +49,11 @@ def register(writer: Closable) -> None:
 def unregister(writer: Closable) -> None:
     with _lock:
         _writers.discard(writer)
+        _sources.discard(writer)
 
 
 def close_all() -> None:
-    for w in list(_writers):
+    for w in [*_sources, *_writers]:
         try:
             w.close()
         except Exception as exc:  # never mask the program's own exit status
@@ -54,7 +62,7 @@ def close_all() -> None:
 
 def flush_all(timeout: float = 5.0) -> None:
     """Flush every open writer without closing it."""
-    for w in list(_writers):
+    for w in [*_sources, *_writers]:
         flush = getattr(w, "flush", None)
         if flush is not None:
             with contextlib.suppress(Exception):

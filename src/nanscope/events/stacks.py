@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import CodeType, FrameType
 from typing import Literal
 
@@ -93,6 +93,31 @@ class StackInterner:
         """The stack id of explicit ``(file, line, function)`` frames, outermost first."""
         return self.intern(tuple(self.frame_id(*f) for f in frames))
 
+    def _code_entry(self, code: CodeType) -> tuple[CodeType, dict[int, str] | None]:
+        drop = is_nanscope_file(code.co_filename) or code.co_filename.endswith(_WRAPPER_FILES)
+        entry = self._per_code[id(code)] = (code, None if drop else {})
+        return entry
+
+    def intern_code_frames(self, frames: Sequence[tuple[CodeType, int]], limit: int = 64) -> int:
+        """The stack id of ``(code object, line)`` frames given innermost first.
+
+        For stacks walked outside Python (the native recorder): the same frames
+        are left out and the same ``limit`` applies as in :meth:`capture`.
+        """
+        ids: list[str] = []
+        per_code = self._per_code
+        for code, line in frames:
+            entry = per_code.get(id(code))
+            if entry is None or entry[0] is not code:
+                entry = self._code_entry(code)
+            if entry[1] is None:
+                continue
+            ids.append(self.frame_id(_path_of(code), line, code.co_name))
+            if len(ids) >= limit:
+                break
+        ids.reverse()
+        return self.intern(tuple(ids))
+
     def capture(self, frame: FrameType | None = None, limit: int = 64) -> int:
         """The stack id of the running Python stack, nanscope's own frames left out.
 
@@ -111,19 +136,13 @@ class StackInterner:
             # entry holds the code object, so its id cannot be reused.
             entry = per_code.get(id(code))
             if entry is None or entry[0] is not code:
-                drop = is_nanscope_file(code.co_filename) or code.co_filename.endswith(
-                    _WRAPPER_FILES
-                )
-                entry = per_code[id(code)] = (code, None if drop else {})
+                entry = self._code_entry(code)
             known = entry[1]
             if known is not None:
                 # Keyed by f_lasti: f_lineno searches the line table on every access.
                 fid = known.get(f.f_lasti)
                 if fid is None:
-                    name = code.co_filename
-                    # "<frozen runpy>", "<string>": not files, keep them as Python names them.
-                    path = name if name.startswith("<") else os.path.abspath(name)
-                    fid = self.frame_id(path, f.f_lineno, code.co_name)
+                    fid = self.frame_id(_path_of(code), f.f_lineno, code.co_name)
                     known[f.f_lasti] = fid
                 append(fid)
                 if len(ids) >= limit:
@@ -131,6 +150,12 @@ class StackInterner:
             f = f.f_back
         ids.reverse()
         return self.intern(tuple(ids))
+
+
+def _path_of(code: CodeType) -> str:
+    name = code.co_filename
+    # "<frozen runpy>", "<string>": not files, keep them as Python names them.
+    return name if name.startswith("<") else os.path.abspath(name)
 
 
 def read_source_lines(path: str) -> list[str]:

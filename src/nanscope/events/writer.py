@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -107,6 +107,8 @@ class DumpWriter:
       (not of the standard library or installed packages), ``"all"`` or ``"none"``.
     - ``max_queue``: events waiting for the background thread beyond which the
       producing thread waits (bounds memory when events come faster than disk).
+    - ``thread_init``: called first on the writer's thread (a backend marks the
+      thread as its own, so that nothing it runs there is recorded).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class DumpWriter:
         flush_interval: float = 1.0,
         source_snapshots: SnapshotPolicy = "user",
         max_queue: int = 200_000,
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
         self.mode = parse_mode(tensor_debug_mode)
         self.circular_buffer_size = int(circular_buffer_size)
@@ -145,6 +148,7 @@ class DumpWriter:
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.stats = WriterStats()
+        self._thread_init = thread_init
 
         self._queue: deque[tuple[Any, ...]] = deque()
         self._seq_lock = threading.Lock()
@@ -344,6 +348,8 @@ class DumpWriter:
     # -- the writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         last_flush = time.monotonic()
         interval = self.flush_interval
         while True:

@@ -40,7 +40,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from nanscope.backends.torch.ops import SAME_ELEMENT_VIEWS, UNINITIALISED
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, full_value
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase
 from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
+
+if TYPE_CHECKING:
+    from nanscope.backends.torch.native_recorder import NativeRecorder
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
 _HEALTH = (
@@ -257,7 +260,7 @@ class CompiledRecorder:
 
     def __init__(
         self,
-        mode: DumpingMode,
+        mode: DumpingMode | NativeRecorder,
         writer: DumpWriter,
         context: RunContext,
         op_regex: re.Pattern[str] | None,
@@ -727,6 +730,9 @@ def _record_call(
         outputs = [s for s, t in zip(outputs, out, strict=False) if isinstance(t, torch.Tensor)]
     node = torch._C._current_autograd_node()
     phase = ctx.phase(node)
+    sync = getattr(mode, "sync", None)
+    if sync is not None:  # the native recorder's buffered eager ops go first
+        sync()
     writer.write_execution(
         ExecutionEvent(
             plan.graph_name,

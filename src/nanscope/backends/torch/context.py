@@ -41,6 +41,12 @@ class RunContext:
         )
         self._handles: list[RemovableHandle] = []
         self.step = 0
+        # The native recorder keeps its own per-thread copy of what is running:
+        # module paths as indices into ``module_names``.
+        self.mirror: Any = None
+        self.module_names: list[str] = [""]
+        self._module_index: dict[str, int] = {"": 0}
+        self.on_step: Any = None  # called after a step ends
 
     # -- installation ------------------------------------------------------------------------
 
@@ -92,7 +98,10 @@ class RunContext:
         # module paths from the nodes' ``nn_module_stack`` instead.
         if torch.compiler.is_compiling():
             return
-        self._local.modules.append((module, self._name_of(module)))
+        path = self._name_of(module)
+        self._local.modules.append((module, path))
+        if self.mirror is not None:
+            self.mirror.set_module(self.module_index(path))
 
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
@@ -100,6 +109,16 @@ class RunContext:
         stack = self._local.modules
         if stack and stack[-1][0] is module:
             stack.pop()
+        if self.mirror is not None:
+            self.mirror.set_module(self.module_index(stack[-1][1]) if stack else 0)
+
+    def module_index(self, path: str) -> int:
+        """A small number for a module path (see ``module_names``)."""
+        index = self._module_index.get(path)
+        if index is None:
+            index = self._module_index[path] = len(self.module_names)
+            self.module_names.append(path)
+        return index
 
     def module_path(self) -> str:
         stack = self._local.modules
@@ -109,11 +128,19 @@ class RunContext:
 
     def _enter_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._local.in_optimizer += 1
+        if self.mirror is not None:
+            self.mirror.set_optimizer(self._local.in_optimizer)
 
     def _exit_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._local.in_optimizer = max(0, self._local.in_optimizer - 1)
+        if self.mirror is not None:
+            self.mirror.set_optimizer(self._local.in_optimizer)
         if self._local.in_optimizer == 0:
             self.step += 1
+            if self.mirror is not None:
+                self.mirror.set_step(self.step)
+            if self.on_step is not None:
+                self.on_step()
 
     def phase(self, node: Any = False) -> Phase:
         """The phase now; ``node`` is the current autograd node when the caller has it."""

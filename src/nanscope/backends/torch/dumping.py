@@ -35,10 +35,27 @@ class _Local(threading.local):
 
 
 class _Suspended(threading.local):
-    """Per thread: > 0 while a compiled graph runs or torch.compile compiles (see compiled.py)."""
+    """Per thread: > 0 while a compiled graph runs or torch.compile compiles (see compiled.py).
+
+    ``mirror`` (shared by all threads) receives each new depth: the native
+    recorder keeps its own per-thread copy.
+    """
+
+    mirror: Callable[[int], None] | None = None
 
     def __init__(self) -> None:
-        self.depth = 0
+        self._depth = 0
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        self._depth = value
+        mirror = _Suspended.mirror
+        if mirror is not None:
+            mirror(value)
 
 
 # The ops that a compiled graph runs (its extern kernels) are recorded as one

@@ -31,6 +31,8 @@ UNINITIALISED = frozenset(
     }
 )  # fmt: skip
 
+FILLED_BEHIND_THE_SCENES = frozenset({"aten.lift_fresh", "aten.lift"})
+
 # torch.distributed collectives: they return a Work before their outputs hold
 # the result, which the backend writes on its own threads. (Not send/recv: a
 # rank waiting for those could wait for a peer that waits for it.)
@@ -75,7 +77,9 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         )
     )
     value_args: tuple[int, ...] = ()
-    view = bool(
+    # lift_fresh marks the tensor torch.tensor() just filled (in C++, not by an
+    # op a recorder sees): its input holds data, whatever allocated it.
+    view = packet not in FILLED_BEHIND_THE_SCENES and bool(
         schema is not None
         and schema.returns
         and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)

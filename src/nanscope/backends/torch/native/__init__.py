@@ -1,0 +1,104 @@
+"""Building and loading the native recorder (``recorder.cpp``, ``frames.cpp``).
+
+The extension is compiled against the installed PyTorch the first time it is
+needed (about half a minute, once) and cached under
+``$NANSCOPE_CACHE_DIR`` (default ``~/.cache/nanscope``), keyed by the sources,
+PyTorch and Python versions. Without a C++ compiler, nanscope records with
+its Python dispatch mode instead. ``python -m nanscope.backends.torch.native``
+builds it ahead of time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+_HERE = Path(__file__).parent
+SOURCES = ("recorder.cpp", "frames.cpp", "frames.h")
+# NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
+CFLAGS = ["-O3", "-DNDEBUG"]
+
+_lock = threading.Lock()
+_loaded: ModuleType | None = None
+_failure: str | None = None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NANSCOPE_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "nanscope"
+    )
+    return Path(root) / "native"
+
+
+def build_key() -> str:
+    """A name that changes with the sources, PyTorch and Python."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((_HERE / name).read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(sys.version.encode())
+    h.update(" ".join(CFLAGS).encode())
+    return f"nanscope_native_{h.hexdigest()[:16]}"
+
+
+def load(verbose: bool = False) -> ModuleType | None:
+    """The compiled extension, building it if needed; ``None`` if it cannot be built.
+
+    :func:`failure` then says why.
+    """
+    global _loaded, _failure
+    with _lock:
+        if _loaded is not None or _failure is not None:
+            return _loaded
+        try:
+            _loaded = _build(verbose)
+        except Exception as exc:  # no compiler, no headers, a build error
+            _failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        return _loaded
+
+
+def failure() -> str | None:
+    """Why :func:`load` returned ``None`` (``None`` before a failed attempt)."""
+    return _failure
+
+
+def _build(verbose: bool) -> ModuleType:
+    import importlib.util
+
+    name = build_key()
+    build = cache_dir() / name
+    so = build / f"{name}.so"
+    if so.is_file():  # built before: load it without asking ninja
+        spec = importlib.util.spec_from_file_location(name, so)
+        if spec is not None and spec.loader is not None:
+            import torch  # noqa: F401  (the extension links against torch's libraries)
+
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    from torch.utils.cpp_extension import load as cpp_load
+
+    build.mkdir(parents=True, exist_ok=True)
+    if not verbose:
+        print(
+            "nanscope: building the native recorder (once per PyTorch version, ~30 s)",
+            file=sys.stderr,
+        )
+    return cpp_load(  # type: ignore[no-any-return]
+        name,
+        [str(_HERE / "recorder.cpp"), str(_HERE / "frames.cpp")],
+        extra_cflags=CFLAGS,
+        build_directory=str(build),
+        verbose=verbose,
+    )
+
+
+def loaded() -> ModuleType | None:
+    """The extension if it has been loaded in this process (never builds it)."""
+    return _loaded

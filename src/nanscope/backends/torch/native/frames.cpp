@@ -1,0 +1,65 @@
+// The calling thread's Python frames, read without taking the GIL.
+//
+// An op's callback runs on the thread that called the op, in C++, after the
+// Python binding released the GIL. That thread's frame chain cannot change
+// until the op returns (frames belong to their thread), and each frame holds
+// its code object, so reading the chain needs no lock. Taking the GIL
+// instead would make every op wait for whichever thread holds it (nanscope's
+// own writer thread among them) for up to the switch interval.
+//
+// The frame layout is CPython 3.11's; other versions take the GIL and use
+// the public frame API.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "frames.h"
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define NANSCOPE_LOCKFREE_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
+namespace nanscope {
+
+int walk_frames(RawFrame* out, int limit) {
+  if (!Py_IsInitialized()) return 0;
+  int n = 0;
+#ifdef NANSCOPE_LOCKFREE_FRAMES
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr || ts->cframe == nullptr) return 0;
+  _PyInterpreterFrame* f = ts->cframe->current_frame;
+  while (f != nullptr && n < limit) {
+    if (!_PyFrame_IsIncomplete(f)) {
+      out[n].code = reinterpret_cast<PyObject*>(f->f_code);
+      out[n].lasti = _PyInterpreterFrame_LASTI(f);
+      ++n;
+    }
+    f = f->previous;
+  }
+#else
+  PyGILState_STATE st = PyGILState_Ensure();
+  PyFrameObject* f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  while (f != nullptr && n < limit) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    out[n].code = reinterpret_cast<PyObject*>(code);
+    out[n].lasti = PyFrame_GetLasti(f) / 2;
+    Py_DECREF(code);  // alive while its frame is
+    ++n;
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  PyGILState_Release(st);
+#endif
+  return n;
+}
+
+int line_of(PyObject* code, int lasti) {
+  return PyCode_Addr2Line(reinterpret_cast<PyCodeObject*>(code), lasti * 2);
+}
+
+}  // namespace nanscope

@@ -1,0 +1,991 @@
+// nanscope's native PyTorch recorder: every ATen op as an event, without
+// Python on the common path.
+//
+// A global RecordFunction callback (the mechanism PyTorch's profiler uses)
+// sees each dispatcher call on every thread. It records the ops that a
+// TorchDispatchMode would see: ops with a CompositeImplicitAutograd kernel are
+// looked through (their decomposition is recorded), and ops called inside a
+// recorded op's kernel are not recorded. For each recorded op it keeps tensor
+// ids, devices, summaries of CPU float outputs (counted here, in one
+// vectorised pass), the Python stack (read without the GIL, see frames.cpp),
+// module path, phase, step and the link from a backward op to the forward op
+// whose autograd node ran it. Events wait in a buffer until nanscope's drain
+// thread turns them into Python objects for the writer.
+//
+// Python is called, with the GIL, only for what is rare or framework-heavy:
+// an op seen for the first time, a stack seen for the first time, outputs on
+// an accelerator (summarised with device ops, never synchronised), FULL_TENSOR
+// copies, a collective to wait for, and the inputs of an op that produced
+// Inf/NaN.
+#include <torch/extension.h>
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <pybind11/numpy.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "frames.h"
+
+namespace py = pybind11;
+
+namespace nanscope {
+namespace {
+
+constexpr int kNoTensor = 1, kCurt = 2, kConcise = 3, kFull = 4, kShape = 5, kFullTensor = 7;
+constexpr int kPhaseForward = 1, kPhaseBackward = 2, kPhaseOptimizer = 3;
+constexpr int kMaxFrames = 128;
+constexpr size_t kCacheMax = 8192;
+constexpr size_t kLinksMax = 1 << 20;
+
+struct OpFlags {
+  int index = -1;  // the Python side's op index (name, OpInfo)
+  bool not_op = false;
+  bool composite = false;
+  bool skip = false;
+  bool same_elements = false;
+  bool record_values = true;
+  bool collective = false;
+  bool uninitialised = false;
+  bool view = false;
+  std::vector<int> value_args;
+};
+
+struct Link {
+  int64_t serial;
+  int32_t stack;
+  int32_t module;
+};
+
+struct Event {
+  int32_t op = -1;
+  int32_t stack = -1;
+  int32_t module = 0;
+  int32_t fwd_stack = -1;
+  int32_t fwd_module = 0;
+  int32_t phase = 0;
+  int32_t extra_inputs = 0;
+  bool link_target = false;
+  int64_t step = 0;
+  int64_t serial = 0;
+  int64_t fwd_serial = -1;
+  double wall = 0;
+  std::vector<int64_t> in_ids, out_ids;
+  std::vector<int32_t> out_dev;
+  std::vector<double> sums;   // width values per output
+  std::vector<uint8_t> has;   // 1: computed here, 2: in `parts`, 0: none
+  PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
+  PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
+};
+
+struct Stack {
+  std::vector<RawFrame> frames;
+  int id;
+};
+
+// An output's memory layout, to know it again in a tensor object that autograd
+// makes behind the dispatcher's back (a saved output, unpacked for backward).
+struct ViewEntry {
+  int64_t id;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t offset;
+  int8_t dtype;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Ctx : at::ObserverContext {
+  bool record = false;
+  const OpFlags* op = nullptr;
+  std::vector<at::Tensor> ins;
+  std::vector<double> values;
+};
+
+struct State {
+  std::atomic<bool> active{false};
+  int mode = kFull;
+  int width = 11;
+  at::CallbackHandle handle = 0;
+  py::object host;  // the Python side: describe, new_stack, summaries, input_summaries, wait
+
+  std::array<int, 64> dtype_enum{};
+  std::array<bool, 64> dtype_ok{};
+  std::array<bool, 64> dtype_float{};
+
+  std::mutex ops_mu;
+  std::unordered_map<const char*, const OpFlags*> ops;
+  std::deque<OpFlags> op_store;
+
+  std::mutex ids_mu;
+  std::unordered_map<c10::TensorImpl*, std::pair<int64_t, c10::weak_intrusive_ptr<c10::TensorImpl>>>
+      ids;
+  int64_t next_id = 0;
+  int64_t until_sweep = 65536;
+  std::unordered_map<uint64_t, ViewEntry> by_view;
+
+  std::mutex stacks_mu;
+  std::unordered_multimap<uint64_t, Stack> stacks;
+  std::vector<PyObject*> held_codes;
+
+  std::mutex links_mu;
+  std::unordered_map<int64_t, Link> links;
+
+  std::mutex cache_mu;
+  std::unordered_map<int64_t, std::pair<int64_t, std::vector<double>>> cache;
+  std::unordered_set<int64_t> blank;
+
+  std::mutex dev_mu;
+  std::vector<std::string> devices{"cpu"};
+  std::unordered_map<int64_t, int32_t> dev_index;
+
+  std::mutex ev_mu;
+  std::condition_variable ev_cv, space_cv;
+  std::vector<Event> events;
+  size_t wake_at = 4096;
+  size_t capacity = 262144;
+  bool stopping = false;
+
+  std::atomic<int64_t> serial{0};
+  std::atomic<int64_t> step{0};
+  std::atomic<int64_t> recorded{0};
+  std::atomic<bool> warned{false};
+};
+
+State* S = nullptr;
+
+thread_local int tl_depth = 0;       // recorded-op calls open on this thread
+thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
+thread_local int tl_suspended = 0;   // > 0 inside a compiled graph call (compiled.py)
+thread_local bool tl_excluded = false;
+thread_local int tl_module = 0;
+thread_local int tl_optimizer = 0;
+thread_local int64_t tl_last_seq = -1;
+
+struct Busy {
+  Busy() { ++tl_busy; }
+  ~Busy() { --tl_busy; }
+};
+
+void warn(const char* what) {
+  if (!S->warned.exchange(true)) {
+    std::fprintf(stderr, "nanscope: could not record an op (%s); recording goes on\n", what);
+  }
+}
+
+// -- ops ------------------------------------------------------------------------------------
+
+const OpFlags kNotOp = [] {
+  OpFlags f;
+  f.not_op = true;
+  return f;
+}();
+
+const OpFlags* lookup(const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  {
+    std::lock_guard<std::mutex> g(S->ops_mu);
+    auto it = S->ops.find(key);
+    if (it != S->ops.end()) return it->second;
+  }
+  auto name = fn.operator_name();
+  if (!name) return &kNotOp;  // a named range (the engine's), not an op; its name is per call
+  OpFlags f;
+  auto handle = c10::Dispatcher::singleton().findOp(*name);
+  f.composite = handle.has_value() &&
+      handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  if (!f.composite) {
+    Busy busy;
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple d = S->host.attr("describe")(name->name, name->overload_name);
+      f.index = d[0].cast<int>();
+      f.skip = d[1].cast<bool>();
+      f.same_elements = d[2].cast<bool>();
+      f.record_values = d[3].cast<bool>();
+      f.collective = d[4].cast<bool>();
+      f.uninitialised = d[5].cast<bool>();
+      f.view = d[6].cast<bool>();
+      f.value_args = d[7].cast<std::vector<int>>();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("nanscope: describing an op");
+      f.skip = true;
+    }
+  }
+  std::lock_guard<std::mutex> g(S->ops_mu);
+  auto it = S->ops.find(key);
+  if (it != S->ops.end()) return it->second;
+  S->op_store.push_back(std::move(f));
+  const OpFlags* p = &S->op_store.back();
+  S->ops.emplace(key, p);
+  return p;
+}
+
+// -- tensor ids -----------------------------------------------------------------------------
+
+void sweep_ids_locked() {
+  for (auto it = S->ids.begin(); it != S->ids.end();) {
+    if (it->second.second.expired()) {
+      it = S->ids.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = S->by_view.begin(); it != S->by_view.end();) {
+    if (it->second.storage.expired()) {
+      it = S->by_view.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  S->until_sweep = std::max<int64_t>(65536, static_cast<int64_t>(S->ids.size()));
+}
+
+bool has_view_key(const at::Tensor& t) {
+  return t.layout() == at::kStrided && t.has_storage() && !t.is_meta();
+}
+
+uint64_t view_hash(const at::Tensor& t) {
+  uint64_t h = reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl());
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  mix(static_cast<uint64_t>(t.storage_offset()));
+  mix(static_cast<uint64_t>(t.scalar_type()));
+  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
+  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
+  return h;
+}
+
+void remember_view_locked(const at::Tensor& t, int64_t id) {
+  if (!has_view_key(t)) return;
+  ViewEntry e{id, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
+              t.storage_offset(), static_cast<int8_t>(t.scalar_type()), t.sizes().vec(),
+              t.strides().vec()};
+  S->by_view.insert_or_assign(view_hash(t), std::move(e));
+}
+
+// The id of a recorded output that `t` is an exact alias of (same live storage,
+// offset, dtype, sizes and strides), or 0.
+int64_t id_by_view_locked(const at::Tensor& t) {
+  if (!has_view_key(t)) return 0;
+  auto it = S->by_view.find(view_hash(t));
+  if (it == S->by_view.end()) return 0;
+  const ViewEntry& e = it->second;
+  auto storage = e.storage.lock();
+  if (!storage || storage.get() != t.storage().unsafeGetStorageImpl()) return 0;
+  if (e.offset != t.storage_offset() || e.dtype != static_cast<int8_t>(t.scalar_type()) ||
+      t.sizes() != c10::IntArrayRef(e.sizes) || t.strides() != c10::IntArrayRef(e.strides)) {
+    return 0;
+  }
+  return e.id;
+}
+
+int64_t new_id_locked(const at::Tensor& t) {
+  int64_t id = ++S->next_id;
+  remember_view_locked(t, id);
+  // The weak reference keeps the TensorImpl's memory from being reused while
+  // the entry exists, so an address never names two tensors.
+  S->ids.insert_or_assign(
+      t.unsafeGetTensorImpl(),
+      std::make_pair(id, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())));
+  if (--S->until_sweep <= 0) sweep_ids_locked();
+  return id;
+}
+
+int64_t get_id_locked(const at::Tensor& t) {
+  auto it = S->ids.find(t.unsafeGetTensorImpl());
+  if (it != S->ids.end() && !it->second.second.expired()) return it->second.first;
+  int64_t id = id_by_view_locked(t);
+  if (id != 0) {
+    S->ids.insert_or_assign(
+        t.unsafeGetTensorImpl(),
+        std::make_pair(id, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())));
+    return id;
+  }
+  return new_id_locked(t);
+}
+
+// -- stacks ---------------------------------------------------------------------------------
+
+int capture_stack() {
+  RawFrame buf[kMaxFrames];
+  int n = walk_frames(buf, kMaxFrames);
+  uint64_t h = 1469598103934665603ULL;
+  for (int i = 0; i < n; ++i) {
+    h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
+    h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
+  }
+  auto same = [&](const Stack& s) {
+    if (static_cast<int>(s.frames.size()) != n) return false;
+    for (int i = 0; i < n; ++i) {
+      if (s.frames[i].code != buf[i].code || s.frames[i].lasti != buf[i].lasti) return false;
+    }
+    return true;
+  };
+  {
+    std::lock_guard<std::mutex> g(S->stacks_mu);
+    auto range = S->stacks.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (same(it->second)) return it->second.id;
+    }
+  }
+  // A new stack: the Python side interns its frames (and snapshots new files).
+  // The stack's code objects are held from now on, so their addresses keep
+  // naming them.
+  Busy busy;
+  py::gil_scoped_acquire gil;
+  int id = -1;
+  try {
+    py::list frames;
+    for (int i = 0; i < n; ++i) {
+      frames.append(py::make_tuple(py::reinterpret_borrow<py::object>(buf[i].code),
+                                   line_of(buf[i].code, buf[i].lasti)));
+    }
+    id = S->host.attr("new_stack")(frames).cast<int>();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("nanscope: interning a stack");
+    return -1;
+  }
+  std::lock_guard<std::mutex> g(S->stacks_mu);
+  auto range = S->stacks.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it) {
+    if (same(it->second)) return it->second.id;
+  }
+  Stack s;
+  s.frames.assign(buf, buf + n);
+  s.id = id;
+  for (int i = 0; i < n; ++i) {
+    Py_INCREF(buf[i].code);
+    S->held_codes.push_back(buf[i].code);
+  }
+  S->stacks.emplace(h, std::move(s));
+  return id;
+}
+
+// -- summaries ------------------------------------------------------------------------------
+
+struct Counts {
+  int64_t neg = 0, zero = 0, bad = 0;  // bad: Inf or NaN
+};
+
+// Comparisons summed as integers: no branches, so the loop vectorises.
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) void count_plain(const T* p, int64_t n,
+                                                                   Counts* c) {
+  int64_t neg = 0, zero = 0, bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T x = p[i];
+    neg += x < T(0);
+    zero += x == T(0);
+    bad += !((x - x) == T(0));  // x - x is NaN for Inf and NaN
+  }
+  c->neg += neg;
+  c->zero += zero;
+  c->bad += bad;
+}
+
+template <typename H>
+void count_widened(const H* p, int64_t n, Counts* c) {
+  float buf[1024];
+  for (int64_t i = 0; i < n; i += 1024) {
+    int64_t m = std::min<int64_t>(1024, n - i);
+    for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(p[i + j]);
+    count_plain<float>(buf, m, c);
+  }
+}
+
+struct Special {
+  int64_t ninf = 0, pinf = 0, nan = 0;
+};
+
+template <typename T>
+void count_special(const T* p, int64_t n, Special* s) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = static_cast<float>(p[i]);
+    if (std::isnan(x)) {
+      ++s->nan;
+    } else if (std::isinf(x)) {
+      if (x > 0) {
+        ++s->pinf;
+      } else {
+        ++s->ninf;
+      }
+    }
+  }
+}
+
+template <>
+void count_special<double>(const double* p, int64_t n, Special* s) {
+  for (int64_t i = 0; i < n; ++i) {
+    double x = p[i];
+    if (std::isnan(x)) {
+      ++s->nan;
+    } else if (std::isinf(x)) {
+      if (x > 0) {
+        ++s->pinf;
+      } else {
+        ++s->ninf;
+      }
+    }
+  }
+}
+
+// Counts over the elements of a CPU float tensor, in memory order.
+bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special) {
+  at::Tensor t = t0;
+  bool dense = t.is_non_overlapping_and_dense() && !t.is_neg() && !t.is_conj();
+  if (dense) {
+    for (auto st : t.strides()) {
+      if (st < 0) dense = false;
+    }
+  }
+  if (!dense) {
+    at::DisableRecordFunctionGuard no_record;
+    t = t.resolve_neg().contiguous();
+  }
+  int64_t n = t.numel();
+  const void* data = t.const_data_ptr();
+  if (n == 0) return true;
+  if (data == nullptr) return false;
+  auto run = [&](auto* p) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      count_plain<T>(p, n, c);
+    } else {
+      count_widened<T>(p, n, c);
+    }
+    if (want_special && c->bad > 0) count_special<T>(p, n, s);
+  };
+  switch (t.scalar_type()) {
+    case at::kFloat: run(static_cast<const float*>(data)); break;
+    case at::kDouble: run(static_cast<const double*>(data)); break;
+    case at::kHalf: run(static_cast<const at::Half*>(data)); break;
+    case at::kBFloat16: run(static_cast<const at::BFloat16*>(data)); break;
+    default: return false;
+  }
+  return true;
+}
+
+// The summary row of a CPU tensor; false when the mode skips it.
+bool summarize(const at::Tensor& t, double* row) {
+  int st = static_cast<int>(t.scalar_type());
+  int mode = S->mode;
+  if (mode == kShape) {
+    if (st >= 64 || S->dtype_enum[st] < 0) return false;
+    row[0] = -1;
+    row[1] = S->dtype_enum[st];
+    row[2] = static_cast<double>(t.dim());
+    row[3] = static_cast<double>(t.numel());
+    auto sizes = t.sizes();
+    int64_t k = std::min<int64_t>(6, static_cast<int64_t>(sizes.size()));
+    int64_t first = static_cast<int64_t>(sizes.size()) - k;
+    for (int64_t i = 0; i < 6; ++i) row[4 + i] = i < k ? static_cast<double>(sizes[first + i]) : 0.0;
+    return true;
+  }
+  if (st >= 64 || !S->dtype_float[st]) return false;
+  Counts c;
+  Special s;
+  bool special = mode != kCurt;
+  if (!count_tensor(t, &c, &s, special)) return false;
+  int64_t n = t.numel();
+  switch (mode) {
+    case kCurt:
+      row[0] = -1;
+      row[1] = c.bad > 0 ? 1.0 : 0.0;
+      return true;
+    case kConcise:
+      row[0] = -1;
+      row[1] = static_cast<double>(n);
+      row[2] = static_cast<double>(s.ninf);
+      row[3] = static_cast<double>(s.pinf);
+      row[4] = static_cast<double>(s.nan);
+      return true;
+    default:
+      row[0] = -1;
+      row[1] = -1;
+      row[2] = S->dtype_enum[st];
+      row[3] = static_cast<double>(t.dim());
+      row[4] = static_cast<double>(n);
+      row[5] = static_cast<double>(s.ninf);
+      row[6] = static_cast<double>(s.pinf);
+      row[7] = static_cast<double>(s.nan);
+      row[8] = static_cast<double>(c.neg - s.ninf);
+      row[9] = static_cast<double>(c.zero);
+      row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+      return true;
+  }
+}
+
+bool nonfinite(const double* row) {
+  switch (S->mode) {
+    case kFull: return row[5] + row[6] + row[7] > 0;
+    case kConcise: return row[2] + row[3] + row[4] > 0;
+    case kCurt: return row[1] != 0;
+    default: return false;
+  }
+}
+
+int64_t version_of(const at::Tensor& t) {
+  if (t.is_inference()) return -1;
+  return static_cast<int64_t>(t._version());
+}
+
+void remember(int64_t tid, const at::Tensor& t, const double* row) {
+  int64_t v = version_of(t);
+  if (v < 0) return;
+  std::lock_guard<std::mutex> g(S->cache_mu);
+  if (S->cache.size() > kCacheMax) S->cache.clear();
+  S->cache[tid] = {v, std::vector<double>(row, row + S->width)};
+}
+
+// A same-element view of a tensor summarised since its last write: its summary.
+bool from_cache(int64_t source_id, const at::Tensor& source, const at::Tensor& t, double* row) {
+  int64_t v = version_of(source);
+  if (v < 0) return false;
+  std::lock_guard<std::mutex> g(S->cache_mu);
+  auto it = S->cache.find(source_id);
+  if (it == S->cache.end() || it->second.first != v) return false;
+  std::copy(it->second.second.begin(), it->second.second.end(), row);
+  if (S->mode == kFull) row[3] = static_cast<double>(t.dim());
+  return true;
+}
+
+// -- recording ------------------------------------------------------------------------------
+
+void tensors_of(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined()) out.push_back(t);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) {
+      if (t.defined()) out.push_back(t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
+    }
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
+    }
+  }
+}
+
+int32_t device_index(const at::Tensor& t) {
+  if (t.is_cpu()) return 0;
+  c10::Device d = t.device();
+  int64_t key = (static_cast<int64_t>(d.type()) << 16) | (static_cast<int64_t>(d.index()) + 1);
+  std::lock_guard<std::mutex> g(S->dev_mu);
+  auto it = S->dev_index.find(key);
+  if (it != S->dev_index.end()) return it->second;
+  int32_t idx = static_cast<int32_t>(S->devices.size());
+  S->devices.push_back(d.str());
+  S->dev_index[key] = idx;
+  return idx;
+}
+
+// Python objects for tensors, as new tensors sharing their storage: giving
+// the op's own tensor a Python object now would break code that is about to
+// give it one of its own (nn.Parameter, tensor subclasses).
+py::list py_tensors(const std::vector<at::Tensor>& ts) {
+  py::list l;
+  for (const auto& t : ts) {
+    l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t.variable_data())));
+  }
+  return l;
+}
+
+void push(Event&& ev) {
+  std::unique_lock<std::mutex> lk(S->ev_mu);
+  // Bounded memory: past the capacity, wait for the drain thread (never while
+  // holding the GIL, which the drain thread needs).
+  if (S->events.size() >= S->capacity && !S->stopping && !PyGILState_Check()) {
+    S->ev_cv.notify_all();
+    S->space_cv.wait_for(lk, std::chrono::seconds(5),
+                         [] { return S->events.size() < S->capacity || S->stopping; });
+  }
+  S->events.push_back(std::move(ev));
+  if (S->events.size() >= S->wake_at) S->ev_cv.notify_all();
+}
+
+void record(const at::RecordFunction& fn, Ctx& c) {
+  Busy busy;
+  const OpFlags& op = *c.op;
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue& v : fn.outputs()) tensors_of(v, outs);
+  const int mode = S->mode;
+  const bool values = mode != kNoTensor && op.record_values;
+
+  if (op.collective && values && mode != kShape && !outs.empty()) {
+    bool all_cpu = true;
+    for (const auto& t : outs) all_cpu = all_cpu && t.is_cpu();
+    if (all_cpu) {
+      py::gil_scoped_acquire gil;
+      py::tuple out(fn.outputs().size());
+      for (size_t i = 0; i < fn.outputs().size(); ++i) {
+        out[i] = torch::jit::toPyObject(fn.outputs()[i]);
+      }
+      S->host.attr("wait_collective")(out);
+    }
+  }
+
+  Event ev;
+  ev.op = op.index;
+  ev.wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  {
+    std::lock_guard<std::mutex> g(S->ids_mu);
+    ev.in_ids.reserve(c.ins.size());
+    for (const auto& t : c.ins) ev.in_ids.push_back(get_id_locked(t));
+    ev.out_ids.reserve(outs.size());
+    for (const auto& t : outs) ev.out_ids.push_back(new_id_locked(t));
+  }
+  ev.out_dev.reserve(outs.size());
+  for (const auto& t : outs) ev.out_dev.push_back(device_index(t));
+  ev.has.assign(outs.size(), 0);
+
+  bool blank = false;
+  if (op.uninitialised || op.view) {
+    std::lock_guard<std::mutex> g(S->cache_mu);
+    blank = op.uninitialised || (!ev.in_ids.empty() && S->blank.count(ev.in_ids[0]) > 0);
+    if (blank) {
+      if (S->blank.size() > kCacheMax) S->blank.clear();
+      for (int64_t id : ev.out_ids) S->blank.insert(id);
+    }
+  }
+
+  bool bad = false;
+  if (values && !blank) {
+    const int w = S->width;
+    ev.sums.assign(outs.size() * w, 0.0);
+    std::vector<size_t> in_python;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const at::Tensor& t = outs[i];
+      int st = static_cast<int>(t.scalar_type());
+      if (st >= 64 || !S->dtype_ok[st]) continue;
+      if (mode == kFullTensor || !t.is_cpu() || t.layout() != at::kStrided) {
+        if (!t.is_meta()) in_python.push_back(i);
+        continue;
+      }
+      double* row = ev.sums.data() + i * w;
+      bool got = false;
+      if (op.same_elements && !c.ins.empty() && mode != kShape) {
+        got = from_cache(ev.in_ids[0], c.ins[0], t, row);
+      }
+      if (!got) {
+        got = summarize(t, row);
+        if (got && mode != kShape) remember(ev.out_ids[i], t, row);
+      }
+      if (got) {
+        ev.has[i] = 1;
+        bad = bad || nonfinite(row);
+      }
+    }
+    if (!in_python.empty()) {
+      py::gil_scoped_acquire gil;
+      py::list which;
+      for (size_t i : in_python) which.append(i);
+      py::object parts = S->host.attr("summaries")(py_tensors(outs), which);
+      for (size_t i : in_python) ev.has[i] = 2;
+      ev.parts = parts.release().ptr();
+    }
+  }
+  if (bad) {
+    // The rare case worth the cost: what went into an op that made Inf/NaN.
+    py::gil_scoped_acquire gil;
+    py::list vals;
+    for (double v : c.values) vals.append(v);
+    py::list mutated;  // an input that is also an output holds the result now
+    for (const auto& t : c.ins) {
+      bool same = false;
+      for (const auto& o : outs) same = same || o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+      mutated.append(same);
+    }
+    py::object ins = S->host.attr("input_summaries")(op.index, py_tensors(c.ins), mutated, vals);
+    ev.inputs = ins.release().ptr();
+    ev.extra_inputs = static_cast<int32_t>(c.values.size());
+    for (size_t i = 0; i < c.values.size(); ++i) ev.in_ids.push_back(0);
+  }
+
+  auto node = torch::autograd::get_current_node();
+  ev.phase = tl_optimizer ? kPhaseOptimizer : (node ? kPhaseBackward : kPhaseForward);
+  if (node) {
+    std::lock_guard<std::mutex> g(S->links_mu);
+    auto it = S->links.find(static_cast<int64_t>(node->sequence_nr()));
+    if (it != S->links.end()) {
+      ev.fwd_serial = it->second.serial;
+      ev.fwd_stack = it->second.stack;
+      ev.fwd_module = it->second.module;
+      ev.module = it->second.module;
+    }
+  } else {
+    ev.module = tl_module;
+  }
+  ev.stack = capture_stack();
+  ev.step = S->step.load(std::memory_order_relaxed);
+  ev.serial = ++S->serial;
+  if (!node && ev.phase != kPhaseOptimizer) {
+    int64_t cur = static_cast<int64_t>(at::sequence_number::peek());
+    if (cur != tl_last_seq) {
+      tl_last_seq = cur;
+      bool grad = false;
+      if (c10::GradMode::is_enabled()) {
+        for (const auto& t : c.ins) grad = grad || t.requires_grad();
+      }
+      if (grad) {
+        ev.link_target = true;
+        std::lock_guard<std::mutex> g(S->links_mu);
+        if (S->links.size() > kLinksMax) S->links.clear();
+        S->links[cur - 1] = Link{ev.serial, ev.stack, ev.module};
+      }
+    }
+  }
+  S->recorded.fetch_add(1, std::memory_order_relaxed);
+  push(std::move(ev));
+}
+
+// A wrapped number's value, read from memory: an op (item()) here would pass
+// through any Python dispatch mode the user has on.
+bool wrapped_value(const at::Tensor& t, double* out) {
+  if (!t.is_cpu() || t.numel() != 1 || t.const_data_ptr() == nullptr) return false;
+  switch (t.scalar_type()) {
+    case at::kDouble: *out = *t.const_data_ptr<double>(); return true;
+    case at::kFloat: *out = *t.const_data_ptr<float>(); return true;
+    case at::kLong: *out = static_cast<double>(*t.const_data_ptr<int64_t>()); return true;
+    case at::kInt: *out = static_cast<double>(*t.const_data_ptr<int32_t>()); return true;
+    default: return false;  // bool and complex numbers: not values that explain Inf/NaN
+  }
+}
+
+std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn);
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (tl_busy || tl_excluded || S == nullptr || !S->active.load(std::memory_order_relaxed)) {
+    return nullptr;
+  }
+  try {
+    return start_op(fn);
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    warn(e.what());
+    e.discard_as_unraisable("nanscope: recording an op");
+  } catch (const std::exception& e) {
+    warn(e.what());
+  }
+  return nullptr;
+}
+
+std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
+  const OpFlags* op = lookup(fn);
+  if (op->not_op || op->composite) return nullptr;
+  auto c = std::make_unique<Ctx>();
+  if (tl_depth++ > 0 || tl_suspended > 0 || op->skip || !S->active.load()) return c;
+  c->record = true;
+  c->op = op;
+  auto inputs = fn.inputs();
+  size_t vi = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    bool value_pos = false;
+    while (vi < op->value_args.size() && op->value_args[vi] < static_cast<int>(i)) ++vi;
+    if (vi < op->value_args.size() && op->value_args[vi] == static_cast<int>(i)) value_pos = true;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) continue;
+      // A Python number given to an op arrives as a "wrapped number" tensor;
+      // as in a dispatch mode, it is a value, not a tensor with an id.
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        if (value_pos) {
+          double value = 0;
+          if (wrapped_value(t, &value)) c->values.push_back(value);
+        }
+        continue;
+      }
+      c->ins.push_back(t);
+    } else if (v.isDouble()) {
+      if (value_pos) c->values.push_back(v.toDouble());
+    } else if (v.isInt()) {
+      if (value_pos) c->values.push_back(static_cast<double>(v.toInt()));
+    } else {
+      tensors_of(v, c->ins);
+    }
+  }
+  return c;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (ctx == nullptr) return;
+  --tl_depth;
+  Ctx* c = static_cast<Ctx*>(ctx);
+  if (!c->record || S == nullptr || !S->active.load()) return;
+  // The op threw (the guard's destructor runs while unwinding): it produced
+  // nothing, and Python must not run while its error is on its way up.
+  if (std::uncaught_exceptions() > 0) return;
+  try {
+    record(fn, *c);
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    warn(e.what());
+    e.discard_as_unraisable("nanscope: recording an op");
+  } catch (const std::exception& e) {
+    warn(e.what());
+  } catch (...) {
+    warn("unknown error");
+  }
+}
+
+// -- the Python interface -------------------------------------------------------------------
+
+// `dtypes`: (an empty tensor of the dtype, tfdbg2 enum or -1, kept by the filter, a float type).
+void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes) {
+  if (S != nullptr && S->active.load()) throw std::runtime_error("the native recorder is already on");
+  if (S == nullptr) S = new State();  // lives for the process: callbacks may still be running
+  State* s = S;
+  {
+    std::lock_guard<std::mutex> g(s->ev_mu);
+    s->events.clear();
+    s->stopping = false;
+  }
+  s->host = std::move(host);
+  s->mode = mode;
+  s->width = mode == kCurt ? 2 : mode == kConcise ? 5 : mode == kShape ? 10 : mode == kFull ? 11 : 0;
+  s->dtype_enum.fill(-1);
+  s->dtype_ok.fill(false);
+  s->dtype_float.fill(false);
+  for (const auto& [example, num, ok, flt] : dtypes) {
+    int st = static_cast<int>(example.scalar_type());
+    if (st < 0 || st >= 64) continue;
+    s->dtype_enum[st] = num;
+    s->dtype_ok[st] = ok;
+    s->dtype_float[st] = flt;
+  }
+  s->ops.clear();
+  s->ids.clear();
+  s->by_view.clear();
+  s->next_id = 0;
+  s->links.clear();
+  s->cache.clear();
+  s->blank.clear();
+  s->stacks.clear();
+  s->serial = 0;
+  s->step = 0;
+  s->recorded = 0;
+  s->warned = false;
+  s->active = true;
+  s->handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                        .needsInputs(true)
+                                        .needsOutputs(true)
+                                        .scopes({at::RecordScope::FUNCTION}));
+}
+
+void stop() {
+  if (S == nullptr || !S->active.load()) return;
+  S->active = false;
+  at::removeCallback(S->handle);
+  S->handle = 0;
+  {
+    std::lock_guard<std::mutex> g(S->ev_mu);
+    S->stopping = true;
+  }
+  S->ev_cv.notify_all();
+  S->space_cv.notify_all();
+}
+
+void release() {
+  // With the GIL held: drop the Python objects the recorder holds.
+  if (S == nullptr) return;
+  for (PyObject* code : S->held_codes) Py_DECREF(code);
+  S->held_codes.clear();
+  S->stacks.clear();
+  S->host = py::object();
+}
+
+py::list drain(double timeout) {
+  std::vector<Event> batch;
+  {
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lk(S->ev_mu);
+    if (timeout > 0) {
+      S->ev_cv.wait_for(lk, std::chrono::duration<double>(timeout),
+                        [] { return S->events.size() >= S->wake_at || S->stopping; });
+    }
+    batch.swap(S->events);
+  }
+  S->space_cv.notify_all();
+  py::list out;
+  const int w = S->width;
+  for (Event& ev : batch) {
+    py::object sums = py::none();
+    if (!ev.sums.empty()) {
+      size_t n = ev.out_ids.size();
+      py::array_t<double> a({n, static_cast<size_t>(w)});
+      std::copy(ev.sums.begin(), ev.sums.end(), a.mutable_data());
+      sums = a;
+    }
+    py::object parts = ev.parts ? py::reinterpret_steal<py::object>(ev.parts) : py::none();
+    py::object inputs = ev.inputs ? py::reinterpret_steal<py::object>(ev.inputs) : py::none();
+    ev.parts = ev.inputs = nullptr;
+    out.append(py::make_tuple(
+        ev.op, py::cast(ev.out_ids), py::cast(ev.in_ids), py::cast(ev.out_dev), sums,
+        py::bytes(reinterpret_cast<const char*>(ev.has.data()), ev.has.size()), parts, inputs,
+        ev.stack, ev.module, ev.phase, ev.step, ev.serial, ev.fwd_serial, ev.fwd_stack,
+        ev.link_target, ev.wall));
+  }
+  return out;
+}
+
+py::list device_names() {
+  std::lock_guard<std::mutex> g(S->dev_mu);
+  py::list l;
+  for (const auto& d : S->devices) l.append(d);
+  return l;
+}
+
+int64_t tensor_id(const at::Tensor& t, bool fresh) {
+  if (S == nullptr) return 0;
+  std::lock_guard<std::mutex> g(S->ids_mu);
+  return fresh ? new_id_locked(t) : get_id_locked(t);
+}
+
+}  // namespace
+}  // namespace nanscope
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace nanscope;
+  m.doc() = "nanscope's native PyTorch op recorder";
+  m.def("start", &start);
+  m.def("stop", &stop);
+  m.def("release", &release);
+  m.def("drain", &drain, py::arg("timeout") = 0.0);
+  m.def("device_names", &device_names);
+  m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
+  m.def("set_module", [](int m) { tl_module = m; });
+  m.def("set_optimizer", [](int n) { tl_optimizer = n; });
+  m.def("set_step", [](int64_t s) {
+    if (S != nullptr) S->step = s;
+  });
+  m.def("set_suspended", [](int n) { tl_suspended = n; });
+  m.def("exclude_this_thread", []() { tl_excluded = true; });
+  // A forked child (a DataLoader worker) has no drain thread: it records
+  // nothing. Only flags are touched: another thread may have held a lock.
+  m.def("forget_in_child", []() {
+    if (S != nullptr) S->active = false;
+  });
+  m.def("pause", []() { ++tl_busy; });
+  m.def("resume", []() { tl_busy = std::max(0, tl_busy - 1); });
+  m.def("recorded", []() -> int64_t { return S == nullptr ? 0 : S->recorded.load(); });
+  m.def("pending", []() -> int64_t {
+    if (S == nullptr) return 0;
+    std::lock_guard<std::mutex> g(S->ev_mu);
+    return static_cast<int64_t>(S->events.size());
+  });
+}

@@ -1,0 +1,124 @@
+"""The native PyTorch recorder: choosing it, threads, forked workers, summaries against numpy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nanscope  # noqa: E402
+from nanscope.backends.torch.session import native_library  # noqa: E402
+
+from .helpers import torch_recorder  # noqa: E402
+
+needs_native = pytest.mark.skipif(
+    torch_recorder() != "native", reason="the native recorder is not in use"
+)
+
+
+def test_the_recorder_is_chosen_by_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", "python")
+    with nanscope.enable_dump_debug_info(tmp_path / "a") as s:
+        assert s._session.recorder == "python"
+    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", "fast")
+    with pytest.raises(ValueError, match="use auto, native or python"):
+        nanscope.enable_dump_debug_info(tmp_path / "b")
+    monkeypatch.delenv("NANSCOPE_TORCH_RECORDER")
+    with nanscope.enable_dump_debug_info(tmp_path / "c") as s:
+        assert s._session.recorder == torch_recorder()
+
+
+@needs_native
+def test_ci_builds_the_native_recorder() -> None:
+    # `make test` builds it first; a machine that cannot falls back, loudly.
+    assert native_library() is not None
+
+
+LAYOUTS = {
+    "contiguous": lambda x: x * 1,
+    "transposed": lambda x: x.t() * 1,  # an op's non-contiguous result
+    "strided copy": lambda x: x[::2, 1::3].clone(),
+    "expanded input": lambda x: x[:, :1].expand(64, 40) * 1,
+    "transposed view": lambda x: x.t(),  # a view: counted in memory order, or from its base
+    "empty": lambda x: x[:0] * 1,
+    "scalar": lambda x: x.sum(),
+}
+FLOAT_DTYPES = {torch.float32: 1, torch.float64: 2, torch.float16: 19, torch.bfloat16: 14}
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", list(FLOAT_DTYPES), ids=str)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_summaries_match_numpy(tmp_path: Path, dtype: torch.dtype, layout: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=g)
+    x[3, 5], x[7, 1], x[9, 0], x[0, 0] = float("nan"), float("inf"), float("-inf"), 0.0
+    x = x.to(dtype)
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1):
+        out = LAYOUTS[layout](x)
+    last = nanscope.open_dump(tmp_path).executions()[-1]
+    (got,) = last.debug_tensor_values
+    v = out.double().numpy().ravel()
+    want = [
+        -1, -1, FLOAT_DTYPES[dtype], out.dim(), v.size,
+        np.count_nonzero(np.isneginf(v)), np.count_nonzero(np.isposinf(v)),
+        np.count_nonzero(np.isnan(v)), np.count_nonzero(np.isfinite(v) & (v < 0)),
+        np.count_nonzero(v == 0), np.count_nonzero(np.isfinite(v) & (v > 0)),
+    ]  # fmt: skip
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float64))
+
+
+@needs_native
+def test_threads_started_before_recording_are_recorded(tmp_path: Path) -> None:
+    go, done = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        go.wait(10)
+        torch.log(torch.zeros(3))  # -inf, on a thread that predates recording
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH"):
+        go.set()
+        assert done.wait(10)
+    t.join()
+    r = nanscope.open_dump(tmp_path)
+    first = r.first_nonfinite(nanscope.reader.EXECUTIONS)
+    assert first is not None and r.execution(first.index).op_type == "aten.log.default"
+
+
+@needs_native
+def test_dataloader_workers_are_not_recorded_and_do_not_hang(tmp_path: Path) -> None:
+    program = f"""
+import torch, nanscope
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)).sqrt()  # ops in the forked worker
+
+with nanscope.enable_dump_debug_info({str(tmp_path)!r}, "FULL_HEALTH", circular_buffer_size=-1):
+    total = 0.0
+    for batch in DataLoader(Squares(), batch_size=8, num_workers=2):
+        total += float(batch.sum())
+print("total", total)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "total" in proc.stdout
+    ops = [e.op_type for e in nanscope.open_dump(tmp_path).executions()]
+    assert "aten.sum.default" in ops  # the main process's ops
+    assert "aten.sqrt.default" not in ops  # the workers' ops (other processes)
