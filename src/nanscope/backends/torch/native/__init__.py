@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
 
 _HERE = Path(__file__).parent
-SOURCES = ("recorder.cpp", "frames.cpp", "frames.h")
+SOURCES = ("recorder.cpp", "frames.cpp", "frames.h", "pool.h")
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
 CFLAGS = ["-O3", "-DNDEBUG"]
 
@@ -84,6 +85,7 @@ def _build(verbose: bool) -> ModuleType:
             return module
     from torch.utils.cpp_extension import load as cpp_load
 
+    _put_ninja_on_path()
     build.mkdir(parents=True, exist_ok=True)
     if not verbose:
         print(
@@ -97,6 +99,17 @@ def _build(verbose: bool) -> ModuleType:
         build_directory=str(build),
         verbose=verbose,
     )
+
+
+def _put_ninja_on_path() -> None:
+    """PyTorch runs ``ninja`` from PATH; the PyPI package's binary may not be on it."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # PyTorch then says that ninja is missing
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def loaded() -> ModuleType | None:

@@ -36,9 +36,11 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <array>
 #include <vector>
 
 #include "frames.h"
+#include "pool.h"
 
 namespace py = pybind11;
 
@@ -83,34 +85,45 @@ struct Event {
   int64_t serial = 0;
   int64_t fwd_serial = -1;
   double wall = 0;
-  std::vector<int64_t> in_ids, out_ids;
-  std::vector<int32_t> out_dev;
-  std::vector<double> sums;   // width values per output
-  std::vector<uint8_t> has;   // 1: computed here, 2: in `parts`, 0: none
+  pvec<int64_t> in_ids{pool()}, out_ids{pool()};
+  pvec<int32_t> out_dev{pool()};
+  pvec<double> sums{pool()};  // width values per output
+  pvec<uint8_t> has{pool()};  // 1: computed here, 2: in `parts`, 0: none
   PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
   PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
 };
 
 struct Stack {
-  std::vector<RawFrame> frames;
+  pvec<RawFrame> frames{pool()};
   int id;
 };
 
 // An output's memory layout, to know it again in a tensor object that autograd
 // makes behind the dispatcher's back (a saved output, unpacked for backward).
+// No weak reference to the storage: one keeps the storage's memory allocated.
+// While the output itself is alive its storage is compared; once it is gone
+// (a saved output outlives the tensor object it was saved from), the storage
+// and data addresses and the layout must match, within the same step.
 struct ViewEntry {
   int64_t id;
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+  const void* storage;
+  const void* data;
   int64_t offset;
+  int64_t step;
   int8_t dtype;
-  std::vector<int64_t> sizes, strides;
+  c10::SmallVector<int64_t, 6> sizes, strides;
 };
 
-struct Ctx : at::ObserverContext {
+using Tensors = c10::SmallVector<at::Tensor, 4>;
+
+struct Ctx : at::ObserverContext, Pooled {
+  using Pooled::operator new;
+  using Pooled::operator delete;
   bool record = false;
   const OpFlags* op = nullptr;
-  std::vector<at::Tensor> ins;
-  std::vector<double> values;
+  Tensors ins;
+  c10::SmallVector<double, 2> values;
 };
 
 struct State {
@@ -129,22 +142,23 @@ struct State {
   std::deque<OpFlags> op_store;
 
   std::mutex ids_mu;
-  std::unordered_map<c10::TensorImpl*, std::pair<int64_t, c10::weak_intrusive_ptr<c10::TensorImpl>>>
-      ids;
+  std::pmr::unordered_map<c10::TensorImpl*,
+                          std::pair<int64_t, c10::weak_intrusive_ptr<c10::TensorImpl>>>
+      ids{pool()};
   int64_t next_id = 0;
   int64_t until_sweep = 65536;
-  std::unordered_map<uint64_t, ViewEntry> by_view;
+  std::pmr::unordered_map<uint64_t, ViewEntry> by_view{pool()};
 
   std::mutex stacks_mu;
-  std::unordered_multimap<uint64_t, Stack> stacks;
+  std::pmr::unordered_multimap<uint64_t, Stack> stacks{pool()};
   std::vector<PyObject*> held_codes;
 
   std::mutex links_mu;
-  std::unordered_map<int64_t, Link> links;
+  std::pmr::unordered_map<int64_t, Link> links{pool()};
 
   std::mutex cache_mu;
-  std::unordered_map<int64_t, std::pair<int64_t, std::vector<double>>> cache;
-  std::unordered_set<int64_t> blank;
+  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, 11>>> cache{pool()};
+  std::pmr::unordered_set<int64_t> blank{pool()};
 
   std::mutex dev_mu;
   std::vector<std::string> devices{"cpu"};
@@ -152,7 +166,7 @@ struct State {
 
   std::mutex ev_mu;
   std::condition_variable ev_cv, space_cv;
-  std::vector<Event> events;
+  pvec<Event> events{pool()};
   size_t wake_at = 4096;
   size_t capacity = 262144;
   bool stopping = false;
@@ -242,8 +256,9 @@ void sweep_ids_locked() {
       ++it;
     }
   }
+  const int64_t step = S->step.load(std::memory_order_relaxed);
   for (auto it = S->by_view.begin(); it != S->by_view.end();) {
-    if (it->second.storage.expired()) {
+    if (it->second.owner.expired() && it->second.step < step) {
       it = S->by_view.erase(it);
     } else {
       ++it;
@@ -268,9 +283,16 @@ uint64_t view_hash(const at::Tensor& t) {
 
 void remember_view_locked(const at::Tensor& t, int64_t id) {
   if (!has_view_key(t)) return;
-  ViewEntry e{id, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
-              t.storage_offset(), static_cast<int8_t>(t.scalar_type()), t.sizes().vec(),
-              t.strides().vec()};
+  if (S->by_view.size() > (1u << 20)) S->by_view.clear();
+  ViewEntry e{id,
+              c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+              t.storage().unsafeGetStorageImpl(),
+              t.storage().data(),
+              t.storage_offset(),
+              S->step.load(std::memory_order_relaxed),
+              static_cast<int8_t>(t.scalar_type()),
+              c10::SmallVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
+              c10::SmallVector<int64_t, 6>(t.strides().begin(), t.strides().end())};
   S->by_view.insert_or_assign(view_hash(t), std::move(e));
 }
 
@@ -281,10 +303,16 @@ int64_t id_by_view_locked(const at::Tensor& t) {
   auto it = S->by_view.find(view_hash(t));
   if (it == S->by_view.end()) return 0;
   const ViewEntry& e = it->second;
-  auto storage = e.storage.lock();
-  if (!storage || storage.get() != t.storage().unsafeGetStorageImpl()) return 0;
+  const void* storage = t.storage().unsafeGetStorageImpl();
+  if (e.storage != storage || e.data != t.storage().data()) return 0;
+  auto owner = e.owner.lock();
+  if (owner ? owner->storage().unsafeGetStorageImpl() != storage
+            : e.step != S->step.load(std::memory_order_relaxed)) {
+    return 0;
+  }
   if (e.offset != t.storage_offset() || e.dtype != static_cast<int8_t>(t.scalar_type()) ||
-      t.sizes() != c10::IntArrayRef(e.sizes) || t.strides() != c10::IntArrayRef(e.strides)) {
+      t.sizes() != c10::IntArrayRef(e.sizes.data(), e.sizes.size()) ||
+      t.strides() != c10::IntArrayRef(e.strides.data(), e.strides.size())) {
     return 0;
   }
   return e.id;
@@ -545,7 +573,9 @@ void remember(int64_t tid, const at::Tensor& t, const double* row) {
   if (v < 0) return;
   std::lock_guard<std::mutex> g(S->cache_mu);
   if (S->cache.size() > kCacheMax) S->cache.clear();
-  S->cache[tid] = {v, std::vector<double>(row, row + S->width)};
+  std::array<double, 11> values{};
+  std::copy(row, row + S->width, values.begin());
+  S->cache[tid] = {v, values};
 }
 
 // A same-element view of a tensor summarised since its last write: its summary.
@@ -555,14 +585,14 @@ bool from_cache(int64_t source_id, const at::Tensor& source, const at::Tensor& t
   std::lock_guard<std::mutex> g(S->cache_mu);
   auto it = S->cache.find(source_id);
   if (it == S->cache.end() || it->second.first != v) return false;
-  std::copy(it->second.second.begin(), it->second.second.end(), row);
+  std::copy(it->second.second.begin(), it->second.second.begin() + S->width, row);
   if (S->mode == kFull) row[3] = static_cast<double>(t.dim());
   return true;
 }
 
 // -- recording ------------------------------------------------------------------------------
 
-void tensors_of(const c10::IValue& v, std::vector<at::Tensor>& out) {
+void tensors_of(const c10::IValue& v, Tensors& out) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (t.defined()) out.push_back(t);
@@ -597,7 +627,7 @@ int32_t device_index(const at::Tensor& t) {
 // Python objects for tensors, as new tensors sharing their storage: giving
 // the op's own tensor a Python object now would break code that is about to
 // give it one of its own (nn.Parameter, tensor subclasses).
-py::list py_tensors(const std::vector<at::Tensor>& ts) {
+py::list py_tensors(const Tensors& ts) {
   py::list l;
   for (const auto& t : ts) {
     l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t.variable_data())));
@@ -621,7 +651,7 @@ void push(Event&& ev) {
 void record(const at::RecordFunction& fn, Ctx& c) {
   Busy busy;
   const OpFlags& op = *c.op;
-  std::vector<at::Tensor> outs;
+  Tensors outs;
   for (const c10::IValue& v : fn.outputs()) tensors_of(v, outs);
   const int mode = S->mode;
   const bool values = mode != kNoTensor && op.record_values;
@@ -910,7 +940,7 @@ void release() {
 }
 
 py::list drain(double timeout) {
-  std::vector<Event> batch;
+  pvec<Event> batch{pool()};
   {
     py::gil_scoped_release nogil;
     std::unique_lock<std::mutex> lk(S->ev_mu);
