@@ -122,3 +122,34 @@ print("total", total)
     ops = [e.op_type for e in nanscope.open_dump(tmp_path).executions()]
     assert "aten.sum.default" in ops  # the main process's ops
     assert "aten.sqrt.default" not in ops  # the workers' ops (other processes)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "mode", ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE"]
+)
+def test_records_encoded_in_cpp_are_canonical_protobuf(tmp_path: Path, mode: str) -> None:
+    """The C++ encoder writes exactly what protobuf itself would for the same message."""
+    from nanscope.format.files import EXECUTION
+    from nanscope.format.proto import debug_event_pb2 as pb
+    from nanscope.format.records import iter_payloads
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 6)
+    with nanscope.enable_dump_debug_info(tmp_path, mode, circular_buffer_size=-1):
+        for _ in range(3):
+            loss = torch.log(torch.softmax(model(x), 1) * 0).sum()  # -inf: input summaries too
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (path,) = tmp_path.glob(f"*{EXECUTION}")
+    payloads = list(iter_payloads(path.read_bytes(), str(path)))
+    assert len(payloads) > 50
+    events = [pb.DebugEvent.FromString(p) for p in payloads]
+    for p, ev in zip(payloads, events, strict=True):
+        assert ev.SerializeToString() == p
+    execs = nanscope.open_dump(tmp_path).executions()
+    assert [e.sequence for e in execs] == list(range(1, len(execs) + 1))
+    assert {e.phase for e in execs} == {1, 2, 3} and any(e.forward_sequence for e in execs)
+    assert any(e.module_path == "Sequential.0" for e in execs)

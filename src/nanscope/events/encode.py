@@ -82,6 +82,22 @@ class Encoder:
 
     # -- executions ------------------------------------------------------------------------
 
+    def execution_pieces(self, width: int) -> tuple[bytes, bytes, bytes]:
+        """For encoders outside Python: the mode field, a ``width``-slot summary's
+        field up to its doubles, and the field of an output without a summary."""
+        prefix = self._summary_field(7, np.zeros(width))[: -8 * width] if width else b""
+        return self._mode_exec, prefix, _TAG[7] + b"\x00"
+
+    def location_field(self, stack: int, forward: bool = False) -> bytes:
+        """The code location field (8, or 1004 for a forward stack) of a stack id."""
+        if stack < 0:
+            return b""
+        return wire.len_field(1004 if forward else 8, self.code_location(stack))
+
+    def extras_field(self, module_path: str, phase: int) -> bytes:
+        """nanscope's module path and phase fields of an execution."""
+        return wire.str_field(1001, module_path) + wire.int_field(1002, phase)
+
     def _summary_field(self, field: int, value: np.ndarray | None) -> bytes:
         """A ``tensor_protos``-style field holding one summary (cached prefix per length)."""
         if value is None:

@@ -106,7 +106,9 @@ class EventStream:
         self.origin_seen = False
         self.dirty = False
         self.dropped = 0
-        # Items are [spec or framed record (bytes), row].
+        # Items are [spec or framed record (bytes), row], or (framed record, row)
+        # for events framed before they were added: a tuple of bytes and numbers
+        # that the garbage collector stops tracking, however long it waits here.
         self._ring: deque[list[Any]] = deque()
         self._before: deque[list[Any]] = deque()
         self._protected: list[list[Any]] = []
@@ -124,8 +126,9 @@ class EventStream:
         return self.capacity > 0
 
     def add(self, spec: Any, row: RowTuple, nonfinite: bool) -> None:
+        """Add one event: ``spec`` for ``encode``, or its framed record (bytes)."""
         self.dirty = True
-        item = [spec, row]
+        item: Any = (spec, row) if type(spec) is bytes else [spec, row]
         if not self.circular:
             self._ring.append(item)
             return

@@ -10,7 +10,6 @@ runs at exit, on uncaught exceptions and on SIGTERM/SIGINT).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import socket
 import sys
@@ -35,6 +34,7 @@ from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
 from nanscope.format.modes import UNKNOWN_HEALTH, TensorDebugMode, parse_mode, summary_health
 from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.records import frame
 
 FILE_VERSION = "debug.Event:1"
 
@@ -152,7 +152,7 @@ class DumpWriter:
 
         self._queue: deque[tuple[Any, ...]] = deque()
         self._seq_lock = threading.Lock()
-        self._exec_seq = itertools.count(1)
+        self._exec_next = 1  # the next execution's sequence number
         self._trace_seq = 1
         self._devices: dict[str, int] = {}
         self.stacks = StackInterner(self._queue.append, source_snapshots)
@@ -220,6 +220,11 @@ class DumpWriter:
             ]
         )
 
+    @property
+    def encoder(self) -> Encoder:
+        """The record encoder (for backends that encode records themselves)."""
+        return self._encoder
+
     def register_device(self, device_name: str) -> int:
         """The id of a device (from 1, in first-seen order), written once to ``.graphs``."""
         did = self._devices.get(device_name)
@@ -237,17 +242,72 @@ class DumpWriter:
     def write_graph_op(self, op: GraphOp) -> None:
         self._put(("graph_op", op, time.time()))
 
-    def write_execution(self, event: ExecutionEvent) -> int:
-        """Enqueue an execution; returns its sequence number (1-based, never reused)."""
+    def write_execution(self, event: ExecutionEvent, *, encode_now: bool = False) -> int:
+        """Enqueue an execution; returns its sequence number (1-based, never reused).
+
+        ``encode_now``: turn it into its record on the calling thread (a
+        backend's own background thread), so that what waits for the disk is
+        bytes, not the event's Python objects. Thousands of those alive at
+        once, long enough to reach the garbage collector's oldest generation,
+        make it scan the whole program's heap every few hundred steps. Ignored
+        for summaries still on a device.
+        """
         if self._closed:
             return 0
+        if encode_now and isinstance(event.summaries, (list, tuple)):
+            return self._write_encoded(event)
         with self._seq_lock:
-            seq = next(self._exec_seq)
+            seq = self._exec_next
+            self._exec_next += 1
             self._queue.append(("exec", event, seq, event.wall_time or time.time()))
             self._backlog += 1
         if self._backlog > self.max_queue:
             self._backpressure()
         return seq
+
+    def _write_encoded(self, ev: ExecutionEvent) -> int:
+        summaries: Sequence[np.ndarray | None] = (
+            () if self.mode == TensorDebugMode.NO_TENSOR else ev.summaries  # type: ignore[assignment]
+        )
+        wall = ev.wall_time or time.time()
+        num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
+        device = ev.output_device_ids[0] if ev.output_device_ids else 0
+        # Under the lock: the queue keeps sequence order.
+        with self._seq_lock:
+            seq = self._exec_next
+            self._exec_next += 1
+            payload, h, _ = self._encoder.execution(ev, seq, wall, summaries)
+            # Only bytes, strings and numbers: the tuple is untracked by the GC.
+            self._queue.append(
+                ("exec_encoded", frame(payload), ev.op_type, ev.graph_id, num_outputs, wall,
+                 ev.step, seq, *h, int(ev.phase), device)
+            )  # fmt: skip
+            self._backlog += 1
+        if self._backlog > self.max_queue:
+            self._backpressure()
+        return seq
+
+    def write_encoded_executions(self, produce: Callable[[int], Sequence[tuple[Any, ...]]]) -> int:
+        """Enqueue executions a backend encoded itself; returns how many.
+
+        ``produce(first)`` returns records numbered from sequence ``first``,
+        each ``(payload, op_type, graph_id, num_outputs, wall_time, step,
+        sequence, size, neg_inf, pos_inf, nan, nonfinite, phase, device)``
+        (the health fields as :func:`nanscope.format.modes.summary_health`
+        gives them). It runs under the writer's sequence lock.
+        """
+        if self._closed:
+            return 0
+        with self._seq_lock:
+            records = produce(self._exec_next)
+            n = len(records)
+            if n:
+                self._exec_next += n
+                self._queue.append(("exec_batch", records))
+                self._backlog += n
+        if self._backlog > self.max_queue:
+            self._backpressure()
+        return n
 
     def write_trace(self, event: TraceEvent) -> int:
         if self._closed:
@@ -389,6 +449,13 @@ class DumpWriter:
                 if kind == "exec":
                     self._on_execution(item[1], item[2], item[3])
                     self._processed(1)
+                elif kind == "exec_encoded":
+                    self._on_encoded_execution(*item[1:])
+                    self._processed(1)
+                elif kind == "exec_batch":
+                    for record in item[1]:
+                        self._add_execution(frame(record[0]), *record[1:])
+                    self._processed(len(item[1]))
                 elif kind == "trace":
                     self._on_trace(item[1], item[2], item[3])
                     self._processed(1)
@@ -461,10 +528,30 @@ class DumpWriter:
         h = summary_health(self.mode, summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
+        self._add_execution(
+            (ev, seq, wall, summaries), ev.op_type, ev.graph_id, num_outputs, wall, ev.step,
+            seq, *h, int(ev.phase), device,
+        )  # fmt: skip
+
+    def _on_encoded_execution(self, record: bytes, *row: Any) -> None:
+        self._add_execution(record, *row)
+
+    def _add_execution(
+        self,
+        spec: Any,
+        op_type: str,
+        graph_id: str,
+        num_outputs: int,
+        wall: float,
+        step: int,
+        seq: int,
+        *health_phase_device: int,
+    ) -> None:
+        """``spec``: the event's encoder input, or its framed record (bytes)."""
         st = self._executions.strings
-        row = (st.id(ev.op_type), st.id(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
-        self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
+        row: Any = (st.id(op_type), st.id(graph_id), num_outputs, wall, step, seq,
+                    *health_phase_device)  # fmt: skip
+        self._executions.add(spec, row, health_phase_device[4] == 1)
         self.stats.executions += 1
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:

@@ -37,9 +37,10 @@ from nanscope.backends.torch.summaries import (
 from nanscope.events import DumpWriter, ExecutionEvent, Phase, lifecycle
 from nanscope.format.modes import TensorDebugMode
 
-_LINKS_MAX = 1 << 20
+_PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
 _fork_hook = False
 DRAIN_INTERVAL = 0.05  # seconds; well under the writer's flush interval
+SLICE = 64  # events turned into Python objects at a time
 
 
 class NativeIds:
@@ -106,7 +107,6 @@ class NativeRecorder:
         self.ids = NativeIds(lib)
         self.device_buffer = DeviceBuffer()
         self.ops: list[OpInfo] = []
-        self._links: dict[int, int] = {}  # native serial -> execution sequence
         self._devices: list[int] = []
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
@@ -119,7 +119,13 @@ class NativeRecorder:
         if not _fork_hook and hasattr(os, "register_at_fork"):
             _fork_hook = True
             os.register_at_fork(after_in_child=lib.forget_in_child)
-        lib.start(self, int(self.mode), table)
+        width = {
+            TensorDebugMode.CURT_HEALTH: 2,
+            TensorDebugMode.CONCISE_HEALTH: 5,
+            TensorDebugMode.FULL_HEALTH: 11,
+            TensorDebugMode.SHAPE: 10,
+        }.get(self.mode, 0)
+        lib.start(self, int(self.mode), table, *writer.encoder.execution_pieces(width))
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
         self._closed = False
@@ -155,10 +161,26 @@ class NativeRecorder:
             info.uninitialised,
             info.view,
             list(info.value_args),
+            info.name,
         )
 
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:
         return self.writer.stacks.intern_code_frames(frames)
+
+    def located(self, stack: int) -> bytes:
+        return self.writer.encoder.location_field(stack)
+
+    def forward_located(self, stack: int) -> bytes:
+        return self.writer.encoder.location_field(stack, forward=True)
+
+    def extras(self, module: int, phase: int) -> bytes:
+        names = self.context.module_names
+        return self.writer.encoder.extras_field(names[module] if module < len(names) else "", phase)
+
+    def device_ids(self) -> list[int]:
+        """The writer's ids of the devices registered so far (never registers: the
+        C++ half asks while the writer's lock is held)."""
+        return self._devices
 
     def summaries(self, outs: list[torch.Tensor], which: list[int]) -> list[Any]:
         """Summaries the C++ half leaves to PyTorch, aligned with ``outs`` (``None`` elsewhere)."""
@@ -201,22 +223,33 @@ class NativeRecorder:
         self.lib.exclude_this_thread()
         while not self._stop.is_set():
             try:
-                self.sync(DRAIN_INTERVAL)
+                self.lib.wait_for_events(DRAIN_INTERVAL)
+                self.sync()
             except Exception as exc:  # keep draining: a lost event beats a stalled program
                 self._failed(exc)
 
-    def sync(self, timeout: float = 0.0) -> None:
-        """Hand every buffered event to the writer (waiting up to ``timeout`` for a batch)."""
-        batch = self.lib.drain(timeout)
-        if not batch:
-            return
-        with self._write_lock:
-            self._write(batch)
+    def sync(self) -> None:
+        """Hand every buffered event to the writer.
+
+        Most are encoded by the C++ half, a slice at a time (the writer then
+        holds bytes: no Python objects per event wait for the disk); an event
+        with summaries from Python is handed over as an ``ExecutionEvent``.
+        """
+        with self._write_lock:  # one thread at a time, in order
+            while True:
+                if self.writer.write_encoded_executions(self._encode_slice):
+                    continue
+                batch = self.lib.drain(1)  # an event the C++ half does not encode
+                if not batch:
+                    return
+                self._write(batch)
+
+    def _encode_slice(self, first: int) -> Any:
+        return self.lib.encode_slice(first, SLICE)
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         ops = self.ops
         names = self.context.module_names
-        links = self._links
         write = self.writer.write_execution
         devices = self._devices
         for (
@@ -246,18 +279,16 @@ class NativeRecorder:
                     "",
                     stack,
                     names[module] if module < len(names) else "",
-                    Phase(phase),
+                    _PHASES[phase],
                     step,
-                    links.get(fwd_serial, 0) if fwd_serial >= 0 else 0,
+                    self.lib.seq_of(fwd_serial) if fwd_serial >= 0 else 0,
                     fwd_stack,
                     wall,
-                )
+                ),
+                encode_now=True,
             )
             if link_target:
-                links[serial] = seq
-                if len(links) > _LINKS_MAX:
-                    for k in list(links)[: _LINKS_MAX // 2]:
-                        del links[k]
+                self.lib.note_seq(serial, seq)
 
     def _register_devices(self) -> None:
         names = self.lib.device_names()

@@ -11,6 +11,9 @@
 // the public frame API.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>  // 3.10: PyFrameObject's fields
+#endif
 
 #include "frames.h"
 
@@ -45,7 +48,11 @@ int walk_frames(RawFrame* out, int limit) {
   while (f != nullptr && n < limit) {
     PyCodeObject* code = PyFrame_GetCode(f);
     out[n].code = reinterpret_cast<PyObject*>(code);
-    out[n].lasti = PyFrame_GetLasti(f) / 2;
+#if PY_VERSION_HEX >= 0x030B0000
+    out[n].lasti = PyFrame_GetLasti(f) / 2;  // bytes
+#else
+    out[n].lasti = f->f_lasti;  // 3.10: code units
+#endif
     Py_DECREF(code);  // alive while its frame is
     ++n;
     PyFrameObject* back = PyFrame_GetBack(f);

@@ -33,6 +33,8 @@
 #include <cstdio>
 #include <deque>
 #include <exception>
+#include <limits>
+#include <cmath>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,6 +66,7 @@ struct OpFlags {
   bool uninitialised = false;
   bool view = false;
   std::vector<int> value_args;
+  std::string name;  // "aten.log.default"
 };
 
 struct Link {
@@ -140,6 +143,7 @@ struct State {
   std::mutex ops_mu;
   std::unordered_map<const char*, const OpFlags*> ops;
   std::deque<OpFlags> op_store;
+  std::vector<const OpFlags*> op_by_index;  // by the Python side's op index
 
   std::mutex ids_mu;
   std::pmr::unordered_map<c10::TensorImpl*,
@@ -167,9 +171,19 @@ struct State {
   std::mutex ev_mu;
   std::condition_variable ev_cv, space_cv;
   pvec<Event> events{pool()};
+  pvec<Event> taken{pool()};  // drained from `events`, handed to Python a slice at a time
+  size_t taken_pos = 0;
   size_t wake_at = 4096;
   size_t capacity = 262144;
   bool stopping = false;
+
+  // The record encoder (see encode_slice): pieces from the Python side, cached.
+  std::string mode_field;   // Execution.tensor_debug_mode
+  std::string sum_prefix;   // a summary's tensor_protos field, up to its doubles
+  std::string none_field;   // an output without a summary
+  std::unordered_map<int64_t, std::string> located, forward_located, extras;
+  std::vector<int64_t> device_ids;  // device index -> the writer's device id
+  std::unordered_map<int64_t, int64_t> seq_of_serial;  // forward ops' sequence numbers
 
   std::atomic<int64_t> serial{0};
   std::atomic<int64_t> step{0};
@@ -232,6 +246,7 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
       f.uninitialised = d[5].cast<bool>();
       f.view = d[6].cast<bool>();
       f.value_args = d[7].cast<std::vector<int>>();
+      f.name = d[8].cast<std::string>();
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("nanscope: describing an op");
       f.skip = true;
@@ -243,6 +258,10 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
   S->op_store.push_back(std::move(f));
   const OpFlags* p = &S->op_store.back();
   S->ops.emplace(key, p);
+  if (p->index >= 0) {
+    if (S->op_by_index.size() <= static_cast<size_t>(p->index)) S->op_by_index.resize(p->index + 1);
+    S->op_by_index[static_cast<size_t>(p->index)] = p;
+  }
   return p;
 }
 
@@ -406,20 +425,28 @@ struct Counts {
   int64_t neg = 0, zero = 0, bad = 0;  // bad: Inf or NaN
 };
 
-// Comparisons summed as integers: no branches, so the loop vectorises.
+// Comparisons summed as integers: no branches, so the loop vectorises; 32-bit
+// sums over blocks fill twice the lanes of 64-bit ones. |x| <= max is false
+// exactly for Inf and NaN.
 template <typename T>
 __attribute__((target_clones("avx2", "default"))) void count_plain(const T* p, int64_t n,
                                                                    Counts* c) {
-  int64_t neg = 0, zero = 0, bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    T x = p[i];
-    neg += x < T(0);
-    zero += x == T(0);
-    bad += !((x - x) == T(0));  // x - x is NaN for Inf and NaN
+  constexpr int64_t kBlock = 1 << 20;
+  const T big = std::numeric_limits<T>::max();
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const T* q = p + start;
+    int32_t neg = 0, zero = 0, bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      T x = q[i];
+      neg += x < T(0);
+      zero += x == T(0);
+      bad += !(std::fabs(x) <= big);
+    }
+    c->neg += neg;
+    c->zero += zero;
+    c->bad += bad;
   }
-  c->neg += neg;
-  c->zero += zero;
-  c->bad += bad;
 }
 
 template <typename H>
@@ -876,7 +903,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 // -- the Python interface -------------------------------------------------------------------
 
 // `dtypes`: (an empty tensor of the dtype, tfdbg2 enum or -1, kept by the filter, a float type).
-void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes) {
+void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes,
+           py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field) {
   if (S != nullptr && S->active.load()) throw std::runtime_error("the native recorder is already on");
   if (S == nullptr) S = new State();  // lives for the process: callbacks may still be running
   State* s = S;
@@ -898,6 +926,17 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     s->dtype_ok[st] = ok;
     s->dtype_float[st] = flt;
   }
+  s->mode_field = mode_field;
+  s->sum_prefix = sum_prefix;
+  s->none_field = none_field;
+  s->located.clear();
+  s->forward_located.clear();
+  s->extras.clear();
+  s->device_ids.clear();
+  s->seq_of_serial.clear();
+  s->op_by_index.clear();
+  s->taken.clear();
+  s->taken_pos = 0;
   s->ops.clear();
   s->ids.clear();
   s->by_view.clear();
@@ -939,21 +978,214 @@ void release() {
   S->host = py::object();
 }
 
-py::list drain(double timeout) {
-  pvec<Event> batch{pool()};
-  {
-    py::gil_scoped_release nogil;
-    std::unique_lock<std::mutex> lk(S->ev_mu);
-    if (timeout > 0) {
-      S->ev_cv.wait_for(lk, std::chrono::duration<double>(timeout),
-                        [] { return S->events.size() >= S->wake_at || S->stopping; });
+template <typename V>
+py::tuple as_tuple(const V& values) {
+  py::tuple t(values.size());
+  for (size_t i = 0; i < values.size(); ++i) t[i] = py::int_(values[i]);
+  return t;
+}
+
+// Until a batch is worth draining (or `timeout` seconds), without the GIL.
+void wait_for_events(double timeout) {
+  py::gil_scoped_release nogil;
+  std::unique_lock<std::mutex> lk(S->ev_mu);
+  S->ev_cv.wait_for(lk, std::chrono::duration<double>(timeout),
+                    [] { return S->events.size() >= S->wake_at || S->stopping; });
+}
+
+// -- encoding -------------------------------------------------------------------------------
+//
+// Most events are encoded here, into the bytes of their DebugEvent record,
+// byte for byte what nanscope.events.encode writes (tests compare the two):
+// Python then only frames and files them. Pieces that depend on Python-side
+// tables (stacks' code locations, module paths, device ids) come from the
+// Python side once each and are cached. An event with summaries computed by
+// Python (accelerator, FULL_TENSOR) or input summaries stays with Python.
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void put_tag(std::string& out, int field, int wire) { put_varint(out, (static_cast<uint64_t>(field) << 3) | wire); }
+
+template <typename V>
+void put_packed(std::string& out, int field, const V& values, const std::vector<int64_t>* map = nullptr) {
+  if (values.empty()) return;
+  std::string body;
+  for (auto v : values) {
+    int64_t x = map ? (*map)[static_cast<size_t>(v)] : static_cast<int64_t>(v);
+    put_varint(body, static_cast<uint64_t>(x));
+  }
+  put_tag(out, field, 2);
+  put_varint(out, body.size());
+  out += body;
+}
+
+const std::string& cached_piece(std::unordered_map<int64_t, std::string>& cache, int64_t key,
+                                const char* method, py::args args) {
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::string piece = S->host.attr(method)(*args).cast<std::string>();
+  return cache.emplace(key, std::move(piece)).first->second;
+}
+
+bool devices_known(const Event& ev) {
+  for (int32_t d : ev.out_dev) {
+    if (static_cast<size_t>(d) >= S->device_ids.size()) return false;
+  }
+  return true;
+}
+
+// Events with summaries from Python, or on a device the writer has not
+// numbered yet (numbering takes the writer's lock, held while encoding),
+// are left to the Python side.
+bool encodable(const Event& ev) {
+  if (ev.parts != nullptr || ev.inputs != nullptr) return false;
+  if (!devices_known(ev)) {
+    S->device_ids = S->host.attr("device_ids")().cast<std::vector<int64_t>>();
+    return devices_known(ev);
+  }
+  return true;
+}
+
+// The record of one event, and its index row's health (size, -inf, +inf, nan, nonfinite).
+py::tuple encode(const Event& ev, int64_t seq) {
+  const OpFlags& op = *S->op_by_index[static_cast<size_t>(ev.op)];
+  const int mode = S->mode;
+  const int w = S->width;
+  std::string body;
+  body.reserve(256);
+  put_tag(body, 1, 2);
+  put_varint(body, op.name.size());
+  body += op.name;
+  if (!ev.out_ids.empty()) {
+    put_tag(body, 2, 0);
+    put_varint(body, ev.out_ids.size());
+  }
+  put_packed(body, 4, ev.in_ids);
+  put_packed(body, 5, ev.out_ids);
+  body += S->mode_field;
+  int64_t size = 0, ni = 0, pi = 0, nn = 0;
+  bool seen = false, flagged = false;
+  if (mode != kNoTensor) {
+    for (size_t i = 0; i < ev.out_ids.size(); ++i) {
+      if (i >= ev.has.size() || ev.has[i] != 1) {
+        body += S->none_field;
+        continue;
+      }
+      const double* row = ev.sums.data() + i * w;
+      body += S->sum_prefix;
+      body.append(reinterpret_cast<const char*>(row), sizeof(double) * w);
+      seen = true;
+      if (mode == kFull) {
+        size += static_cast<int64_t>(row[4]);
+        ni += static_cast<int64_t>(row[5]);
+        pi += static_cast<int64_t>(row[6]);
+        nn += static_cast<int64_t>(row[7]);
+      } else if (mode == kConcise) {
+        size += static_cast<int64_t>(row[1]);
+        ni += static_cast<int64_t>(row[2]);
+        pi += static_cast<int64_t>(row[3]);
+        nn += static_cast<int64_t>(row[4]);
+      } else if (mode == kCurt) {
+        flagged = flagged || row[1] != 0;
+      } else if (mode == kShape) {
+        size += static_cast<int64_t>(row[3]);
+      }
     }
-    batch.swap(S->events);
+  }
+  if (ev.stack >= 0) body += cached_piece(S->located, ev.stack, "located", py::make_tuple(ev.stack));
+  put_packed(body, 9, ev.out_dev, &S->device_ids);
+  body += cached_piece(S->extras, (static_cast<int64_t>(ev.module) << 2) | ev.phase, "extras",
+                       py::make_tuple(ev.module, ev.phase));
+  if (ev.fwd_serial >= 0) {
+    auto it = S->seq_of_serial.find(ev.fwd_serial);
+    if (it != S->seq_of_serial.end() && it->second != 0) {
+      put_tag(body, 1003, 0);
+      put_varint(body, static_cast<uint64_t>(it->second));
+    }
+  }
+  if (ev.fwd_stack >= 0) {
+    body += cached_piece(S->forward_located, ev.fwd_stack, "forward_located", py::make_tuple(ev.fwd_stack));
+  }
+  if (seq) {
+    put_tag(body, 1005, 0);
+    put_varint(body, static_cast<uint64_t>(seq));
+  }
+  std::string payload;
+  payload.reserve(body.size() + 24);
+  if (ev.wall != 0) {
+    put_tag(payload, 1, 1);
+    payload.append(reinterpret_cast<const char*>(&ev.wall), sizeof(double));
+  }
+  if (ev.step != 0) {
+    put_tag(payload, 2, 0);
+    put_varint(payload, static_cast<uint64_t>(ev.step));
+  }
+  put_tag(payload, 9, 2);
+  put_varint(payload, body.size());
+  payload += body;
+  if (ev.link_target) {
+    if (S->seq_of_serial.size() > kLinksMax) S->seq_of_serial.clear();
+    S->seq_of_serial[ev.serial] = seq;
+  }
+  // The index row's health, as nanscope.format.modes.summary_health computes it.
+  int64_t h_size = -1, h_ni = -1, h_pi = -1, h_nn = -1, h_bad = -1;
+  if (seen && (mode == kFull || mode == kConcise)) {
+    h_size = size, h_ni = ni, h_pi = pi, h_nn = nn, h_bad = (ni + pi + nn) > 0;
+  } else if (seen && mode == kCurt) {
+    h_bad = flagged;
+  } else if (seen && mode == kShape) {
+    h_size = size;
+  }
+  int64_t device = ev.out_dev.empty() ? 0 : S->device_ids[static_cast<size_t>(ev.out_dev[0])];
+  return py::make_tuple(py::bytes(payload), op.name, "", static_cast<int64_t>(ev.out_ids.size()),
+                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device);
+}
+
+void refill_taken() {
+  pvec<Event>& taken = S->taken;
+  if (S->taken_pos < taken.size()) return;
+  taken.clear();
+  S->taken_pos = 0;
+  {
+    std::lock_guard<std::mutex> lk(S->ev_mu);
+    taken.swap(S->events);
   }
   S->space_cv.notify_all();
+}
+
+// Records for the next (at most `limit`) buffered events, numbered from
+// `first_seq`; stops before an event that Python must encode (see drain).
+py::list encode_slice(int64_t first_seq, size_t limit) {
+  refill_taken();
+  py::list out;
+  pvec<Event>& taken = S->taken;
+  int64_t seq = first_seq;
+  while (S->taken_pos < taken.size() && out.size() < limit) {
+    Event& ev = taken[S->taken_pos];
+    if (!encodable(ev)) break;
+    out.append(encode(ev, seq++));
+    ++S->taken_pos;
+  }
+  return out;
+}
+
+// At most `limit` buffered events as Python tuples. Small slices: the Python
+// objects of a slice die before the garbage collector promotes them to its
+// oldest generation, whose collections scan the whole program's heap.
+py::list drain(size_t limit) {
+  pvec<Event>& taken = S->taken;
+  refill_taken();
   py::list out;
   const int w = S->width;
-  for (Event& ev : batch) {
+  size_t end = std::min(taken.size(), S->taken_pos + limit);
+  for (; S->taken_pos < end; ++S->taken_pos) {
+    Event& ev = taken[S->taken_pos];
     py::object sums = py::none();
     if (!ev.sums.empty()) {
       size_t n = ev.out_ids.size();
@@ -965,7 +1197,7 @@ py::list drain(double timeout) {
     py::object inputs = ev.inputs ? py::reinterpret_steal<py::object>(ev.inputs) : py::none();
     ev.parts = ev.inputs = nullptr;
     out.append(py::make_tuple(
-        ev.op, py::cast(ev.out_ids), py::cast(ev.in_ids), py::cast(ev.out_dev), sums,
+        ev.op, as_tuple(ev.out_ids), as_tuple(ev.in_ids), as_tuple(ev.out_dev), sums,
         py::bytes(reinterpret_cast<const char*>(ev.has.data()), ev.has.size()), parts, inputs,
         ev.stack, ev.module, ev.phase, ev.step, ev.serial, ev.fwd_serial, ev.fwd_stack,
         ev.link_target, ev.wall));
@@ -995,7 +1227,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("start", &start);
   m.def("stop", &stop);
   m.def("release", &release);
-  m.def("drain", &drain, py::arg("timeout") = 0.0);
+  m.def("drain", &drain, py::arg("limit") = 256);
+  m.def("wait_for_events", &wait_for_events);
+  m.def("encode_slice", &encode_slice);
+  m.def("note_seq", [](int64_t serial, int64_t seq) {
+    if (S->seq_of_serial.size() > kLinksMax) S->seq_of_serial.clear();
+    S->seq_of_serial[serial] = seq;
+  });
+  m.def("seq_of", [](int64_t serial) -> int64_t {
+    auto it = S->seq_of_serial.find(serial);
+    return it == S->seq_of_serial.end() ? 0 : it->second;
+  });
   m.def("device_names", &device_names);
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
   m.def("set_module", [](int m) { tl_module = m; });
