@@ -258,7 +258,7 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
   S->op_store.push_back(std::move(f));
   const OpFlags* p = &S->op_store.back();
   S->ops.emplace(key, p);
-  if (p->index >= 0) {
+  if (p->index >= 0) {  // under ops_mu, which encode() takes to read it
     if (S->op_by_index.size() <= static_cast<size_t>(p->index)) S->op_by_index.resize(p->index + 1);
     S->op_by_index[static_cast<size_t>(p->index)] = p;
   }
@@ -1054,7 +1054,13 @@ bool encodable(const Event& ev) {
 
 // The record of one event, and its index row's health (size, -inf, +inf, nan, nonfinite).
 py::tuple encode(const Event& ev, int64_t seq) {
-  const OpFlags& op = *S->op_by_index[static_cast<size_t>(ev.op)];
+  const OpFlags* op_ptr;
+  {
+    // Recording threads append to the table (and may move it) while this runs.
+    std::lock_guard<std::mutex> g(S->ops_mu);
+    op_ptr = S->op_by_index[static_cast<size_t>(ev.op)];
+  }
+  const OpFlags& op = *op_ptr;
   const int mode = S->mode;
   const int w = S->width;
   std::string body;
