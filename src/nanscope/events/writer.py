@@ -272,20 +272,16 @@ class DumpWriter:
         wall = ev.wall_time or time.time()
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
-        # Under the lock: the queue keeps sequence order.
-        with self._seq_lock:
-            seq = self._exec_next
-            self._exec_next += 1
+        numbered: list[int] = []
+
+        def produce(seq: int) -> list[tuple[Any, ...]]:
+            numbered.append(seq)
             payload, h, _ = self._encoder.execution(ev, seq, wall, summaries)
-            # Only bytes, strings and numbers: the tuple is untracked by the GC.
-            self._queue.append(
-                ("exec_encoded", frame(payload), ev.op_type, ev.graph_id, num_outputs, wall,
-                 ev.step, seq, *h, int(ev.phase), device)
-            )  # fmt: skip
-            self._backlog += 1
-        if self._backlog > self.max_queue:
-            self._backpressure()
-        return seq
+            return [(payload, ev.op_type, ev.graph_id, num_outputs, wall, ev.step, seq, *h,
+                     int(ev.phase), device)]  # fmt: skip
+
+        self.write_encoded_executions(produce)
+        return numbered[0] if numbered else 0
 
     def write_encoded_executions(self, produce: Callable[[int], Sequence[tuple[Any, ...]]]) -> int:
         """Enqueue executions a backend encoded itself; returns how many.
@@ -449,9 +445,6 @@ class DumpWriter:
                 if kind == "exec":
                     self._on_execution(item[1], item[2], item[3])
                     self._processed(1)
-                elif kind == "exec_encoded":
-                    self._on_encoded_execution(*item[1:])
-                    self._processed(1)
                 elif kind == "exec_batch":
                     for record in item[1]:
                         self._add_execution(frame(record[0]), *record[1:])
@@ -532,9 +525,6 @@ class DumpWriter:
             (ev, seq, wall, summaries), ev.op_type, ev.graph_id, num_outputs, wall, ev.step,
             seq, *h, int(ev.phase), device,
         )  # fmt: skip
-
-    def _on_encoded_execution(self, record: bytes, *row: Any) -> None:
-        self._add_execution(record, *row)
 
     def _add_execution(
         self,

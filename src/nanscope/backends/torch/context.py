@@ -16,6 +16,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from nanscope.events.model import Phase
+from nanscope.events.streams import StringTable
 
 
 class _Local(threading.local):
@@ -44,8 +45,7 @@ class RunContext:
         # The native recorder keeps its own per-thread copy of what is running:
         # module paths as indices into ``module_names``.
         self.mirror: Any = None
-        self.module_names: list[str] = [""]
-        self._module_index: dict[str, int] = {"": 0}
+        self._module_table = StringTable()
         self.on_step: Any = None  # called after a step ends
 
     # -- installation ------------------------------------------------------------------------
@@ -114,11 +114,12 @@ class RunContext:
 
     def module_index(self, path: str) -> int:
         """A small number for a module path (see ``module_names``)."""
-        index = self._module_index.get(path)
-        if index is None:
-            index = self._module_index[path] = len(self.module_names)
-            self.module_names.append(path)
-        return index
+        return self._module_table.id(path)
+
+    @property
+    def module_names(self) -> list[str]:
+        """Module paths by :meth:`module_index` (0 is "")."""
+        return self._module_table.strings
 
     def module_path(self) -> str:
         stack = self._local.modules

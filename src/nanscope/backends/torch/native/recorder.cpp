@@ -187,7 +187,6 @@ struct State {
 
   std::atomic<int64_t> serial{0};
   std::atomic<int64_t> step{0};
-  std::atomic<int64_t> recorded{0};
   std::atomic<bool> warned{false};
 };
 
@@ -465,24 +464,11 @@ struct Special {
 
 template <typename T>
 void count_special(const T* p, int64_t n, Special* s) {
+  // Half types widen to float, doubles stay double (a narrowing would make
+  // large finite values infinite).
+  using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
   for (int64_t i = 0; i < n; ++i) {
-    float x = static_cast<float>(p[i]);
-    if (std::isnan(x)) {
-      ++s->nan;
-    } else if (std::isinf(x)) {
-      if (x > 0) {
-        ++s->pinf;
-      } else {
-        ++s->ninf;
-      }
-    }
-  }
-}
-
-template <>
-void count_special<double>(const double* p, int64_t n, Special* s) {
-  for (int64_t i = 0; i < n; ++i) {
-    double x = p[i];
+    W x = static_cast<W>(p[i]);
     if (std::isnan(x)) {
       ++s->nan;
     } else if (std::isinf(x)) {
@@ -806,7 +792,6 @@ void record(const at::RecordFunction& fn, Ctx& c) {
       }
     }
   }
-  S->recorded.fetch_add(1, std::memory_order_relaxed);
   push(std::move(ev));
 }
 
@@ -947,7 +932,6 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   s->stacks.clear();
   s->serial = 0;
   s->step = 0;
-  s->recorded = 0;
   s->warned = false;
   s->active = true;
   s->handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -1260,10 +1244,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("pause", []() { ++tl_busy; });
   m.def("resume", []() { tl_busy = std::max(0, tl_busy - 1); });
-  m.def("recorded", []() -> int64_t { return S == nullptr ? 0 : S->recorded.load(); });
-  m.def("pending", []() -> int64_t {
-    if (S == nullptr) return 0;
-    std::lock_guard<std::mutex> g(S->ev_mu);
-    return static_cast<int64_t>(S->events.size());
-  });
 }
