@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.format.proto import tensor_pb2
+from nanscope.format.records import scan
+from nanscope.format.tensors import DataType
+
+
+def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:
+    """Every record payload in ``data``; raises the first damage found."""
+    result = scan(data, path, resync_limit=0)
+    yield from (record.payload for record in result.records)
+    if result.errors:
+        raise result.errors[0]
+
+
+def summary_to_proto(vector: np.ndarray) -> tensor_pb2.TensorProto:
+    """A 1-D float64 summary vector as TensorFlow's graph path stores it."""
+    v = np.ascontiguousarray(vector, dtype="<f8")
+    proto = tensor_pb2.TensorProto(dtype=int(DataType.DT_DOUBLE), tensor_content=v.tobytes())  # type: ignore[arg-type]
+    proto.tensor_shape.dim.add(size=v.shape[0])
+    return proto
 
 
 def full_health(neg_inf: int = 0, nan: int = 0, size: int = 10, zero: int = 3) -> np.ndarray:

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from nanscope.events import wire
 from nanscope.format import files, records
-from nanscope.format.modes import TensorDebugMode, health, parse_mode, shape_from_summary
+from nanscope.format.health import of_summary as health
+from nanscope.format.modes import TensorDebugMode, parse_mode, shape_from_summary
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.tensor_pb2 import TensorProto
-from nanscope.format.tensors import DataType, array_to_proto, proto_to_array, summary_to_proto
+from nanscope.format.tensors import DataType, array_to_proto, proto_to_array
+from tests.helpers import summary_to_proto
 
 
 def test_masked_crc_matches_tfrecord_reference_value() -> None:
@@ -130,7 +132,7 @@ def test_health_layouts() -> None:
     full = np.array([5, -1, 1, 2, 12, 1, 2, 3, 1, 2, 3], dtype=np.float64)
     h = health(TensorDebugMode.FULL_HEALTH, full)
     assert (h.size, h.neg_inf, h.pos_inf, h.nan, h.neg, h.zero, h.pos) == (12, 1, 2, 3, 1, 2, 3)
-    assert h.any_nonfinite and h.has_inf and h.has_nan
+    assert h.any_nonfinite and h.has_inf and h.nan
     h = health(TensorDebugMode.CONCISE_HEALTH, np.array([5, 10, 0, 0, 0.0]))
     assert h.size == 10 and h.any_nonfinite is False
     assert health(TensorDebugMode.CURT_HEALTH, np.array([-1, 1.0])).any_nonfinite is True

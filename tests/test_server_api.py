@@ -415,3 +415,36 @@ def test_finite_events_get_no_explanation(tf_logdir: Path) -> None:
         fine = [r for r in rows if not r["nonfinite"]]
         assert fine
         assert call(runs, f"/api/traces/{fine[0]['index']}", run=run)["explanation"] == ""
+
+
+def test_curt_health_flag_is_in_every_route(tmp_path: Path) -> None:
+    """CURT_HEALTH records only "any Inf/NaN": every route that shows counts says so.
+
+    The oracle is the event's own summary vector (slot 1 is the flag), read with
+    TensorFlow's layout, independently of nanscope's decoding.
+    """
+    from nanscope.examples import debug_mnist
+
+    debug_mnist.main(
+        ["--dump_dir", str(tmp_path), "--max_steps", "4", "--dump_tensor_debug_mode", "CURT_HEALTH"]
+    )
+    runs = RunSet(tmp_path)
+    first = origin_index(runs)
+    with nanscope.open_dump(tmp_path) as r:
+        flags = [
+            bool(
+                any(v is not None and v[1] != 0 for v in (r.execution(i).debug_tensor_values or ()))
+            )
+            for i in (first - 1, first)
+        ]
+    assert flags == [False, True]
+    detail = call(runs, f"/api/executions/{first}")
+    assert detail["op_type"] == "aten.log.default"
+    assert detail["counts"]["any_nonfinite"] is True and detail["counts"]["nan"] is None
+    assert [o["counts"]["any_nonfinite"] for o in detail["outputs"]] == [True]
+    assert detail["inputs"][0]["counts"]["any_nonfinite"] is False
+    rows = call(runs, "/api/executions", begin=first - 1, end=first + 1)["rows"]
+    assert [row["counts"]["any_nonfinite"] for row in rows] == flags
+    assert [row["nonfinite"] for row in rows] == flags
+    origin = call(runs, "/api/analysis")["origin"]
+    assert origin["index"] == first and origin["counts"]["any_nonfinite"] is True

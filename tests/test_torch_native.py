@@ -132,7 +132,7 @@ def test_records_encoded_in_cpp_are_canonical_protobuf(tmp_path: Path, mode: str
     """The C++ encoder writes exactly what protobuf itself would for the same message."""
     from nanscope.format.files import EXECUTION
     from nanscope.format.proto import debug_event_pb2 as pb
-    from nanscope.format.records import iter_payloads
+    from tests.helpers import iter_payloads
 
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -14,8 +14,7 @@ from nanscope.events.encode import Encoder
 from nanscope.format import files
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import iter_payloads
-from nanscope.format.tensors import summary_to_proto
+from tests.helpers import iter_payloads, summary_to_proto
 
 
 def full_health(nonfinite: int = 0, size: int = 10) -> np.ndarray:

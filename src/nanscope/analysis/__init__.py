@@ -1,6 +1,6 @@
 """Alerts and root cause: where the first Inf/NaN was born, and why."""
 
-from nanscope.analysis.explain import Counts, explain, op_family
+from nanscope.analysis.explain import explain, op_family
 from nanscope.analysis.rootcause import SCHEMA, Alerts, Analysis, analyze
 from nanscope.analysis.views import EventView, InputView, Producer, Source, ViewBuilder
 
@@ -8,7 +8,6 @@ __all__ = [
     "SCHEMA",
     "Alerts",
     "Analysis",
-    "Counts",
     "EventView",
     "InputView",
     "Producer",

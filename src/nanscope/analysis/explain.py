@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from nanscope.format.modes import Health
+from nanscope.format.health import Health
 
 # Op families by normalised name: "aten.log.default" -> "log", "RealDiv" -> "realdiv".
 _FAMILIES: dict[str, tuple[str, ...]] = {
@@ -42,24 +41,6 @@ def op_family(op_type: str) -> str:
     return _BY_NAME.get(name, name)
 
 
-@dataclass(frozen=True)
-class Counts(Health):
-    """A tensor's :class:`~nanscope.format.modes.Health` and its dtype, as reports show them."""
-
-    dtype: str = ""
-
-    @property
-    def nonfinite(self) -> bool | None:
-        parts = (self.neg_inf, self.pos_inf, self.nan)
-        if any(p is None for p in parts):
-            return None
-        return sum(p for p in parts if p is not None) > 0
-
-    @property
-    def known(self) -> bool:
-        return self.neg_inf is not None
-
-
 def _n(value: int | None) -> int:
     return value or 0
 
@@ -73,7 +54,7 @@ def _is_sub(op_type: str) -> bool:
     return name.lower().rstrip("_") in ("sub", "subtract", "rsub")
 
 
-def _cancelling_infinities(op_type: str, fam: str, inputs: list[Counts | None]) -> bool:
+def _cancelling_infinities(op_type: str, fam: str, inputs: list[Health | None]) -> bool:
     """Whether the inputs hold infinities that cancel into NaN under this op."""
     if fam != "add":
         return False
@@ -88,13 +69,13 @@ def _cancelling_infinities(op_type: str, fam: str, inputs: list[Counts | None]) 
     return bool((_n(a.pos_inf) and _n(b.neg_inf)) or (_n(a.neg_inf) and _n(b.pos_inf)))
 
 
-def born_from_output(op_type: str, output: Counts) -> bool:
+def born_from_output(op_type: str, output: Health) -> bool:
     """Whether the output alone proves the op made the value (log gives -inf only for 0)."""
     return op_family(op_type) == "log" and bool(_n(output.neg_inf)) and not _n(output.nan)
 
 
 def explain(
-    op_type: str, output: Counts, inputs: list[Counts | None], external: bool = False
+    op_type: str, output: Health, inputs: list[Health | None], external: bool = False
 ) -> str:
     """Why ``op_type`` turned ``inputs`` into a non-finite ``output``, in one line.
 
@@ -169,7 +150,7 @@ def explain(
     return f"{fam} produced {made} from finite inputs"
 
 
-def _without_inputs(fam: str, output: Counts, made: str) -> str:
+def _without_inputs(fam: str, output: Health, made: str) -> str:
     """What the output alone proves when the inputs' values were not recorded."""
     unknown = "the input's values were not recorded"
     if fam == "log" and _n(output.neg_inf) and not _n(output.nan):
@@ -192,15 +173,15 @@ def _overflow_limit(dtype: str) -> str:
     }.get(dtype, "its range")
 
 
-def _sum(items: list[Counts]) -> Counts:
-    return Counts(
+def _sum(items: list[Health]) -> Health:
+    return Health(
         neg_inf=sum(_n(c.neg_inf) for c in items),
         pos_inf=sum(_n(c.pos_inf) for c in items),
         nan=sum(_n(c.nan) for c in items),
     )
 
 
-def _made(c: Counts) -> str:
+def _made(c: Health) -> str:
     parts = []
     if _n(c.neg_inf):
         parts.append("-inf")

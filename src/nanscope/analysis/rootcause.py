@@ -10,7 +10,7 @@ import numpy as np
 from nanscope.analysis.explain import born_from_output
 from nanscope.analysis.views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
-from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, ProcessInfo
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 
 SCHEMA = "nanscope.report/1"
 CHAIN_LIMIT = 50
@@ -111,11 +111,6 @@ class Analysis:
         }
 
 
-def process_json(p: ProcessInfo) -> dict[str, Any]:
-    return {"index": p.index, "name": p.name, "host": p.host, "rank": p.rank, "pid": p.pid,
-            "framework": p.framework, "label": p.label}  # fmt: skip
-
-
 def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
     """Inf/NaN events counted by op type and by step, from the index alone.
 
@@ -182,37 +177,6 @@ def _origin_kind(origin: EventView) -> str:
     return "born"
 
 
-def first_event(
-    reader: DumpReader, column: str, process: int | None = None
-) -> tuple[int, tuple[str, int] | None]:
-    """How many events (of ``process``, or all) have ``column`` > 0, and the earliest of them.
-
-    ``column`` is ``neg_inf``, ``pos_inf``, ``nan``, ``nonfinite`` or ``inf`` (either
-    infinity). "Earliest" is by wall time across kinds and processes, in file order within one.
-    """
-    best: tuple[float, str, int] | None = None
-    count = 0
-    for kind in (EXECUTIONS, TRACES):
-        rows = reader.index(kind)
-        if column == "inf":
-            mask = (rows["neg_inf"] > 0) | (rows["pos_inf"] > 0)
-        else:
-            mask = rows[column] > 0
-        if process is not None:
-            mask &= reader.processes_of(kind) == process
-        hits = np.flatnonzero(mask)
-        count += int(hits.size)
-        if not hits.size:
-            continue
-        procs = reader.processes_of(kind)[hits]
-        _, first_of_proc = np.unique(procs, return_index=True)
-        for i in hits[first_of_proc].tolist():
-            t = float(rows["wall_time"][i])
-            if best is None or t < best[0]:
-                best = (t, kind, i)
-    return count, None if best is None else (best[1], best[2])
-
-
 def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between."""
     mode = reader.tensor_debug_mode
@@ -220,11 +184,11 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     rows_t = reader.index(TRACES)
     all_steps = np.concatenate([rows_e["step"], rows_t["step"]])
     result = Analysis(
-        logdir=str(reader.dump_root),
+        logdir=str(reader.logdir),
         run_id=reader.run_id,
         framework=reader.framework,
         tensor_debug_mode=mode.name if mode is not None else None,
-        processes=[process_json(p) for p in reader.processes],
+        processes=[p.to_json() for p in reader.processes],
         num_executions=reader.num_executions(),
         num_graph_execution_traces=reader.num_graph_execution_traces(),
         # TensorFlow does not record steps: say "unknown" rather than "step 0".
@@ -232,7 +196,7 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
         if all_steps.size and any(p.nanscope_version for p in reader.processes)
         else None,
         alerts=count_alerts(reader),
-        problems=[{"severity": p.severity, "message": p.message} for p in reader.problems],
+        problems=[p.to_json() for p in reader.problems],
     )
     if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:
         result.notes.append(
@@ -281,10 +245,10 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
                 return None
         return cache[key]
 
-    inf_at = first_event(reader, "inf")[1]
-    nan_at = first_event(reader, "nan")[1]
-    result.first_inf = view(*inf_at) if inf_at else None
-    result.first_nan = view(*nan_at) if nan_at else None
+    inf_at = reader.first_where("inf")[1]
+    nan_at = reader.first_where("nan")[1]
+    result.first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
+    result.first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
     if result.first_nan is not None:
         result.chain = _chain(reader, origin, result.first_nan, view)
     for v in (result.origin, result.first_inf, result.first_nan):

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from nanscope._paths import is_user_file
-from nanscope.analysis.explain import Counts, explain
-from nanscope.format.modes import TensorDebugMode, shape_from_summary, sum_health
-from nanscope.format.tensors import dtype_name
+from nanscope.analysis import dataflow
+from nanscope.analysis.explain import explain
+from nanscope.format.health import UNKNOWN, Health
 from nanscope.reader import (
     EXECUTIONS,
     TRACES,
@@ -19,8 +19,7 @@ from nanscope.reader import (
     Execution,
     StackFrame,
 )
-
-PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+from nanscope.reader.data import PHASES
 
 
 @dataclass
@@ -45,7 +44,7 @@ class Producer:
 class InputView:
     name: str  # "input 0" (eager) or "Softmax:0" (graph)
     producer: Producer | None
-    counts: Counts | None
+    counts: Health | None
 
 
 @dataclass
@@ -65,7 +64,7 @@ class EventView:
     phase: str
     module_path: str
     device: str
-    counts: Counts
+    counts: Health
     shape: list[int | None] | None
     inputs: list[InputView]
     source: Source | None
@@ -80,47 +79,6 @@ class EventView:
         d = asdict(self)
         d.pop("extra")
         return d
-
-
-def counts_of(mode: TensorDebugMode, vector: np.ndarray | None) -> Counts:
-    """Counts (and dtype) from one summary vector or FULL_TENSOR value."""
-    if vector is None:
-        return Counts()
-    v = vector
-    if mode == TensorDebugMode.FULL_HEALTH and len(v) >= 11:
-        return Counts(size=int(v[4]), neg_inf=int(v[5]), pos_inf=int(v[6]), nan=int(v[7]),
-                      neg=int(v[8]), zero=int(v[9]), pos=int(v[10]), dtype=dtype_name(int(v[2])))  # fmt: skip
-    if mode == TensorDebugMode.CONCISE_HEALTH and len(v) >= 5:
-        return Counts(size=int(v[1]), neg_inf=int(v[2]), pos_inf=int(v[3]), nan=int(v[4]))
-    if mode == TensorDebugMode.SHAPE and len(v) >= 4:
-        return Counts(size=int(v[3]), dtype=dtype_name(int(v[1])))
-    if mode == TensorDebugMode.FULL_TENSOR:
-        from nanscope.format.modes import full_tensor_health
-
-        h = full_tensor_health(np.asarray(v))
-        return Counts(size=h.size, neg_inf=h.neg_inf, pos_inf=h.pos_inf, nan=h.nan, neg=h.neg,
-                      zero=h.zero, pos=h.pos, dtype=str(v.dtype))  # fmt: skip
-    if mode == TensorDebugMode.CURT_HEALTH and len(v) >= 2:
-        # Only "any Inf/NaN": record it as an unknown mix.
-        return Counts()
-    return Counts()
-
-
-def _sum_counts(items: list[Counts]) -> Counts:
-    return Counts(**sum_health(items), dtype=items[0].dtype if items else "")  # type: ignore[arg-type]
-
-
-def execution_counts(ex: Execution) -> tuple[Counts | None, list[int | None] | None]:
-    """An execution's counts summed over its outputs (``None`` when none was recorded), and
-    its shape in SHAPE mode."""
-    mode = ex.tensor_debug_mode
-    values = ex.debug_tensor_values if ex.debug_tensor_values is not None else ex.tensor_values
-    outs = [counts_of(mode, v) for v in (values or ()) if v is not None]
-    counts = _sum_counts(outs) if outs else None
-    shape = None
-    if mode == TensorDebugMode.SHAPE and values and values[0] is not None:
-        shape = list(shape_from_summary(values[0]))
-    return counts, shape
 
 
 class ViewBuilder:
@@ -184,7 +142,6 @@ class ViewBuilder:
     def execution(self, index: int) -> EventView:
         r = self.reader
         ex = r.execution(index)
-        counts, shape = execution_counts(ex)
         source, stack = self._frames(r.stack(ex), ex.process)
         inputs, external = self._execution_inputs(ex)
         view = EventView(
@@ -203,8 +160,8 @@ class ViewBuilder:
             device=r.devices(ex.process).get(ex.output_tensor_device_ids[0], "")
             if ex.output_tensor_device_ids
             else "",
-            counts=counts or Counts(),
-            shape=shape,
+            counts=ex.health if ex.recorded else UNKNOWN,
+            shape=ex.shape,
             inputs=inputs,
             source=source,
             stack=stack,
@@ -238,56 +195,24 @@ class ViewBuilder:
 
     def _execution_inputs(self, ex: Execution) -> tuple[list[InputView], bool]:
         """Each input with its producer (looked up backwards) and its counts."""
-        r = self.reader
-        mode = ex.tensor_debug_mode
-        recorded = list(ex.input_debug_tensor_values)
-        wanted = {tid: k for k, tid in enumerate(ex.input_tensor_ids) if tid != 0}
-        producers: dict[int, tuple[Execution, int]] = {}
-        procs = r.processes_of(EXECUTIONS)
-        lo = max(0, ex.index - self.lookback)
-        i = ex.index - 1
-        while wanted and i >= lo:
-            if procs[i] == ex.process:
-                try:
-                    cand = r.execution(i)
-                except UNREADABLE:
-                    i -= 1
-                    continue
-                for slot, tid in enumerate(cand.output_tensor_ids):
-                    if tid in wanted and tid not in producers:
-                        producers[tid] = (cand, slot)
-                        del wanted[tid]
-            i -= 1
-        searched_all = lo == 0
+        recorded = ex.input_health
+        producers, searched_all = dataflow.producers(self.reader, ex, self.lookback)
         inputs = []
         external = False
         for k, tid in enumerate(ex.input_tensor_ids):
-            counts: Counts | None = None
+            counts: Health | None = None
+            if k < len(recorded):
+                counts = recorded[k]
             if tid == 0:  # a Python number argument (nanscope's convention)
-                value = recorded[k] if k < len(recorded) else None
-                inputs.append(
-                    InputView(
-                        f"input {k} (a number)",
-                        None,
-                        counts_of(mode, value) if value is not None else None,
-                    )
-                )
+                inputs.append(InputView(f"input {k} (a number)", None, counts))
                 continue
-            if k < len(recorded) and recorded[k] is not None:
-                counts = counts_of(mode, recorded[k])
             prod = producers.get(tid)
             producer = None
             if prod is not None:
                 p, slot = prod
                 producer = Producer(EXECUTIONS, p.index, p.op_type, p.op_type)
-                if counts is None:
-                    vals = (
-                        p.debug_tensor_values
-                        if p.debug_tensor_values is not None
-                        else p.tensor_values
-                    )
-                    if vals and slot < len(vals) and vals[slot] is not None:
-                        counts = counts_of(mode, vals[slot])
+                if counts is None and slot < len(p.output_health):
+                    counts = p.output_health[slot]
             elif searched_all and counts is not None and counts.nonfinite:
                 external = True
             inputs.append(InputView(f"input {k}", producer, counts))
@@ -296,9 +221,7 @@ class ViewBuilder:
     def trace(self, index: int) -> EventView:
         r = self.reader
         tr = r.trace(index)
-        mode = tr.tensor_debug_mode
-        value = tr.debug_tensor_value if tr.debug_tensor_value is not None else tr.tensor_value
-        counts = counts_of(mode, value)
+        counts = tr.health
         op = r.graph_op(tr.graph_id, tr.op_name, tr.process)
         frames = r.stack(op, tr.process) if op else []
         source, stack = self._frames(frames, tr.process)
@@ -306,7 +229,9 @@ class ViewBuilder:
         external = False
         if op is not None:
             for producer_name, slot in op.inputs:
-                found = self._latest_trace(tr.process, tr.graph_id, producer_name, slot, index)
+                found = dataflow.nearest_trace(
+                    r, tr.process, tr.graph_id, producer_name, slot, index - 1, later=False
+                )
                 if found is None:
                     inputs.append(InputView(f"{producer_name}:{slot}", None, None))
                     continue
@@ -315,12 +240,8 @@ class ViewBuilder:
                 except UNREADABLE:
                     inputs.append(InputView(f"{producer_name}:{slot}", None, None))
                     continue
-                pv = p.debug_tensor_value if p.debug_tensor_value is not None else p.tensor_value
-                inputs.append(InputView(
-                    f"{producer_name}:{slot}",
-                    Producer(TRACES, found, p.op_type, p.op_name),
-                    counts_of(mode, pv),
-                ))  # fmt: skip
+                producer = Producer(TRACES, found, p.op_type, p.op_name)
+                inputs.append(InputView(f"{producer_name}:{slot}", producer, p.health))
         graph = r.graph(tr.graph_id, tr.process)
         view = EventView(
             kind=TRACES,
@@ -337,9 +258,7 @@ class ViewBuilder:
             module_path=op.module_path if op else "",
             device=tr.device_name,
             counts=counts,
-            shape=list(shape_from_summary(value))
-            if mode == TensorDebugMode.SHAPE and value is not None
-            else None,
+            shape=tr.shape if tr.debug_tensor_value is not None else None,
             inputs=inputs,
             source=source,
             stack=stack,
@@ -352,20 +271,3 @@ class ViewBuilder:
         if self._flagged(TRACES, index):
             view.explanation = explain(tr.op_type, counts, [i.counts for i in inputs], external)
         return view
-
-    def _latest_trace(
-        self, process: int, graph_id: str, op_name: str, slot: int, before: int
-    ) -> int | None:
-        r = self.reader
-        gid, nid = r.string_id(graph_id), r.string_id(op_name)
-        if gid is None or nid is None:
-            return None
-        rows = r.index(TRACES)[:before]
-        procs = r.processes_of(TRACES)[:before]
-        hits = np.flatnonzero(
-            (rows["graph"] == gid)
-            & (rows["name"] == nid)
-            & (rows["slot"] == slot)
-            & (procs == process)
-        )
-        return int(hits[-1]) if hits.size else None

@@ -12,7 +12,8 @@ import numpy as np
 
 from nanscope.events import wire
 from nanscope.events.model import ExecutionEvent, Pending, TraceEvent
-from nanscope.format.modes import HealthRow, TensorDebugMode, summary_health
+from nanscope.format.health import IndexRow, index_row
+from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import array_to_proto
 
 _V = wire.varint
@@ -120,7 +121,7 @@ class Encoder:
         sequence: int,
         wall_time: float,
         summaries: Sequence[np.ndarray | None] | None = None,
-    ) -> tuple[bytes, HealthRow, Sequence[np.ndarray | None]]:
+    ) -> tuple[bytes, IndexRow, Sequence[np.ndarray | None]]:
         """``(payload, health, output summaries)`` for one execution.
 
         ``summaries`` are the event's, already resolved (else resolved here).
@@ -187,7 +188,7 @@ class Encoder:
                 body,
             )
         )
-        return payload, summary_health(self.mode, summaries), summaries
+        return payload, index_row(self.mode, summaries), summaries
 
     # -- graph execution traces ------------------------------------------------------------
 

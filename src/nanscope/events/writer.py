@@ -32,7 +32,8 @@ from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
-from nanscope.format.modes import UNKNOWN_HEALTH, TensorDebugMode, parse_mode, summary_health
+from nanscope.format.health import UNKNOWN_ROW, index_row
+from nanscope.format.modes import TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import frame
 
@@ -289,7 +290,7 @@ class DumpWriter:
         ``produce(first)`` returns records numbered from sequence ``first``,
         each ``(payload, op_type, graph_id, num_outputs, wall_time, step,
         sequence, size, neg_inf, pos_inf, nan, nonfinite, phase, device)``
-        (the health fields as :func:`nanscope.format.modes.summary_health`
+        (the health fields as :func:`nanscope.format.health.index_row`
         gives them). It runs under the writer's sequence lock.
         """
         if self._closed:
@@ -518,7 +519,7 @@ class DumpWriter:
             summaries: Sequence[np.ndarray | None] = ()
         else:
             summaries = resolve(ev.summaries)
-        h = summary_health(self.mode, summaries)
+        h = index_row(self.mode, summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         self._add_execution(
@@ -545,7 +546,7 @@ class DumpWriter:
         self.stats.executions += 1
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
-        h = summary_health(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_HEALTH
+        h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
         st = self._traces.strings
         row = (st.id(ev.op_name), st.id(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip

@@ -32,10 +32,10 @@ INDEX_SUFFIX = ".nsidx"
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def file_set_prefix(dump_root: str | os.PathLike[str], seconds: float, host: str) -> Path:
+def file_set_prefix(logdir: str | os.PathLike[str], seconds: float, host: str) -> Path:
     """The common prefix of one file set, e.g. ``<root>/tfdbg_events.1593123456.myhost``."""
     host = _SAFE_HOST.sub("_", host) or "localhost"
-    return Path(dump_root) / f"{PREFIX}.{int(seconds):010d}.{host}"
+    return Path(logdir) / f"{PREFIX}.{int(seconds):010d}.{host}"
 
 
 @dataclass(frozen=True)
@@ -64,16 +64,14 @@ class DumpNotFoundError(Exception):
     """The dump root does not exist or holds no tfdbg2 file set."""
 
 
-def discover(dump_root: str | os.PathLike[str]) -> list[FileSet]:
-    """The file sets directly under ``dump_root``, found by their ``.metadata`` file.
+def discover(logdir: str | os.PathLike[str]) -> list[FileSet]:
+    """The file sets directly under ``logdir``, found by their ``.metadata`` file.
 
     Like TensorFlow's reader, this does not recurse: point it at the dump root.
     """
-    root = Path(dump_root)
+    root = Path(logdir)
     if not root.exists():
-        raise DumpNotFoundError(
-            f"{root}: no such directory; pass the --logdir/dump_root the program wrote to"
-        )
+        raise DumpNotFoundError(f"{root}: no such directory; pass the logdir the program wrote to")
     if not root.is_dir():
         raise DumpNotFoundError(f"{root}: not a directory; pass the dump root directory")
     suffix = "." + METADATA

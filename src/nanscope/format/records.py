@@ -9,7 +9,6 @@ knows nothing about what the payloads hold.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import google_crc32c
@@ -154,12 +153,3 @@ def scan(
             records.append(Record(base + offset, payload))
         offset = end
     return ScanResult(records, base + offset, False, errors)
-
-
-def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:
-    """Every payload in ``data``; raises :class:`RecordError` at the first corrupt one."""
-    result = scan(data, path, resync_limit=0)
-    for record in result.records:
-        yield record.payload
-    if result.errors:
-        raise result.errors[0]

@@ -10,6 +10,7 @@ the whole shape.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,7 @@ FLOAT_TYPES = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=256)
 def dtype_name(dtype: int) -> str:
     """A readable name for a ``DataType`` number (``float32``, ``DT_RESOURCE``, ``dtype 99``)."""
     for name, value in DTYPE_NAMES.items():
@@ -158,14 +160,6 @@ def data_type_of(array: np.ndarray) -> DataType:
         return DTYPE_NAMES[name]
     except KeyError:
         raise ValueError(f"dtype {name} has no tfdbg2 DataType") from None
-
-
-def summary_to_proto(vector: np.ndarray) -> tensor_pb2.TensorProto:
-    """A 1-D float64 summary vector as TensorFlow's graph path stores it."""
-    v = np.ascontiguousarray(vector, dtype="<f8")
-    proto = tensor_pb2.TensorProto(dtype=int(DataType.DT_DOUBLE), tensor_content=v.tobytes())  # type: ignore[arg-type]
-    proto.tensor_shape.dim.add(size=v.shape[0])
-    return proto
 
 
 def array_to_proto(array: np.ndarray) -> tensor_pb2.TensorProto:

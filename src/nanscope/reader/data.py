@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from nanscope.format.modes import Health, TensorDebugMode
+from nanscope._paths import is_user_file
+from nanscope.format.health import Health
+from nanscope.format.modes import TensorDebugMode, shape_from_summary
+
+# nanscope's ``Execution.phase`` numbers, as reports name them.
+PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+
+
+def _shape(
+    mode: TensorDebugMode, summary: np.ndarray | None, value: np.ndarray | None
+) -> list[int | None] | None:
+    """A tensor's shape where the record tells it: its full value, or a SHAPE summary."""
+    if value is not None:
+        return list(value.shape)
+    if mode == TensorDebugMode.SHAPE and summary is not None:
+        return list(shape_from_summary(summary))
+    return None
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,10 @@ class ProcessInfo:
             return f"pid {self.pid}"
         return self.host
 
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "host": self.host, "rank": self.rank,
+                "pid": self.pid, "framework": self.framework, "label": self.label}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class StackFrame:
@@ -45,6 +66,12 @@ class StackFrame:
     lineno: int
     function: str
     file_index: int = -1
+
+    def to_json(self, recorded: bool = True) -> dict[str, Any]:
+        """``recorded``: whether the dump holds this file's text (else ``file_index`` is -1)."""
+        return {"file": self.file_path, "line": self.lineno, "function": self.function,
+                "file_index": self.file_index if recorded else -1,
+                "user": is_user_file(self.file_path) and not self.file_path.rpartition("/")[2].startswith("<")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,14 +95,65 @@ class Execution:
     debug_tensor_values: tuple[np.ndarray | None, ...] | None
     host_name: str
     stack_frame_ids: tuple[str, ...]
+    # The outputs' health together, and each recorded output's (None: not recorded).
     health: Health
+    output_health: tuple[Health | None, ...] = ()
     # nanscope extensions (empty for TensorFlow dumps).
     module_path: str = ""
     phase: int = 0
     forward_sequence: int = 0
     forward_stack_frame_ids: tuple[str, ...] = ()
     input_debug_tensor_values: tuple[np.ndarray | None, ...] = ()
+    # Each input's health where the record holds its summary (None: not recorded).
+    input_health: tuple[Health | None, ...] = ()
     tensor_values: tuple[np.ndarray | None, ...] | None = field(default=None, repr=False)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether any output's summary or value was recorded."""
+        return any(h is not None for h in self.output_health)
+
+    def _output(self, slot: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Output ``slot``'s summary vector and full value (either may be None)."""
+        summaries, values = self.debug_tensor_values, self.tensor_values
+        summary = summaries[slot] if summaries is not None and slot < len(summaries) else None
+        value = values[slot] if values is not None and slot < len(values) else None
+        return summary, value
+
+    @property
+    def shape(self) -> list[int | None] | None:
+        """The first output's shape where the mode records it (SHAPE, FULL_TENSOR)."""
+        if self.tensor_debug_mode == TensorDebugMode.FULL_TENSOR:
+            return None  # as the index rows have always said: shapes come from SHAPE summaries
+        return _shape(self.tensor_debug_mode, *self._output(0))
+
+    def outputs_json(self) -> list[dict[str, Any]]:
+        """One entry per output: tensor id, health, shape and the raw summary."""
+        out = []
+        for slot, tid in enumerate(self.output_tensor_ids or range(self.num_outputs)):
+            summary, value = self._output(slot)
+            h = self.output_health[slot] if slot < len(self.output_health) else None
+            out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
+                        "counts": h.to_json() if h is not None else None,
+                        "shape": _shape(self.tensor_debug_mode, summary, value),
+                        "summary": None if summary is None else [float(x) for x in summary.ravel()]})  # fmt: skip
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The execution as a list row: what ran, where, and its outputs' health."""
+        return {
+            "index": self.index,
+            "process": self.process,
+            "op_type": self.op_type,
+            "step": self.step,
+            "wall_time": self.wall_time,
+            "phase": PHASES.get(self.phase, ""),
+            "graph_id": self.graph_id,
+            "num_outputs": self.num_outputs,
+            "nonfinite": self.health.any_nonfinite,
+            "counts": self.health.to_json() if self.recorded else None,
+            "shape": self.shape,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,6 +175,41 @@ class GraphExecutionTrace:
     device_name: str
     health: Health
     tensor_value: np.ndarray | None = field(default=None, repr=False)  # FULL_TENSOR
+    graph_name: str = ""
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the tensor's summary or value was recorded."""
+        return self.debug_tensor_value is not None or self.tensor_value is not None
+
+    @property
+    def shape(self) -> list[int | None] | None:
+        return _shape(self.tensor_debug_mode, self.debug_tensor_value, self.tensor_value)
+
+    def outputs_json(self) -> list[dict[str, Any]]:
+        """The one traced output, as :meth:`Execution.outputs_json` gives each."""
+        summary = self.debug_tensor_value
+        return [{"slot": self.output_slot, "tensor_id": None,
+                 "counts": self.health.to_json() if self.recorded else None, "shape": self.shape,
+                 "summary": None if summary is None else [float(x) for x in summary.ravel()]}]  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """The trace as a list row: which graph op, where, and its health."""
+        return {
+            "index": self.index,
+            "process": self.process,
+            "op_name": self.op_name,
+            "op_type": self.op_type,
+            "output_slot": self.output_slot,
+            "graph_id": self.graph_id,
+            "graph_name": self.graph_name,
+            "step": self.step,
+            "wall_time": self.wall_time,
+            "device": self.device_name,
+            "nonfinite": self.health.any_nonfinite,
+            "counts": self.health.to_json() if self.recorded else None,
+            "shape": self.shape if self.debug_tensor_value is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -162,6 +275,11 @@ class SourceFileInfo:
     file_path: str
     num_lines: int
 
+    def to_json(self) -> dict[str, Any]:
+        return {"process": self.process, "file_index": self.index, "path": self.file_path,
+                "host": self.host_name, "num_lines": self.num_lines,
+                "user": is_user_file(self.file_path)}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -172,3 +290,6 @@ class Problem:
 
     def __str__(self) -> str:
         return self.message
+
+    def to_json(self) -> dict[str, str]:
+        return {"severity": self.severity, "message": self.message}

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanscope.format.modes import (
-    UNKNOWN_HEALTH,
-    HealthRow,
-    TensorDebugMode,
-    summary_health,
-)
+from nanscope.format.health import index_row
+from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.tensor_pb2 import TensorProto
 from nanscope.format.tensors import proto_to_array
@@ -28,7 +24,8 @@ def parse_event(payload: bytes | memoryview) -> pb.DebugEvent:
     return event
 
 
-def _mode(value: int) -> TensorDebugMode:
+def mode_of(value: int) -> TensorDebugMode:
+    """The mode an event names; ``UNSPECIFIED`` for a number this reader does not know."""
     try:
         return TensorDebugMode(value)
     except ValueError:
@@ -45,15 +42,6 @@ def tensor_values(protos: list[TensorProto]) -> list[np.ndarray | None]:
     return out
 
 
-def health_of(mode: TensorDebugMode, values: list[np.ndarray | None]) -> HealthRow:
-    if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.UNSPECIFIED):
-        return UNKNOWN_HEALTH
-    if mode == TensorDebugMode.REDUCE_INF_NAN_THREE_SLOTS:
-        flags = [bool(np.any(v != 0)) for v in values if v is not None and v.size >= 3]
-        return HealthRow(-1, -1, -1, -1, int(any(flags)) if flags else -1)
-    return summary_health(mode, values)
-
-
 # Row tuple: (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf,
 # nan, nonfinite, phase, device), strings as str (the caller interns them).
 RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, int]
@@ -61,8 +49,7 @@ RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, in
 
 def execution_row(event: pb.DebugEvent) -> RowData:
     ex = event.execution
-    mode = _mode(ex.tensor_debug_mode)
-    h = health_of(mode, tensor_values(list(ex.tensor_protos)))
+    h = index_row(mode_of(ex.tensor_debug_mode), tensor_values(list(ex.tensor_protos)))
     device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
     return (
         ex.op_type,
@@ -71,11 +58,7 @@ def execution_row(event: pb.DebugEvent) -> RowData:
         event.wall_time,
         event.step,
         ex.sequence,
-        h.size,
-        h.neg_inf,
-        h.pos_inf,
-        h.nan,
-        h.nonfinite,
+        *h,
         ex.phase,
         device,
     )
@@ -83,9 +66,8 @@ def execution_row(event: pb.DebugEvent) -> RowData:
 
 def trace_row(event: pb.DebugEvent) -> RowData:
     tr = event.graph_execution_trace
-    mode = _mode(tr.tensor_debug_mode)
     values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else []
-    h = health_of(mode, values)
+    h = index_row(mode_of(tr.tensor_debug_mode), values)
     return (
         tr.op_name,
         tr.tfdbg_context_id,
@@ -93,11 +75,7 @@ def trace_row(event: pb.DebugEvent) -> RowData:
         event.wall_time,
         event.step,
         tr.sequence,
-        h.size,
-        h.neg_inf,
-        h.pos_inf,
-        h.nan,
-        h.nonfinite,
+        *h,
         0,
         0,
     )

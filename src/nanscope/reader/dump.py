@@ -14,14 +14,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from nanscope.format import files
-from nanscope.format.modes import Health, TensorDebugMode, full_tensor_health, health, sum_health
+from nanscope.format import files, health
+from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.reader.data import (
+    PHASES,
     Execution,
     GraphExecutionTrace,
     GraphInfo,
@@ -34,6 +36,7 @@ from nanscope.reader.data import (
 from nanscope.reader.decode import (
     DecodeError,
     execution_row,
+    mode_of,
     parse_event,
     tensor_values,
     trace_row,
@@ -92,7 +95,7 @@ class DumpReader:
 
     **Arguments:**
 
-    - ``dump_root``: the directory holding ``tfdbg_events.*`` file sets.
+    - ``logdir``: the directory holding ``tfdbg_events.*`` file sets.
 
     Raises :class:`nanscope.DumpNotFoundError` when there is no dump there.
     Damage that can be worked around (a torn last record, a corrupt record, a
@@ -101,8 +104,8 @@ class DumpReader:
     it once).
     """
 
-    def __init__(self, dump_root: str | os.PathLike[str]) -> None:
-        self.dump_root = Path(dump_root)
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        self.logdir = Path(logdir)
         self._strings = StringPool()
         self._problems: dict[str, Problem] = {}
         self._processes: list[_Process] = []
@@ -114,7 +117,7 @@ class DumpReader:
         self._trace_types: np.ndarray | None = None
         self._reindexed = False
         self.generation = 0
-        files.discover(self.dump_root)  # a clear error for a missing or empty dump root
+        files.discover(self.logdir)  # a clear error for a missing or empty dump root
         self.update()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -201,7 +204,7 @@ class DumpReader:
 
     def _discover(self, problems: list[Problem]) -> bool:
         try:
-            sets = files.discover(self.dump_root)
+            sets = files.discover(self.logdir)
         except files.DumpNotFoundError:
             if self._processes:
                 return False  # deleted under us: keep what we have
@@ -240,7 +243,7 @@ class DumpReader:
             problems.append(
                 Problem(
                     "warning",
-                    f"{self.dump_root}: file sets from different runs ({', '.join(sorted(run_ids))}) "
+                    f"{self.logdir}: file sets from different runs ({', '.join(sorted(run_ids))}) "
                     "share this directory; write each run to its own logdir",
                 )
             )
@@ -476,17 +479,28 @@ class DumpReader:
         """Indices of the events whose recorded outputs hold Inf or NaN, in order."""
         return np.flatnonzero(self.index(kind)["nonfinite"] == 1)
 
-    def first_nonfinite(self, kind: str | None = None) -> EventRef | None:
-        """The first event with Inf or NaN.
+    def first_where(
+        self, column: str = "nonfinite", kind: str | None = None, process: int | None = None
+    ) -> tuple[int, EventRef | None]:
+        """How many events have ``column`` > 0, and the first of them.
 
-        Within a process, "first" is the order of execution (file order); across
-        processes, the earliest wall time. With ``kind=None`` executions and traces
-        are compared by wall time.
+        ``column`` is ``nonfinite``, ``neg_inf``, ``pos_inf``, ``nan`` or ``inf`` (either
+        infinity); ``kind`` and ``process`` narrow the search. Within a process, "first"
+        is the order of execution (file order); across processes and kinds, the earliest
+        wall time.
         """
         best: EventRef | None = None
+        count = 0
         for k in (kind,) if kind else (EXECUTIONS, TRACES):
             rows, procs = self.index(k), self.processes_of(k)
-            hits = np.flatnonzero(rows["nonfinite"] == 1)
+            if column == "inf":
+                mask = (rows["neg_inf"] > 0) | (rows["pos_inf"] > 0)
+            else:
+                mask = rows[column] > 0
+            if process is not None:
+                mask &= procs == process
+            hits = np.flatnonzero(mask)
+            count += int(hits.size)
             if not hits.size:
                 continue
             # The first hit of each process, then the earliest of those.
@@ -495,7 +509,30 @@ class DumpReader:
                 ref = EventRef(k, i, int(procs[i]), float(rows["wall_time"][i]))
                 if best is None or ref.wall_time < best.wall_time:
                     best = ref
-        return best
+        return count, best
+
+    def first_nonfinite(self, kind: str | None = None) -> EventRef | None:
+        """The first event with Inf or NaN (see :meth:`first_where`)."""
+        return self.first_where("nonfinite", kind)[1]
+
+    def index_json(self, kind: str, index: int) -> dict[str, Any]:
+        """What the index alone says of an event, as its list row (``counts`` unknown)."""
+        row = self.index(kind)[index]
+        process = int(self.processes_of(kind)[index])
+        flag = int(row["nonfinite"])
+        graph_id = self.string(int(row["graph"]))
+        common = {"index": index, "process": process, "step": int(row["step"]),
+                  "wall_time": float(row["wall_time"]), "graph_id": graph_id,
+                  "nonfinite": None if flag < 0 else bool(flag), "counts": None, "shape": None}  # fmt: skip
+        if kind == EXECUTIONS:
+            return {**common, "op_type": self.string(int(row["name"])),
+                    "phase": PHASES.get(int(row["phase"]), ""), "num_outputs": int(row["slot"])}  # fmt: skip
+        graph = self.graph(graph_id, process)
+        op_name = self.string(int(row["name"]))
+        op = graph.ops.get(op_name) if graph else None
+        return {**common, "op_name": op_name, "op_type": op.op_type if op else "",
+                "output_slot": int(row["slot"]), "graph_name": graph.name if graph else "",
+                "device": ""}  # fmt: skip
 
     # -- decoding single events --------------------------------------------------------------
 
@@ -524,8 +561,11 @@ class DumpReader:
         """Execution ``index`` (0-based over all processes), decoded."""
         proc, event = self._event_at(EXECUTIONS, index)
         ex = event.execution
-        mode = _mode(ex.tensor_debug_mode)
+        mode = mode_of(ex.tensor_debug_mode)
         values = tensor_values(list(ex.tensor_protos))
+        inputs = tensor_values(list(ex.input_tensor_protos))
+        # Health is decoded here, once per event; everything downstream uses it as it is.
+        outputs = () if mode == TensorDebugMode.NO_TENSOR else health.per_output(mode, values)
         summaries: tuple[np.ndarray | None, ...] | None
         full: tuple[np.ndarray | None, ...] | None = None
         if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
@@ -550,12 +590,14 @@ class DumpReader:
             debug_tensor_values=summaries,
             host_name=ex.code_location.host_name,
             stack_frame_ids=tuple(ex.code_location.stack_frame_ids),
-            health=combined_health(mode, values),
+            health=health.total([h for h in outputs if h is not None and h != health.UNKNOWN]),
+            output_health=outputs,
             module_path=ex.module_path,
             phase=ex.phase,
             forward_sequence=ex.forward_sequence,
             forward_stack_frame_ids=tuple(ex.forward_code_location.stack_frame_ids),
-            input_debug_tensor_values=tuple(tensor_values(list(ex.input_tensor_protos))),
+            input_debug_tensor_values=tuple(inputs),
+            input_health=health.per_output(mode, inputs),
             tensor_values=full,
         )
 
@@ -567,7 +609,7 @@ class DumpReader:
         """Graph execution trace ``index`` (0-based over all processes), decoded."""
         proc, event = self._event_at(TRACES, index)
         tr = event.graph_execution_trace
-        mode = _mode(tr.tensor_debug_mode)
+        mode = mode_of(tr.tensor_debug_mode)
         values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else [None]
         value = values[0]
         summary = (
@@ -589,8 +631,9 @@ class DumpReader:
             tensor_debug_mode=mode,
             debug_tensor_value=summary,
             device_name=tr.device_name,
-            health=combined_health(mode, [value]),
+            health=health.of_summary(mode, value),
             tensor_value=value if mode == TensorDebugMode.FULL_TENSOR else None,
+            graph_name=graph.name if graph else "",
         )
 
     def traces(self, begin: int = 0, end: int | None = None) -> list[GraphExecutionTrace]:
@@ -669,27 +712,6 @@ class DumpReader:
         return list(event.source_file.lines)
 
 
-def _mode(value: int) -> TensorDebugMode:
-    try:
-        return TensorDebugMode(value)
-    except ValueError:
-        return TensorDebugMode.UNSPECIFIED
-
-
-def combined_health(mode: TensorDebugMode, values: Sequence[np.ndarray | None]) -> Health:
-    """Health summed over outputs; fields the mode does not give stay ``None``."""
-    parts = [
-        (full_tensor_health(v) if mode == TensorDebugMode.FULL_TENSOR else health(mode, v))
-        for v in values
-        if v is not None
-    ]
-    if not parts:
-        return Health()
-    if len(parts) == 1:
-        return parts[0]
-    return Health(**sum_health(parts))  # type: ignore[arg-type]
-
-
-def open_dump(dump_root: str | os.PathLike[str]) -> DumpReader:
+def open_dump(logdir: str | os.PathLike[str]) -> DumpReader:
     """Open a dump root for reading (see :class:`DumpReader`)."""
-    return DumpReader(dump_root)
+    return DumpReader(logdir)

@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from nanscope.analysis import Analysis, EventView, InputView, Source
-from nanscope.analysis.explain import Counts
+from nanscope.format.health import Health
 
 
-def _counts(c: Counts | None) -> str:
+def _counts(c: Health | None) -> str:
     if c is None:
         return "not recorded"
     if not c.known:

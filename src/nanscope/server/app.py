@@ -19,7 +19,8 @@ from werkzeug.routing import Map, Rule
 from werkzeug.security import safe_join
 from werkzeug.wrappers import Request, Response
 
-from nanscope.server.api import ROUTES, ApiError, Query
+from nanscope.server.api import ROUTES
+from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import RunSet
 
 STATIC_DIR = Path(__file__).parent / "static"

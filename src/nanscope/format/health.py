@@ -1,0 +1,183 @@
+"""Tensor health: what a summary says about a tensor's values, decoded in one place.
+
+Every mode's summary vector (see :mod:`nanscope.format.modes` for the layouts)
+and every FULL_TENSOR value is turned into one :class:`Health` here; the
+reader attaches it to each decoded event, and the analysis, the reports and
+the server use it as it is. The columnar index stores the same facts as five
+integer columns (:meth:`Health.index_row`, ``-1`` where the mode does not tell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from nanscope.format.modes import TensorDebugMode
+from nanscope.format.tensors import dtype_name
+
+
+class IndexRow(NamedTuple):
+    """The columnar index's health columns (storage layout, not an analysis type): -1 unknown."""
+
+    size: int
+    neg_inf: int
+    pos_inf: int
+    nan: int
+    nonfinite: int  # 1, 0, or -1 (the mode does not tell)
+
+
+UNKNOWN_ROW = IndexRow(-1, -1, -1, -1, -1)
+
+_COUNTS = ("size", "neg_inf", "pos_inf", "nan", "neg", "zero", "pos")
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A tensor's (or an event's outputs') health; ``None`` where the mode does not tell.
+
+    - ``size``: elements; ``neg_inf``/``pos_inf``/``nan``: non-finite counts;
+      ``neg``/``zero``/``pos``: finite counts (FULL_HEALTH and FULL_TENSOR only);
+    - ``any_nonfinite``: whether any element is Inf or NaN (every health mode
+      tells this, CURT_HEALTH and REDUCE_INF_NAN_THREE_SLOTS nothing more);
+    - ``dtype``: the element type's name where the summary records it.
+    """
+
+    size: int | None = None
+    neg_inf: int | None = None
+    pos_inf: int | None = None
+    nan: int | None = None
+    neg: int | None = None
+    zero: int | None = None
+    pos: int | None = None
+    any_nonfinite: bool | None = None
+    dtype: str = ""
+
+    @property
+    def known(self) -> bool:
+        """Whether the non-finite values are counted (not only flagged)."""
+        return self.neg_inf is not None
+
+    @property
+    def nonfinite(self) -> bool | None:
+        """Whether the values were counted and some are Inf or NaN (``None``: not counted)."""
+        if self.neg_inf is None or self.pos_inf is None or self.nan is None:
+            return None
+        return (self.neg_inf + self.pos_inf + self.nan) > 0
+
+    @property
+    def has_inf(self) -> bool | None:
+        if self.neg_inf is None or self.pos_inf is None:
+            return None
+        return (self.neg_inf + self.pos_inf) > 0
+
+    def index_row(self) -> IndexRow:
+        """The index's five health columns, ``-1`` where unknown."""
+        flag = -1 if self.any_nonfinite is None else int(self.any_nonfinite)
+        return IndexRow(
+            -1 if self.size is None else self.size,
+            -1 if self.neg_inf is None else self.neg_inf,
+            -1 if self.pos_inf is None else self.pos_inf,
+            -1 if self.nan is None else self.nan,
+            flag,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as the report's and the API's JSON give them (``null`` where unknown)."""
+        return {
+            "size": self.size,
+            "neg_inf": self.neg_inf,
+            "pos_inf": self.pos_inf,
+            "nan": self.nan,
+            "neg": self.neg,
+            "zero": self.zero,
+            "pos": self.pos,
+            "dtype": self.dtype,
+            "any_nonfinite": self.any_nonfinite,
+        }
+
+
+UNKNOWN = Health()
+
+
+def _counted(size: int, ni: int, pi: int, nn: int, **finite: Any) -> Health:
+    return Health(size, ni, pi, nn, any_nonfinite=(ni + pi + nn) > 0, **finite)
+
+
+def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health:
+    """Decode one summary vector written in ``mode`` (a FULL_TENSOR value: its values)."""
+    if vector is None:
+        return UNKNOWN
+    if mode == TensorDebugMode.FULL_TENSOR:
+        return of_array(np.asarray(vector))
+    if len(vector) == 0:
+        return UNKNOWN
+    if mode == TensorDebugMode.FULL_HEALTH and len(vector) >= 11:
+        v = vector.tolist()
+        return _counted(int(v[4]), int(v[5]), int(v[6]), int(v[7]), neg=int(v[8]),
+                        zero=int(v[9]), pos=int(v[10]), dtype=dtype_name(int(v[2])))  # fmt: skip
+    if mode == TensorDebugMode.CONCISE_HEALTH and len(vector) >= 5:
+        v = vector.tolist()
+        return _counted(int(v[1]), int(v[2]), int(v[3]), int(v[4]))
+    if mode == TensorDebugMode.CURT_HEALTH and len(vector) >= 2:
+        return Health(any_nonfinite=bool(vector[1] != 0))
+    if mode == TensorDebugMode.REDUCE_INF_NAN_THREE_SLOTS and len(vector) >= 3:
+        # Each slot holds -inf, +inf or NaN when present (else 0): presence only, no counts.
+        return Health(any_nonfinite=bool(np.any(vector[:3] != 0)))
+    if mode == TensorDebugMode.SHAPE and len(vector) >= 4:
+        return Health(size=int(vector[3]), dtype=dtype_name(int(vector[1])))
+    return UNKNOWN
+
+
+def of_array(array: np.ndarray) -> Health:
+    """Health of a full tensor value (FULL_TENSOR mode), counted on the host."""
+    dtype = str(array.dtype)
+    if array.dtype.kind not in "fc" and array.dtype.name != "bfloat16":
+        return Health(int(array.size), 0, 0, 0, any_nonfinite=False, dtype=dtype)
+    if array.dtype.kind == "c":
+        a = np.asarray(array, dtype=np.complex128)
+        nan = int(np.count_nonzero(np.isnan(a)))
+        inf = int(np.count_nonzero(np.isinf(a)))
+        return Health(size=int(a.size), nan=nan, any_nonfinite=(nan + inf) > 0, dtype=dtype)
+    a = np.asarray(array, dtype=np.float64)
+    ni = int(np.count_nonzero(a == -np.inf))
+    pi = int(np.count_nonzero(a == np.inf))
+    nn = int(np.count_nonzero(np.isnan(a)))
+    return _counted(int(a.size), ni, pi, nn, neg=int(np.count_nonzero(a < 0)) - ni,
+                    zero=int(np.count_nonzero(a == 0)), pos=int(np.count_nonzero(a > 0)) - pi,
+                    dtype=dtype)  # fmt: skip
+
+
+def total(parts: Sequence[Health]) -> Health:
+    """Several outputs' health summed: a count is ``None`` if any part's is; the first dtype."""
+    if not parts:
+        return UNKNOWN
+    if len(parts) == 1:
+        return parts[0]
+    counts: dict[str, int | None] = {}
+    for name in _COUNTS:
+        values = [getattr(p, name) for p in parts]
+        counts[name] = None if any(v is None for v in values) else sum(values)
+    flags = [p.any_nonfinite for p in parts if p.any_nonfinite is not None]
+    return Health(**counts, any_nonfinite=any(flags) if flags else None, dtype=parts[0].dtype)
+
+
+def per_output(
+    mode: TensorDebugMode | int, values: Iterable[np.ndarray | None]
+) -> tuple[Health | None, ...]:
+    """Each recorded output's health (``None`` for an output without a summary)."""
+    return tuple(None if v is None else of_summary(mode, v) for v in values)
+
+
+def of_outputs(mode: TensorDebugMode | int, values: Iterable[np.ndarray | None]) -> Health:
+    """The health of an event's recorded outputs together (malformed summaries left out)."""
+    return total([h for h in per_output(mode, values) if h is not None and h != UNKNOWN])
+
+
+def index_row(mode: TensorDebugMode | int, values: Sequence[np.ndarray | None]) -> IndexRow:
+    """The index's health columns for an event's outputs (what the writer and reader store)."""
+    if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.UNSPECIFIED):
+        return UNKNOWN_ROW
+    return of_outputs(mode, values).index_row()
