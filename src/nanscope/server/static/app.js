@@ -25,14 +25,10 @@
 //   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
 //   run's alerts are shown; data-selected="e401" / "t12" once the selection's detail is shown.
 //
-// URL: the hash holds the view, e.g. #run=.&process=0&sel=e401&tab=executions&nf=1&sp=0&sf=3&sl=94
-//   run, process (absent: all), sel (e<index> execution, t<index> trace), tab (executions |
-//   traces), nf (only Inf/NaN), op (op type filter), sp/sf/spath/sl (source: process, file
-//   index or recorded path, line). Reloading restores it; editing it navigates.
-//
-// Keys (also in the ? overlay): j/k or ↓/↑ move in the focused list or timeline, PgDn/PgUp,
-//   Home/End, n/N next/previous alert, t toggles the focus, +/-/0/c zoom the timeline,
-//   r root cause, / jump box, Esc closes popups, ? help.
+// This module: the App (state, runs and polling, the lists and the timeline, alerts,
+// selection, source). Elsewhere: the URL's hash in urlstate.js (reloading restores the view;
+// editing the hash navigates, through App.onHashChange), the keyboard and the ? overlay in
+// keys.js, the lists' rows and header in rows.js.
 //
 // Positions: a filtered list (a process, only Inf/NaN, an op type) is not indexed by event
 // index; where an event sits in it comes from one `position_of` probe (Api.positionOf), so
@@ -43,7 +39,6 @@
 
 import { Api, ApiError } from "./api.js";
 import { el, setChildren, fmtInt, fmtCompact, clamp, kindLetter, kindFromLetter, debounce } from "./util.js";
-import { summaryCell } from "./counts.js";
 import { VList } from "./vlist.js";
 import { Timeline } from "./timeline.js";
 import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
@@ -51,6 +46,9 @@ import { renderDetail, renderDetailError } from "./detail.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
 import { SourceView } from "./source.js";
 import { renderStack } from "./stack.js";
+import { renderListHeader, renderListRow } from "./rows.js";
+import { UrlState } from "./urlstate.js";
+import { bindKeys } from "./keys.js";
 
 const $ = (sel) => document.querySelector(sel);
 const EXEC = "execution";
@@ -71,7 +69,6 @@ class App {
     this.placeSeq = 0;
     this.listPos = null;
     this.booted = false;
-    this.lastHash = "";
     this.lastChange = 0;
     this.pollOk = false;
     this.alertSeq = 0;
@@ -93,6 +90,7 @@ class App {
     });
     this.source = new SourceView($("#source-body"), $("#source-path"), $("#source-file"), this);
     this.updateAlertPosSoon = debounce((ref) => this.updateAlertPos(ref), 200);
+    this.url = new UrlState((h) => this.onHashChange(h));
     this.wire();
   }
 
@@ -123,56 +121,13 @@ class App {
 
   // ---- URL -----------------------------------------------------------------------------
 
-  parseHash() {
-    const qs = new URLSearchParams(location.hash.replace(/^#/, ""));
-    const s = {};
-    if (qs.has("run")) s.run = qs.get("run");
-    s.process = qs.has("process") && qs.get("process") !== "" ? Number(qs.get("process")) : null;
-    const sel = qs.get("sel");
-    const m = sel && /^([et])(\d+)$/.exec(sel);
-    s.sel = m ? { kind: kindFromLetter(m[1]), index: Number(m[2]) } : null;
-    const tab = qs.get("tab");
-    s.tab = tab === "traces" || tab === "executions" ? tab : null;
-    s.nf = qs.get("nf") === "1";
-    s.op = qs.get("op") || "";
-    if (qs.has("sl") && (qs.has("sf") || qs.has("spath"))) {
-      s.src = {
-        process: Number(qs.get("sp") || 0),
-        file: qs.has("sf") ? Number(qs.get("sf")) : undefined,
-        path: qs.get("spath") || undefined,
-        line: Number(qs.get("sl")),
-      };
-    } else s.src = null;
-    return s;
-  }
-
   writeHash() {
     if (!this.booted) return;
-    const s = this.state;
-    const qs = new URLSearchParams();
-    if (s.run !== null) qs.set("run", s.run);
-    if (s.process !== null) qs.set("process", String(s.process));
-    if (s.sel) qs.set("sel", kindLetter(s.sel.kind) + s.sel.index);
-    if (s.tab) qs.set("tab", s.tab);
-    if (s.nf) qs.set("nf", "1");
-    if (s.op) qs.set("op", s.op);
-    if (s.src) {
-      qs.set("sp", String(s.src.process ?? 0));
-      if (s.src.file !== undefined && s.src.file !== null) qs.set("sf", String(s.src.file));
-      else if (s.src.path) qs.set("spath", s.src.path);
-      qs.set("sl", String(s.src.line));
-    }
-    const hash = "#" + qs.toString();
-    if (hash !== location.hash) {
-      this.lastHash = hash;
-      history.replaceState(null, "", hash);
-    }
+    this.url.write(this.state);
   }
 
-  async onHashChange() {
-    if (location.hash === this.lastHash) return;
-    this.lastHash = location.hash;
-    const h = this.parseHash();
+  /** The user edited the URL's hash: apply the view `h` it names (urlstate.js parsed it). */
+  async onHashChange(h) {
     if (h.run !== undefined && h.run !== this.state.run) {
       Object.assign(this.state, h);
       await this.loadRun();
@@ -223,40 +178,19 @@ class App {
     $("#tl-center").addEventListener("click", () => this.timeline.centerOnSelection());
     $("#next-alert").addEventListener("click", () => this.nextAlert(1));
     $("#prev-alert").addEventListener("click", () => this.nextAlert(-1));
-    $("#help-btn").addEventListener("click", () => this.toggleHelp());
-    $("#help-close").addEventListener("click", () => this.toggleHelp(false));
-    $("#help").addEventListener("click", (e) => {
-      if (e.target.id === "help") this.toggleHelp(false);
-    });
     $("#problems").addEventListener("click", () => {
       const pop = $("#problems-pop");
       pop.hidden = !pop.hidden;
     });
-    $("#jump").addEventListener("keydown", (e) => {
-      if (e.key === "Enter") {
-        e.preventDefault();
-        this.jump(e.target.value.trim());
-      } else if (e.key === "Escape") {
-        e.target.blur();
-      }
-      e.stopPropagation();
-    });
     $("#timeline").addEventListener("pointerdown", () => this.setFocus("timeline"));
     $("#graph-execs").addEventListener("pointerdown", () => this.setFocus("list"));
-    document.addEventListener("keydown", (e) => this.onKey(e));
-    window.addEventListener("hashchange", () => this.onHashChange());
+    bindKeys(this);
   }
 
   setFocus(which) {
     this.state.focus = which;
     $("#timeline").classList.toggle("kbd-focus", which === "timeline");
     $("#graph-execs").classList.toggle("kbd-focus", which === "list");
-  }
-
-  toggleHelp(show) {
-    const help = $("#help");
-    help.hidden = show === undefined ? !help.hidden : !show;
-    if (!help.hidden) $("#help-close").focus();
   }
 
   toast(message, ms = 2500) {
@@ -267,114 +201,10 @@ class App {
     this.toastTimer = setTimeout(() => (t.hidden = true), ms);
   }
 
-  onKey(e) {
-    if (e.ctrlKey || e.metaKey || e.altKey) return;
-    const tag = (e.target && e.target.tagName) || "";
-    // Text boxes and drop-downs keep their keys; a checkbox (only Inf/NaN) leaves them to the page.
-    const typing = (tag === "INPUT" && e.target.type !== "checkbox") || tag === "SELECT" || tag === "TEXTAREA";
-    if (typing) {
-      if (e.key === "Escape") e.target.blur();
-      return;
-    }
-    const key = e.key;
-    if (key === "Escape") {
-      $("#help").hidden = true;
-      $("#problems-pop").hidden = true;
-      $("#toast").hidden = true;
-      return;
-    }
-    if (!$("#help").hidden && key !== "?") return;
-    const handled = () => e.preventDefault();
-    switch (key) {
-      case "j":
-      case "ArrowDown":
-        handled();
-        this.move(1);
-        break;
-      case "k":
-      case "ArrowUp":
-        handled();
-        this.move(-1);
-        break;
-      case "ArrowRight":
-        if (this.state.focus === "timeline") {
-          handled();
-          this.move(1);
-        }
-        break;
-      case "ArrowLeft":
-        if (this.state.focus === "timeline") {
-          handled();
-          this.move(-1);
-        }
-        break;
-      case "PageDown":
-        handled();
-        this.move(this.state.focus === "list" ? Math.max(1, Math.floor(this.vlist.viewRows) - 1) : Math.max(1, Math.floor(this.timeline.viewSpan / 2)));
-        break;
-      case "PageUp":
-        handled();
-        this.move(-(this.state.focus === "list" ? Math.max(1, Math.floor(this.vlist.viewRows) - 1) : Math.max(1, Math.floor(this.timeline.viewSpan / 2))));
-        break;
-      case "Home":
-        handled();
-        this.moveTo(0);
-        break;
-      case "End":
-        handled();
-        this.moveTo(Infinity);
-        break;
-      case "n":
-        handled();
-        this.nextAlert(1);
-        break;
-      case "N":
-        handled();
-        this.nextAlert(-1);
-        break;
-      case "t":
-        handled();
-        this.setFocus(this.state.focus === "list" ? "timeline" : "list");
-        break;
-      case "+":
-      case "=":
-        handled();
-        this.timeline.zoomButton(0.5);
-        break;
-      case "-":
-        handled();
-        this.timeline.zoomButton(2);
-        break;
-      case "0":
-        handled();
-        this.timeline.fit();
-        break;
-      case "c":
-        handled();
-        this.timeline.centerOnSelection();
-        break;
-      case "r":
-        handled();
-        if (this.analysis && this.analysis.origin) this.select(this.analysis.origin, { from: "key" });
-        break;
-      case "/":
-        handled();
-        $("#jump").focus();
-        $("#jump").select();
-        break;
-      case "?":
-        handled();
-        this.toggleHelp();
-        break;
-      default:
-    }
-  }
-
   // ---- runs and polling -----------------------------------------------------------------
 
   async boot() {
-    Object.assign(this.state, this.parseHash());
-    this.lastHash = location.hash;
+    Object.assign(this.state, this.url.read());
     this.setFocus("list");
     try {
       const body = await this.api.runs();
@@ -643,12 +473,7 @@ class App {
       b.setAttribute("aria-selected", String(b.dataset.tab === tab));
     }
     $("#only-nonfinite").checked = this.state.nf;
-    const header = $("#list-header");
-    if (tab === "traces") {
-      setChildren(header, el("span", { className: "c-idx", text: "#" }), el("span", { className: "c-name", text: "op name" }), el("span", { className: "c-type", text: "op type" }), el("span", { className: "c-step", text: "step" }), el("span", { className: "c-sum", text: "summary" }));
-    } else {
-      setChildren(header, el("span", { className: "c-idx", text: "#" }), el("span", { className: "c-name", text: "op type" }), el("span", { className: "c-phase", text: "ph", title: "phase: f forward, b backward, o optimizer" }), el("span", { className: "c-step", text: "step" }), el("span", { className: "c-sum", text: "summary" }));
-    }
+    renderListHeader($("#list-header"), tab === "traces");
     const filt = $("#list-filter");
     filt.hidden = !this.state.op;
     if (this.state.op) {
@@ -692,28 +517,9 @@ class App {
   }
 
   renderRow(row) {
-    const c = row.counts || {};
-    const cls = ["vrow"];
-    if (row.nonfinite) cls.push("bad");
-    if (c.nan) cls.push("nan");
-    else if (c.neg_inf || c.pos_inf) cls.push("inf");
-    const node = el("div", { className: cls.join(" "), dataset: { index: String(row.index) } });
-    node.appendChild(el("span", { className: "c-idx", text: String(row.index) }));
-    if (this.listKind === TRACE) {
-      const slot = row.output_slot ? `:${row.output_slot}` : "";
-      node.appendChild(el("span", { className: "c-name", text: row.op_name + slot, title: `${row.op_name}:${row.output_slot} in ${row.graph_name || row.graph_id}` }));
-      node.appendChild(el("span", { className: "c-type", text: row.op_type, title: row.op_type }));
-    } else {
-      node.appendChild(el("span", { className: "c-name", text: row.op_type, title: row.op_type }));
-      node.appendChild(el("span", { className: `c-phase phase-${row.phase}`, text: row.phase ? row.phase.slice(0, 1) : "", title: row.phase }));
-    }
     // TensorFlow's dumps record no steps: show none rather than a misleading 0.
     const stepsKnown = !this.runInfo || this.runInfo.steps_known !== false;
-    node.appendChild(el("span", { className: "c-step", text: stepsKnown ? String(row.step) : "–", title: stepsKnown ? "" : "this dump records no steps" }));
-    const sum = summaryCell(row);
-    sum.classList.add("c-sum");
-    node.appendChild(sum);
-    return node;
+    return renderListRow(row, this.listKind === TRACE, stepsKnown);
   }
 
   // ---- alerts ----------------------------------------------------------------------------
