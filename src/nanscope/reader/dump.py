@@ -22,6 +22,7 @@ from nanscope.format import files, health
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
+from nanscope.format.strings import StringTable
 from nanscope.reader.data import (
     PHASES,
     Execution,
@@ -41,7 +42,7 @@ from nanscope.reader.decode import (
     tensor_values,
     trace_row,
 )
-from nanscope.reader.eventfile import INDEX_DTYPE, EventFile, StringPool
+from nanscope.reader.eventfile import INDEX_DTYPE, EventFile
 from nanscope.reader.logs import RecordLog
 
 SUPPORTED_FILE_VERSION = 1
@@ -66,7 +67,7 @@ class EventRef:
 class _Process:
     """Everything read from one file set."""
 
-    def __init__(self, index: int, file_set: files.FileSet, strings: StringPool) -> None:
+    def __init__(self, index: int, file_set: files.FileSet, strings: StringTable) -> None:
         self.index = index
         self.file_set = file_set
         self.info: ProcessInfo | None = None
@@ -106,7 +107,7 @@ class DumpReader:
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         self.logdir = Path(logdir)
-        self._strings = StringPool()
+        self._strings = StringTable()
         self._problems: dict[str, Problem] = {}
         self._processes: list[_Process] = []
         self._known_sets: set[str] = set()
@@ -442,7 +443,7 @@ class DumpReader:
         return self._strings.strings[sid]
 
     def string_id(self, value: str) -> int | None:
-        return self._strings.id(value)
+        return self._strings.get(value)
 
     def trace_op_types(self, indices: np.ndarray | None = None) -> np.ndarray:
         """The op type (string id) of every trace, or of the traces at ``indices``.

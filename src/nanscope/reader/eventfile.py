@@ -21,29 +21,12 @@ from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
+from nanscope.format.strings import StringTable
 from nanscope.reader.data import Problem
 from nanscope.reader.decode import DecodeError, RowData, parse_event
 from nanscope.reader.logs import describe, open_regular, unreadable
 
 CHUNK = 32 << 20
-
-
-class StringPool:
-    """Strings shared by every index of one reader (op types, op names, graph ids)."""
-
-    def __init__(self) -> None:
-        self.strings: list[str] = [""]
-        self._ids: dict[str, int] = {"": 0}
-
-    def intern(self, value: str) -> int:
-        i = self._ids.get(value)
-        if i is None:
-            i = self._ids[value] = len(self.strings)
-            self.strings.append(value)
-        return i
-
-    def id(self, value: str) -> int | None:
-        return self._ids.get(value)
 
 
 ROW_DTYPE = sidecar.ROW_DTYPE
@@ -100,7 +83,7 @@ class EventFile:
         path: Path,
         row_of: Callable[[pb.DebugEvent], RowData],
         field: str,
-        strings: StringPool,
+        strings: StringTable,
     ) -> None:
         self.path = path
         self.index_path = Path(str(path) + INDEX_SUFFIX)

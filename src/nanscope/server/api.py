@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.analysis import ViewBuilder, analyze, dataflow
+from nanscope.analysis import EventView, ViewBuilder, analyze, dataflow
 from nanscope.analysis.rootcause import count_alerts
 from nanscope.analysis.tensors import values_json
 from nanscope.format.files import DumpNotFoundError
@@ -196,17 +196,28 @@ def _event_index(reader: DumpReader, kind: str, args: Mapping[str, Any]) -> int:
     return index
 
 
+def _detail(
+    run: Run, args: Mapping[str, Any], kind: str
+) -> tuple[DumpReader, ViewBuilder, EventView]:
+    """The run's reader and one event's view (404 when it is absent or cannot be decoded).
+
+    The caller holds the run's lock while it uses the reader.
+    """
+    reader = _open(run)
+    index = _event_index(reader, kind, args)
+    views = ViewBuilder(reader, LOOKBACK)
+    try:
+        return reader, views, views.view(kind, index)
+    except UNREADABLE as exc:
+        name = kind.replace("_", " ")
+        raise ApiError(404, f"{name} #{index} cannot be decoded: {exc}") from None
+
+
 def execution_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
     run = _run(runs, q)
     with run.lock:
-        reader = _open(run)
-        index = _event_index(reader, EXECUTIONS, args)
-        views = ViewBuilder(reader, LOOKBACK)
-        try:
-            ex = reader.execution(index)
-            view = views.view(EXECUTIONS, index)
-        except UNREADABLE as exc:
-            raise ApiError(404, f"execution #{index} cannot be decoded: {exc}") from None
+        reader, views, view = _detail(run, args, EXECUTIONS)
+        ex = reader.execution(view.index)
         out = view.to_json()
         out["stack"] = _stack_json(reader, ex.stack_frame_ids, ex.process)
         out["outputs"] = ex.outputs_json()
@@ -214,7 +225,7 @@ def execution_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str
         out["output_tensor_ids"] = list(ex.output_tensor_ids)
         fwd = views.by_sequence(ex.forward_sequence, ex.process) if ex.forward_sequence else None
         out["forward_index"] = fwd.index if fwd is not None else None
-        out["consumers"] = dataflow.consumers(reader, index, ex.output_tensor_ids, ex.process)
+        out["consumers"] = dataflow.consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
         out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
         out["graph"] = (
             {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
@@ -225,15 +236,8 @@ def execution_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str
 def trace_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
     run = _run(runs, q)
     with run.lock:
-        reader = _open(run)
-        index = _event_index(reader, TRACES, args)
-        try:
-            tr = reader.trace(index)
-            view = ViewBuilder(reader, LOOKBACK).view(TRACES, index)
-        except UNREADABLE as exc:
-            raise ApiError(
-                404, f"graph execution trace #{index} cannot be decoded: {exc}"
-            ) from None
+        reader, _, view = _detail(run, args, TRACES)
+        tr = reader.trace(view.index)
         out = view.to_json()
         op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
         out["stack"] = _stack_json(reader, op.stack_frame_ids, tr.process) if op else []
