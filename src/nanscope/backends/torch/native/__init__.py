@@ -1,4 +1,4 @@
-"""Building and loading the native recorder (``recorder.cpp``, ``frames.cpp``).
+"""Building and loading the native recorder (``recorder.cpp`` and the sources beside it).
 
 The extension is compiled against the installed PyTorch the first time it is
 needed (about half a minute, once) and cached under
@@ -19,7 +19,19 @@ from pathlib import Path
 from types import ModuleType
 
 _HERE = Path(__file__).parent
-SOURCES = ("recorder.cpp", "frames.cpp", "frames.h", "pool.h")
+# Every file of the extension: the .cpp files are compiled, and all of them
+# (headers too) make up the cache key.
+SOURCES = (
+    "recorder.cpp",
+    "counts.cpp",
+    "encoder.cpp",
+    "frames.cpp",
+    "counts.h",
+    "encoder.h",
+    "event.h",
+    "frames.h",
+    "pool.h",
+)
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
 CFLAGS = ["-O3", "-DNDEBUG"]
 
@@ -94,7 +106,7 @@ def _build(verbose: bool) -> ModuleType:
         )
     return cpp_load(  # type: ignore[no-any-return]
         name,
-        [str(_HERE / "recorder.cpp"), str(_HERE / "frames.cpp")],
+        [str(_HERE / source) for source in SOURCES if source.endswith(".cpp")],
         extra_cflags=CFLAGS,
         build_directory=str(build),
         verbose=verbose,

@@ -6,17 +6,23 @@
 // TorchDispatchMode would see: ops with a CompositeImplicitAutograd kernel are
 // looked through (their decomposition is recorded), and ops called inside a
 // recorded op's kernel are not recorded. For each recorded op it keeps tensor
-// ids, devices, summaries of CPU float outputs (counted here, in one
-// vectorised pass), the Python stack (read without the GIL, see frames.cpp),
-// module path, phase, step and the link from a backward op to the forward op
-// whose autograd node ran it. Events wait in a buffer until nanscope's drain
-// thread turns them into Python objects for the writer.
+// ids, devices, summaries of CPU float outputs (counted in one vectorised
+// pass, see counts.cpp), the Python stack (read without the GIL, see
+// frames.cpp), module path, phase, step and the link from a backward op to
+// the forward op whose autograd node ran it. Events (event.h) wait in a
+// buffer until nanscope's drain thread takes them: most as encoded records
+// (see encoder.cpp), the rest as Python objects for the writer.
 //
 // Python is called, with the GIL, only for what is rare or framework-heavy:
 // an op seen for the first time, a stack seen for the first time, outputs on
 // an accelerator (summarised with device ops, never synchronised), FULL_TENSOR
 // copies, a collective to wait for, and the inputs of an op that produced
 // Inf/NaN.
+//
+// This file holds the recording: the callback, the tables it keeps (ops,
+// tensor ids, stacks, links, summaries) and the buffer, with the extension's
+// Python interface. The count kernel and the record encoder, which are not
+// about recording, have their own files.
 #include <torch/extension.h>
 
 #include <ATen/SequenceNumber.h>
@@ -33,14 +39,15 @@
 #include <cstdio>
 #include <deque>
 #include <exception>
-#include <limits>
-#include <cmath>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <array>
 #include <vector>
 
+#include "counts.h"
+#include "encoder.h"
+#include "event.h"
 #include "frames.h"
 #include "pool.h"
 
@@ -49,51 +56,13 @@ namespace py = pybind11;
 namespace nanscope {
 namespace {
 
-constexpr int kNoTensor = 1, kCurt = 2, kConcise = 3, kFull = 4, kShape = 5, kFullTensor = 7;
-constexpr int kPhaseForward = 1, kPhaseBackward = 2, kPhaseOptimizer = 3;
 constexpr int kMaxFrames = 128;
 constexpr size_t kCacheMax = 8192;
-constexpr size_t kLinksMax = 1 << 20;
-
-struct OpFlags {
-  int index = -1;  // the Python side's op index (name, OpInfo)
-  bool not_op = false;
-  bool composite = false;
-  bool skip = false;
-  bool same_elements = false;
-  bool record_values = true;
-  bool collective = false;
-  bool uninitialised = false;
-  bool view = false;
-  std::vector<int> value_args;
-  std::string name;  // "aten.log.default"
-};
 
 struct Link {
   int64_t serial;
   int32_t stack;
   int32_t module;
-};
-
-struct Event {
-  int32_t op = -1;
-  int32_t stack = -1;
-  int32_t module = 0;
-  int32_t fwd_stack = -1;
-  int32_t fwd_module = 0;
-  int32_t phase = 0;
-  int32_t extra_inputs = 0;
-  bool link_target = false;
-  int64_t step = 0;
-  int64_t serial = 0;
-  int64_t fwd_serial = -1;
-  double wall = 0;
-  pvec<int64_t> in_ids{pool()}, out_ids{pool()};
-  pvec<int32_t> out_dev{pool()};
-  pvec<double> sums{pool()};  // width values per output
-  pvec<uint8_t> has{pool()};  // 1: computed here, 2: in `parts`, 0: none
-  PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
-  PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
 };
 
 struct Stack {
@@ -177,13 +146,7 @@ struct State {
   size_t capacity = 262144;
   bool stopping = false;
 
-  // The record encoder (see encode_slice): pieces from the Python side, cached.
-  std::string mode_field;   // Execution.tensor_debug_mode
-  std::string sum_prefix;   // a summary's tensor_protos field, up to its doubles
-  std::string none_field;   // an output without a summary
-  std::unordered_map<int64_t, std::string> located, forward_located, extras;
-  std::vector<int64_t> device_ids;  // device index -> the writer's device id
-  std::unordered_map<int64_t, int64_t> seq_of_serial;  // forward ops' sequence numbers
+  Encoder encoder;  // the drain thread's (see encode_slice)
 
   std::atomic<int64_t> serial{0};
   std::atomic<int64_t> step{0};
@@ -419,103 +382,6 @@ int capture_stack() {
 }
 
 // -- summaries ------------------------------------------------------------------------------
-
-struct Counts {
-  int64_t neg = 0, zero = 0, bad = 0;  // bad: Inf or NaN
-};
-
-// Comparisons summed as integers: no branches, so the loop vectorises; 32-bit
-// sums over blocks fill twice the lanes of 64-bit ones. |x| <= max is false
-// exactly for Inf and NaN.
-template <typename T>
-__attribute__((target_clones("avx2", "default"))) void count_plain(const T* p, int64_t n,
-                                                                   Counts* c) {
-  constexpr int64_t kBlock = 1 << 20;
-  const T big = std::numeric_limits<T>::max();
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t m = std::min(kBlock, n - start);
-    const T* q = p + start;
-    int32_t neg = 0, zero = 0, bad = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      T x = q[i];
-      neg += x < T(0);
-      zero += x == T(0);
-      bad += !(std::fabs(x) <= big);
-    }
-    c->neg += neg;
-    c->zero += zero;
-    c->bad += bad;
-  }
-}
-
-template <typename H>
-void count_widened(const H* p, int64_t n, Counts* c) {
-  float buf[1024];
-  for (int64_t i = 0; i < n; i += 1024) {
-    int64_t m = std::min<int64_t>(1024, n - i);
-    for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(p[i + j]);
-    count_plain<float>(buf, m, c);
-  }
-}
-
-struct Special {
-  int64_t ninf = 0, pinf = 0, nan = 0;
-};
-
-template <typename T>
-void count_special(const T* p, int64_t n, Special* s) {
-  // Half types widen to float, doubles stay double (a narrowing would make
-  // large finite values infinite).
-  using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  for (int64_t i = 0; i < n; ++i) {
-    W x = static_cast<W>(p[i]);
-    if (std::isnan(x)) {
-      ++s->nan;
-    } else if (std::isinf(x)) {
-      if (x > 0) {
-        ++s->pinf;
-      } else {
-        ++s->ninf;
-      }
-    }
-  }
-}
-
-// Counts over the elements of a CPU float tensor, in memory order.
-bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special) {
-  at::Tensor t = t0;
-  bool dense = t.is_non_overlapping_and_dense() && !t.is_neg() && !t.is_conj();
-  if (dense) {
-    for (auto st : t.strides()) {
-      if (st < 0) dense = false;
-    }
-  }
-  if (!dense) {
-    at::DisableRecordFunctionGuard no_record;
-    t = t.resolve_neg().contiguous();
-  }
-  int64_t n = t.numel();
-  const void* data = t.const_data_ptr();
-  if (n == 0) return true;
-  if (data == nullptr) return false;
-  auto run = [&](auto* p) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      count_plain<T>(p, n, c);
-    } else {
-      count_widened<T>(p, n, c);
-    }
-    if (want_special && c->bad > 0) count_special<T>(p, n, s);
-  };
-  switch (t.scalar_type()) {
-    case at::kFloat: run(static_cast<const float*>(data)); break;
-    case at::kDouble: run(static_cast<const double*>(data)); break;
-    case at::kHalf: run(static_cast<const at::Half*>(data)); break;
-    case at::kBFloat16: run(static_cast<const at::BFloat16*>(data)); break;
-    default: return false;
-  }
-  return true;
-}
 
 // The summary row of a CPU tensor; false when the mode skips it.
 bool summarize(const at::Tensor& t, double* row) {
@@ -911,14 +777,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     s->dtype_ok[st] = ok;
     s->dtype_float[st] = flt;
   }
-  s->mode_field = mode_field;
-  s->sum_prefix = sum_prefix;
-  s->none_field = none_field;
-  s->located.clear();
-  s->forward_located.clear();
-  s->extras.clear();
-  s->device_ids.clear();
-  s->seq_of_serial.clear();
+  s->encoder.start(mode_field, sum_prefix, none_field);
   s->op_by_index.clear();
   s->taken.clear();
   s->taken_pos = 0;
@@ -977,166 +836,6 @@ void wait_for_events(double timeout) {
                     [] { return S->events.size() >= S->wake_at || S->stopping; });
 }
 
-// -- encoding -------------------------------------------------------------------------------
-//
-// Most events are encoded here, into the bytes of their DebugEvent record,
-// byte for byte what nanscope.events.encode writes (tests compare the two):
-// Python then only frames and files them. Pieces that depend on Python-side
-// tables (stacks' code locations, module paths, device ids) come from the
-// Python side once each and are cached. An event with summaries computed by
-// Python (accelerator, FULL_TENSOR) or input summaries stays with Python.
-
-void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
-void put_tag(std::string& out, int field, int wire) { put_varint(out, (static_cast<uint64_t>(field) << 3) | wire); }
-
-template <typename V>
-void put_packed(std::string& out, int field, const V& values, const std::vector<int64_t>* map = nullptr) {
-  if (values.empty()) return;
-  std::string body;
-  for (auto v : values) {
-    int64_t x = map ? (*map)[static_cast<size_t>(v)] : static_cast<int64_t>(v);
-    put_varint(body, static_cast<uint64_t>(x));
-  }
-  put_tag(out, field, 2);
-  put_varint(out, body.size());
-  out += body;
-}
-
-const std::string& cached_piece(std::unordered_map<int64_t, std::string>& cache, int64_t key,
-                                const char* method, py::args args) {
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  std::string piece = S->host.attr(method)(*args).cast<std::string>();
-  return cache.emplace(key, std::move(piece)).first->second;
-}
-
-bool devices_known(const Event& ev) {
-  for (int32_t d : ev.out_dev) {
-    if (static_cast<size_t>(d) >= S->device_ids.size()) return false;
-  }
-  return true;
-}
-
-// Events with summaries from Python, or on a device the writer has not
-// numbered yet (numbering takes the writer's lock, held while encoding),
-// are left to the Python side.
-bool encodable(const Event& ev) {
-  if (ev.parts != nullptr || ev.inputs != nullptr) return false;
-  if (!devices_known(ev)) {
-    S->device_ids = S->host.attr("device_ids")().cast<std::vector<int64_t>>();
-    return devices_known(ev);
-  }
-  return true;
-}
-
-// The record of one event, and its index row's health (size, -inf, +inf, nan, nonfinite).
-py::tuple encode(const Event& ev, int64_t seq) {
-  const OpFlags* op_ptr;
-  {
-    // Recording threads append to the table (and may move it) while this runs.
-    std::lock_guard<std::mutex> g(S->ops_mu);
-    op_ptr = S->op_by_index[static_cast<size_t>(ev.op)];
-  }
-  const OpFlags& op = *op_ptr;
-  const int mode = S->mode;
-  const int w = S->width;
-  std::string body;
-  body.reserve(256);
-  put_tag(body, 1, 2);
-  put_varint(body, op.name.size());
-  body += op.name;
-  if (!ev.out_ids.empty()) {
-    put_tag(body, 2, 0);
-    put_varint(body, ev.out_ids.size());
-  }
-  put_packed(body, 4, ev.in_ids);
-  put_packed(body, 5, ev.out_ids);
-  body += S->mode_field;
-  int64_t size = 0, ni = 0, pi = 0, nn = 0;
-  bool seen = false, flagged = false;
-  if (mode != kNoTensor) {
-    for (size_t i = 0; i < ev.out_ids.size(); ++i) {
-      if (i >= ev.has.size() || ev.has[i] != 1) {
-        body += S->none_field;
-        continue;
-      }
-      const double* row = ev.sums.data() + i * w;
-      body += S->sum_prefix;
-      body.append(reinterpret_cast<const char*>(row), sizeof(double) * w);
-      seen = true;
-      if (mode == kFull) {
-        size += static_cast<int64_t>(row[4]);
-        ni += static_cast<int64_t>(row[5]);
-        pi += static_cast<int64_t>(row[6]);
-        nn += static_cast<int64_t>(row[7]);
-      } else if (mode == kConcise) {
-        size += static_cast<int64_t>(row[1]);
-        ni += static_cast<int64_t>(row[2]);
-        pi += static_cast<int64_t>(row[3]);
-        nn += static_cast<int64_t>(row[4]);
-      } else if (mode == kCurt) {
-        flagged = flagged || row[1] != 0;
-      } else if (mode == kShape) {
-        size += static_cast<int64_t>(row[3]);
-      }
-    }
-  }
-  if (ev.stack >= 0) body += cached_piece(S->located, ev.stack, "located", py::make_tuple(ev.stack));
-  put_packed(body, 9, ev.out_dev, &S->device_ids);
-  body += cached_piece(S->extras, (static_cast<int64_t>(ev.module) << 2) | ev.phase, "extras",
-                       py::make_tuple(ev.module, ev.phase));
-  if (ev.fwd_serial >= 0) {
-    auto it = S->seq_of_serial.find(ev.fwd_serial);
-    if (it != S->seq_of_serial.end() && it->second != 0) {
-      put_tag(body, 1003, 0);
-      put_varint(body, static_cast<uint64_t>(it->second));
-    }
-  }
-  if (ev.fwd_stack >= 0) {
-    body += cached_piece(S->forward_located, ev.fwd_stack, "forward_located", py::make_tuple(ev.fwd_stack));
-  }
-  if (seq) {
-    put_tag(body, 1005, 0);
-    put_varint(body, static_cast<uint64_t>(seq));
-  }
-  std::string payload;
-  payload.reserve(body.size() + 24);
-  if (ev.wall != 0) {
-    put_tag(payload, 1, 1);
-    payload.append(reinterpret_cast<const char*>(&ev.wall), sizeof(double));
-  }
-  if (ev.step != 0) {
-    put_tag(payload, 2, 0);
-    put_varint(payload, static_cast<uint64_t>(ev.step));
-  }
-  put_tag(payload, 9, 2);
-  put_varint(payload, body.size());
-  payload += body;
-  if (ev.link_target) {
-    if (S->seq_of_serial.size() > kLinksMax) S->seq_of_serial.clear();
-    S->seq_of_serial[ev.serial] = seq;
-  }
-  // The index row's health, as nanscope.format.modes.summary_health computes it.
-  int64_t h_size = -1, h_ni = -1, h_pi = -1, h_nn = -1, h_bad = -1;
-  if (seen && (mode == kFull || mode == kConcise)) {
-    h_size = size, h_ni = ni, h_pi = pi, h_nn = nn, h_bad = (ni + pi + nn) > 0;
-  } else if (seen && mode == kCurt) {
-    h_bad = flagged;
-  } else if (seen && mode == kShape) {
-    h_size = size;
-  }
-  int64_t device = ev.out_dev.empty() ? 0 : S->device_ids[static_cast<size_t>(ev.out_dev[0])];
-  return py::make_tuple(py::bytes(payload), op.name, "", static_cast<int64_t>(ev.out_ids.size()),
-                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device);
-}
-
 void refill_taken() {
   pvec<Event>& taken = S->taken;
   if (S->taken_pos < taken.size()) return;
@@ -1149,6 +848,13 @@ void refill_taken() {
   S->space_cv.notify_all();
 }
 
+// The description of an event's op.
+const OpFlags& op_of(const Event& ev) {
+  // Recording threads append to the table (and may move it) while this runs.
+  std::lock_guard<std::mutex> g(S->ops_mu);
+  return *S->op_by_index[static_cast<size_t>(ev.op)];
+}
+
 // Records for the next (at most `limit`) buffered events, numbered from
 // `first_seq`; stops before an event that Python must encode (see drain).
 py::list encode_slice(int64_t first_seq, size_t limit) {
@@ -1158,8 +864,8 @@ py::list encode_slice(int64_t first_seq, size_t limit) {
   int64_t seq = first_seq;
   while (S->taken_pos < taken.size() && out.size() < limit) {
     Event& ev = taken[S->taken_pos];
-    if (!encodable(ev)) break;
-    out.append(encode(ev, seq++));
+    if (!S->encoder.encodable(ev, S->host)) break;
+    out.append(S->encoder.encode(ev, op_of(ev), S->mode, S->width, seq++, S->host));
     ++S->taken_pos;
   }
   return out;
@@ -1220,14 +926,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("drain", &drain, py::arg("limit") = 256);
   m.def("wait_for_events", &wait_for_events);
   m.def("encode_slice", &encode_slice);
-  m.def("note_seq", [](int64_t serial, int64_t seq) {
-    if (S->seq_of_serial.size() > kLinksMax) S->seq_of_serial.clear();
-    S->seq_of_serial[serial] = seq;
-  });
-  m.def("seq_of", [](int64_t serial) -> int64_t {
-    auto it = S->seq_of_serial.find(serial);
-    return it == S->seq_of_serial.end() ? 0 : it->second;
-  });
+  m.def("note_seq", [](int64_t serial, int64_t seq) { S->encoder.note_seq(serial, seq); });
+  m.def("seq_of", [](int64_t serial) { return S->encoder.seq_of(serial); });
   m.def("device_names", &device_names);
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
   m.def("set_module", [](int m) { tl_module = m; });

@@ -1,0 +1,28 @@
+#pragma once
+// The count kernel: how many elements of a CPU float tensor are negative,
+// zero, and Inf or NaN (and of those, how many are -Inf, +Inf and NaN).
+// The recorder turns these counts into an output's summary row (see
+// summarize in recorder.cpp). Kept apart from recording because it is
+// numeric code with its own concerns: loops that vectorise, a build per
+// instruction set, half types widened to float.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace nanscope {
+
+struct Counts {
+  int64_t neg = 0, zero = 0, bad = 0;  // bad: Inf or NaN
+};
+
+struct Special {
+  int64_t ninf = 0, pinf = 0, nan = 0;
+};
+
+// Counts over the elements of a CPU float tensor, in memory order; `s` only
+// when `want_special` and some element is Inf or NaN. False for a dtype it
+// does not count (float, double, half and bfloat16 only) or a tensor
+// without data.
+bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special);
+
+}  // namespace nanscope

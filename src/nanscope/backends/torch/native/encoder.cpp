@@ -1,0 +1,173 @@
+// The record encoder (see encoder.h).
+#include "encoder.h"
+
+// std::vector's caster (device_ids), which torch/extension.h brings to
+// recorder.cpp: every file must cast a type with the same caster.
+#include <pybind11/stl.h>
+
+#include <utility>
+
+namespace nanscope {
+namespace py = pybind11;
+namespace {
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void put_tag(std::string& out, int field, int wire) { put_varint(out, (static_cast<uint64_t>(field) << 3) | wire); }
+
+template <typename V>
+void put_packed(std::string& out, int field, const V& values, const std::vector<int64_t>* map = nullptr) {
+  if (values.empty()) return;
+  std::string body;
+  for (auto v : values) {
+    int64_t x = map ? (*map)[static_cast<size_t>(v)] : static_cast<int64_t>(v);
+    put_varint(body, static_cast<uint64_t>(x));
+  }
+  put_tag(out, field, 2);
+  put_varint(out, body.size());
+  out += body;
+}
+
+}  // namespace
+
+void Encoder::start(std::string mode_field, std::string sum_prefix, std::string none_field) {
+  this->mode_field = std::move(mode_field);
+  this->sum_prefix = std::move(sum_prefix);
+  this->none_field = std::move(none_field);
+  located.clear();
+  forward_located.clear();
+  extras.clear();
+  device_ids.clear();
+  seq_of_serial.clear();
+}
+
+const std::string& Encoder::cached_piece(std::unordered_map<int64_t, std::string>& cache, int64_t key,
+                                         py::handle host, const char* method, py::args args) {
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::string piece = host.attr(method)(*args).cast<std::string>();
+  return cache.emplace(key, std::move(piece)).first->second;
+}
+
+bool Encoder::devices_known(const Event& ev) const {
+  for (int32_t d : ev.out_dev) {
+    if (static_cast<size_t>(d) >= device_ids.size()) return false;
+  }
+  return true;
+}
+
+bool Encoder::encodable(const Event& ev, py::handle host) {
+  if (ev.parts != nullptr || ev.inputs != nullptr) return false;
+  if (!devices_known(ev)) {
+    device_ids = host.attr("device_ids")().cast<std::vector<int64_t>>();
+    return devices_known(ev);
+  }
+  return true;
+}
+
+py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, int64_t seq,
+                          py::handle host) {
+  std::string body;
+  body.reserve(256);
+  put_tag(body, 1, 2);
+  put_varint(body, op.name.size());
+  body += op.name;
+  if (!ev.out_ids.empty()) {
+    put_tag(body, 2, 0);
+    put_varint(body, ev.out_ids.size());
+  }
+  put_packed(body, 4, ev.in_ids);
+  put_packed(body, 5, ev.out_ids);
+  body += mode_field;
+  int64_t size = 0, ni = 0, pi = 0, nn = 0;
+  bool seen = false, flagged = false;
+  if (mode != kNoTensor) {
+    for (size_t i = 0; i < ev.out_ids.size(); ++i) {
+      if (i >= ev.has.size() || ev.has[i] != 1) {
+        body += none_field;
+        continue;
+      }
+      const double* row = ev.sums.data() + i * width;
+      body += sum_prefix;
+      body.append(reinterpret_cast<const char*>(row), sizeof(double) * width);
+      seen = true;
+      if (mode == kFull) {
+        size += static_cast<int64_t>(row[4]);
+        ni += static_cast<int64_t>(row[5]);
+        pi += static_cast<int64_t>(row[6]);
+        nn += static_cast<int64_t>(row[7]);
+      } else if (mode == kConcise) {
+        size += static_cast<int64_t>(row[1]);
+        ni += static_cast<int64_t>(row[2]);
+        pi += static_cast<int64_t>(row[3]);
+        nn += static_cast<int64_t>(row[4]);
+      } else if (mode == kCurt) {
+        flagged = flagged || row[1] != 0;
+      } else if (mode == kShape) {
+        size += static_cast<int64_t>(row[3]);
+      }
+    }
+  }
+  if (ev.stack >= 0) body += cached_piece(located, ev.stack, host, "located", py::make_tuple(ev.stack));
+  put_packed(body, 9, ev.out_dev, &device_ids);
+  body += cached_piece(extras, (static_cast<int64_t>(ev.module) << 2) | ev.phase, host, "extras",
+                       py::make_tuple(ev.module, ev.phase));
+  if (ev.fwd_serial >= 0) {
+    auto it = seq_of_serial.find(ev.fwd_serial);
+    if (it != seq_of_serial.end() && it->second != 0) {
+      put_tag(body, 1003, 0);
+      put_varint(body, static_cast<uint64_t>(it->second));
+    }
+  }
+  if (ev.fwd_stack >= 0) {
+    body += cached_piece(forward_located, ev.fwd_stack, host, "forward_located", py::make_tuple(ev.fwd_stack));
+  }
+  if (seq) {
+    put_tag(body, 1005, 0);
+    put_varint(body, static_cast<uint64_t>(seq));
+  }
+  std::string payload;
+  payload.reserve(body.size() + 24);
+  if (ev.wall != 0) {
+    put_tag(payload, 1, 1);
+    payload.append(reinterpret_cast<const char*>(&ev.wall), sizeof(double));
+  }
+  if (ev.step != 0) {
+    put_tag(payload, 2, 0);
+    put_varint(payload, static_cast<uint64_t>(ev.step));
+  }
+  put_tag(payload, 9, 2);
+  put_varint(payload, body.size());
+  payload += body;
+  if (ev.link_target) note_seq(ev.serial, seq);
+  // The index row's health, as nanscope.format.modes.summary_health computes it.
+  int64_t h_size = -1, h_ni = -1, h_pi = -1, h_nn = -1, h_bad = -1;
+  if (seen && (mode == kFull || mode == kConcise)) {
+    h_size = size, h_ni = ni, h_pi = pi, h_nn = nn, h_bad = (ni + pi + nn) > 0;
+  } else if (seen && mode == kCurt) {
+    h_bad = flagged;
+  } else if (seen && mode == kShape) {
+    h_size = size;
+  }
+  int64_t device = ev.out_dev.empty() ? 0 : device_ids[static_cast<size_t>(ev.out_dev[0])];
+  return py::make_tuple(py::bytes(payload), op.name, "", static_cast<int64_t>(ev.out_ids.size()),
+                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device);
+}
+
+void Encoder::note_seq(int64_t serial, int64_t seq) {
+  if (seq_of_serial.size() > kLinksMax) seq_of_serial.clear();
+  seq_of_serial[serial] = seq;
+}
+
+int64_t Encoder::seq_of(int64_t serial) const {
+  auto it = seq_of_serial.find(serial);
+  return it == seq_of_serial.end() ? 0 : it->second;
+}
+
+}  // namespace nanscope
