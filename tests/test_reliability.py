@@ -10,8 +10,7 @@ import pytest
 
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent
-from nanscope.reader import EXECUTIONS, TRACES
-from nanscope.reader.eventfile import INDEX_DTYPE
+from nanscope.reader import EXECUTIONS, INDEX_DTYPE, TRACES
 from tests.helpers import full_health
 
 

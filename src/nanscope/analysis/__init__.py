@@ -1,8 +1,14 @@
-"""Alerts and root cause: where the first Inf/NaN was born, and why."""
+"""Alerts and root cause: where the first Inf/NaN was born, and why.
 
-from nanscope.analysis.explain import explain, op_family
-from nanscope.analysis.rootcause import SCHEMA, Alerts, Analysis, analyze
-from nanscope.analysis.views import EventView, InputView, Producer, Source, ViewBuilder
+Every surface (the terminal report, the JSON report, the GUI's API) renders what
+these functions return; none of them reads a dump or decodes a summary itself.
+"""
+
+from nanscope.analysis._dataflow import consumers, graph_op_edges, nearest_trace, producers
+from nanscope.analysis._explain import explain, op_family
+from nanscope.analysis._rootcause import SCHEMA, Alerts, Analysis, analyze, count_alerts
+from nanscope.analysis._tensors import values_json
+from nanscope.analysis._views import EventView, InputView, Producer, Source, ViewBuilder
 
 __all__ = [
     "SCHEMA",
@@ -14,6 +20,12 @@ __all__ = [
     "Source",
     "ViewBuilder",
     "analyze",
+    "consumers",
+    "count_alerts",
     "explain",
+    "graph_op_edges",
+    "nearest_trace",
     "op_family",
+    "producers",
+    "values_json",
 ]

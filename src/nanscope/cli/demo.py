@@ -14,7 +14,7 @@ from rich.console import Console
 from nanscope.analysis import analyze
 from nanscope.cli.errors import CommandError
 from nanscope.reader import DumpReader
-from nanscope.report.text import console_for, render_text
+from nanscope.report import console_for, render_text
 
 HELP = "train the tutorial's example under nanscope and report where its first Inf/NaN came from"
 

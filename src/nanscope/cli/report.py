@@ -11,7 +11,7 @@ import json
 
 from nanscope.analysis import analyze
 from nanscope.reader import DumpReader
-from nanscope.report.text import console_for, render_text
+from nanscope.report import console_for, render_text
 
 HELP = "report where the first Inf/NaN was born, and why (exit 1 if any was found)"
 

@@ -1,7 +1,8 @@
 """Reading tfdbg2 dumps (nanscope's and TensorFlow's) with a columnar index."""
 
 from nanscope.format.records import RecordError
-from nanscope.reader.data import (
+from nanscope.reader._data import (
+    PHASES,
     Execution,
     GraphExecutionTrace,
     GraphInfo,
@@ -11,14 +12,17 @@ from nanscope.reader.data import (
     SourceFileInfo,
     StackFrame,
 )
-from nanscope.reader.decode import DecodeError
-from nanscope.reader.dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
+from nanscope.reader._decode import DecodeError
+from nanscope.reader._dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
+from nanscope.reader._eventfile import INDEX_DTYPE
 
 # What decoding one indexed event can raise when its record is damaged.
 UNREADABLE = (RecordError, DecodeError)
 
 __all__ = [
     "EXECUTIONS",
+    "INDEX_DTYPE",
+    "PHASES",
     "TRACES",
     "UNREADABLE",
     "DecodeError",

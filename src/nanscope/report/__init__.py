@@ -1,5 +1,5 @@
 """Reporters: each renders one :class:`nanscope.analysis.Analysis`; none reads files."""
 
-from nanscope.report.text import render_text
+from nanscope.report._text import console_for, render_text
 
-__all__ = ["render_text"]
+__all__ = ["console_for", "render_text"]

@@ -13,9 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.analysis import EventView, ViewBuilder, analyze, dataflow
-from nanscope.analysis.rootcause import count_alerts
-from nanscope.analysis.tensors import values_json
+from nanscope.analysis import (
+    EventView,
+    ViewBuilder,
+    analyze,
+    consumers,
+    count_alerts,
+    graph_op_edges,
+    values_json,
+)
 from nanscope.format.files import DumpNotFoundError
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
@@ -225,7 +231,7 @@ def execution_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str
         out["output_tensor_ids"] = list(ex.output_tensor_ids)
         fwd = views.by_sequence(ex.forward_sequence, ex.process) if ex.forward_sequence else None
         out["forward_index"] = fwd.index if fwd is not None else None
-        out["consumers"] = dataflow.consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
+        out["consumers"] = consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
         out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
         out["graph"] = (
             {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
@@ -261,7 +267,7 @@ def graph_op_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str,
         op = graph.ops.get(op_name)
         if op is None:
             raise ApiError(404, f"no op {op_name!r} in graph {graph.name or graph_id}")
-        inputs, consumers = dataflow.graph_op_edges(reader, graph, op_name, near)
+        inputs, consumers = graph_op_edges(reader, graph, op_name, near)
         return {
             "graph_id": graph_id,
             "graph_name": graph.name,

@@ -23,7 +23,7 @@ from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.format.strings import StringTable
-from nanscope.reader.data import (
+from nanscope.reader._data import (
     PHASES,
     Execution,
     GraphExecutionTrace,
@@ -34,7 +34,7 @@ from nanscope.reader.data import (
     SourceFileInfo,
     StackFrame,
 )
-from nanscope.reader.decode import (
+from nanscope.reader._decode import (
     DecodeError,
     execution_row,
     mode_of,
@@ -42,8 +42,8 @@ from nanscope.reader.decode import (
     tensor_values,
     trace_row,
 )
-from nanscope.reader.eventfile import INDEX_DTYPE, EventFile
-from nanscope.reader.logs import RecordLog
+from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
+from nanscope.reader._logs import RecordLog
 
 SUPPORTED_FILE_VERSION = 1
 EXECUTIONS = "execution"
@@ -425,7 +425,7 @@ class DumpReader:
         return self.num_executions() if kind == EXECUTIONS else self.num_graph_execution_traces()
 
     def index(self, kind: str) -> np.ndarray:
-        """The index rows (:data:`nanscope.reader.eventfile.INDEX_DTYPE`) of one kind of event.
+        """The index rows (:data:`nanscope.reader.INDEX_DTYPE`) of one kind of event.
 
         Columns ``name``/``graph`` are ids into :meth:`string`; ``process`` is
         given by :meth:`processes_of`. Do not modify the array.

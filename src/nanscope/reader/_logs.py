@@ -10,8 +10,8 @@ from typing import BinaryIO
 
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
-from nanscope.reader.data import Problem
-from nanscope.reader.decode import DecodeError, parse_event
+from nanscope.reader._data import Problem
+from nanscope.reader._decode import DecodeError, parse_event
 
 
 class NotARegularFile(OSError):

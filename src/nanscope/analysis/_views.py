@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from nanscope._paths import is_user_file
-from nanscope.analysis import dataflow
-from nanscope.analysis.explain import explain
+from nanscope.analysis import _dataflow as dataflow
+from nanscope.analysis._explain import explain
 from nanscope.format.health import UNKNOWN, Health
 from nanscope.reader import (
     EXECUTIONS,
@@ -19,7 +19,7 @@ from nanscope.reader import (
     Execution,
     StackFrame,
 )
-from nanscope.reader.data import PHASES
+from nanscope.reader._data import PHASES
 
 
 @dataclass

@@ -22,9 +22,9 @@ from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
 from nanscope.format.strings import StringTable
-from nanscope.reader.data import Problem
-from nanscope.reader.decode import DecodeError, RowData, parse_event
-from nanscope.reader.logs import describe, open_regular, unreadable
+from nanscope.reader._data import Problem
+from nanscope.reader._decode import DecodeError, RowData, parse_event
+from nanscope.reader._logs import describe, open_regular, unreadable
 
 CHUNK = 32 << 20
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.analysis.explain import born_from_output
-from nanscope.analysis.views import EventView, ViewBuilder
+from nanscope.analysis._explain import born_from_output
+from nanscope.analysis._views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 
