@@ -27,7 +27,7 @@ import nanscope  # noqa: E402
 from nanscope.backends.torch.pause import not_recorded  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
 
-from .helpers import marked_line, torch_recorder  # noqa: E402
+from ..helpers import marked_line, torch_recorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -36,9 +36,9 @@ from nanscope.reader import EXECUTIONS, TRACES, DumpReader
 from nanscope.server.api import ROUTES, Query
 from nanscope.server.runs import RunSet
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
-PROGRAMS = Path(__file__).parent / "programs"
+PROGRAMS = Path(__file__).parents[1] / "programs"
 DDP_PROGRAM = PROGRAMS / "ddp_train.py"
 TF_PROGRAM = PROGRAMS / "tf_mirrored.py"
 LAUNCH_TIMEOUT_S = 240

@@ -28,7 +28,7 @@ from tensorflow.python.debug.lib.debug_events_reader import DebugDataReader
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
 pytestmark = pytest.mark.tf
 

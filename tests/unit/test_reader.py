@@ -15,7 +15,7 @@ from nanscope.format import files, records
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.reader import EXECUTIONS, TRACES
 
-from .helpers import full_health, write_small_dump
+from ..helpers import full_health, write_small_dump
 
 
 def test_index_and_decoding(tmp_path: Path) -> None:

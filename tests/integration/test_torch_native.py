@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import nanscope  # noqa: E402
 from nanscope.backends.torch.session import native_library  # noqa: E402
 
-from .helpers import torch_recorder  # noqa: E402
+from ..helpers import torch_recorder  # noqa: E402
 
 needs_native = pytest.mark.skipif(
     torch_recorder() != "native", reason="the native recorder is not in use"

@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 import nanscope  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
 
-from .helpers import marked_line, torch_recorder  # noqa: E402
+from ..helpers import marked_line, torch_recorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -33,7 +33,7 @@ pytest.importorskip("tensorboard")
 
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
 pytestmark = pytest.mark.tf
 

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import nanscope  # noqa: E402
 
-from .helpers import marked_line  # noqa: E402
+from ..helpers import marked_line  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

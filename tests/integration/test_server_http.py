@@ -59,7 +59,7 @@ def test_page_and_static_files(server: Server) -> None:
     # Nothing is loaded from elsewhere.
     assert b"<html" in body.lower() and not re.search(rb"""(src|href)=["']?(https?:)?//""", body)
     assert "script-src 'self'" in headers["content-security-policy"]
-    scripts = [p for p in (Path(__file__).parents[1] / "src/nanscope/server/static").glob("*.js")]
+    scripts = [p for p in (Path(__file__).parents[2] / "src/nanscope/server/static").glob("*.js")]
     assert scripts
     status, headers, _ = request(server, f"/static/{scripts[0].name}")
     assert status == 200 and headers["content-type"].startswith("text/javascript")

@@ -18,7 +18,7 @@ from tests.helpers import marked_line, write_small_dump
 torch = pytest.importorskip("torch")
 
 DOC = Path(nanscope.__file__).parent / "server" / "http_api.md"
-TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
+TF_DUMPS = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 
 
 def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:

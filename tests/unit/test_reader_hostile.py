@@ -20,7 +20,7 @@ import nanscope
 from nanscope.format import files, records
 from nanscope.reader import EXECUTIONS, TRACES
 
-from .helpers import write_small_dump
+from ..helpers import write_small_dump
 
 _TEMPLATE: dict[str, Path] = {}
 

@@ -16,7 +16,7 @@ import nanscope  # noqa: E402
 from nanscope.analysis import analyze  # noqa: E402
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader  # noqa: E402
 
-from .helpers import marked_line  # noqa: E402
+from ..helpers import marked_line  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
