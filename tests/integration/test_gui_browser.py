@@ -219,9 +219,10 @@ def wait_selected(page: Any, letter_index: str) -> None:
 
 
 def list_indices(page: Any) -> list[int]:
-    return page.eval_on_selector_all(
+    indices: list[int] = page.eval_on_selector_all(
         "#graph-execs .vrow[data-index]", "els => els.map(e => Number(e.dataset.index))"
     )
+    return indices
 
 
 def wait_js(page: Any, expr: str, timeout_s: float = 10) -> None:

@@ -202,7 +202,7 @@ def test_jupyter_magic_shows_the_gui(tmp_path: Path) -> None:
     from nanscope import notebook
 
     write_small_dump(tmp_path)
-    ip = get_ipython()
+    ip = get_ipython()  # type: ignore[no-untyped-call]  # IPython's test helper is unannotated
     ip.run_line_magic("load_ext", "nanscope")
     try:
         frame = ip.run_line_magic("nanscope", f"{tmp_path} --height 500")
