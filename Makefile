@@ -27,7 +27,8 @@ test: $(STAMP)
 	$(BIN)/python -m nanscope.backends.torch.native
 	$(BIN)/python -m pytest -q
 	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q \
-		tests/test_torch_dump.py tests/test_torch_models.py tests/test_torch_compile.py
+		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
+		tests/integration/test_torch_compile.py
 
 check: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/check

@@ -7,7 +7,7 @@ run, and the GUI's API handlers called. Any exception other than a documented,
 clear error is a crash that atheris reports with the input that caused it.
 
     python fuzz/fuzz_reader.py -max_total_time=3600 -rss_limit_mb=1024 fuzz/corpus
-    python fuzz/fuzz_reader.py -runs=2000            # what tests/test_fuzz.py runs, bounded
+    python fuzz/fuzz_reader.py -runs=2000            # what tests/integration/test_fuzz.py runs, bounded
 
 Hangs are caught by ``-timeout`` (seconds per input, default 20 here) and
 unbounded memory by ``-rss_limit_mb``.

@@ -11,6 +11,7 @@ from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEve
 from nanscope.format.proto import tensor_pb2
 from nanscope.format.records import scan
 from nanscope.format.tensors import DataType
+from nanscope.reader import Execution
 
 
 def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:
@@ -66,6 +67,19 @@ def write_small_dump(
         w.write_trace(TraceEvent("g", "Log" if i % 2 else "probs", 0, h, step=i))
     w.close()
     return w
+
+
+def summaries_of(execution: Execution) -> tuple[np.ndarray | None, ...]:
+    """Each output's summary vector; the test fails in NO_TENSOR and FULL_TENSOR (no vectors)."""
+    assert execution.debug_tensor_values is not None, execution.op_type
+    return execution.debug_tensor_values
+
+
+def summary_of(execution: Execution, slot: int = 0) -> np.ndarray:
+    """Output ``slot``'s summary vector; the test fails where it was not recorded."""
+    summary = summaries_of(execution)[slot]
+    assert summary is not None, (execution.op_type, slot)
+    return summary
 
 
 def torch_recorder() -> str:

@@ -7,8 +7,8 @@ import tensorflow as tf
 w = tf.Variable([4.0, 0.0, 9.0])
 
 
-@tf.function
-def grad():
+@tf.function  # type: ignore[untyped-decorator]  # TensorFlow is untyped
+def grad() -> tf.Tensor:
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(tf.sqrt(w))
     return tape.gradient(loss, w)  # <- origin first_inf

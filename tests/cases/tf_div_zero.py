@@ -5,8 +5,8 @@
 import tensorflow as tf
 
 
-@tf.function
-def class_means(values, classes):
+@tf.function  # type: ignore[untyped-decorator]  # TensorFlow is untyped
+def class_means(values: tf.Tensor, classes: tf.Tensor) -> tf.Tensor:
     totals = tf.math.unsorted_segment_sum(values, classes, num_segments=3) + 1.0
     counts = tf.math.unsorted_segment_sum(tf.ones_like(values), classes, num_segments=3)
     return totals / counts  # <- origin first_inf

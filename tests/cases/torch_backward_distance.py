@@ -26,7 +26,8 @@ class Net(torch.nn.Module):
         self.dist = Distance()
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return self.dist(self.embed(a), self.embed(b))
+        distance: torch.Tensor = self.dist(self.embed(a), self.embed(b))
+        return distance
 
 
 net = Net()
@@ -34,4 +35,5 @@ a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
 b = torch.tensor([[1.0, 2.0], [0.0, 0.0]])  # the first pair is identical: distance 0
 loss = net(a, b).sum()
 loss.backward()  # <- origin first_nan
+assert net.embed.weight.grad is not None
 print(net.embed.weight.grad.tolist())

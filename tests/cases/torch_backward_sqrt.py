@@ -8,4 +8,5 @@ w = torch.tensor([4.0, 0.0, 9.0], requires_grad=True)
 norm = torch.sqrt(w)  # <- forward
 loss = norm.sum()
 loss.backward()  # <- origin first_inf
+assert w.grad is not None
 print(w.grad.tolist())

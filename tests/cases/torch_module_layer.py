@@ -7,7 +7,8 @@ import torch
 
 class L2Norm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x / x.norm(dim=-1, keepdim=True)  # <- origin first_nan
+        normed: torch.Tensor = x / x.norm(dim=-1, keepdim=True)  # <- origin first_nan
+        return normed
 
 
 class Net(torch.nn.Module):
@@ -18,7 +19,8 @@ class Net(torch.nn.Module):
         self.norm = L2Norm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.act(self.proj(x)))
+        out: torch.Tensor = self.norm(self.act(self.proj(x)))
+        return out
 
 
 net = Net()

@@ -28,7 +28,8 @@ class LogFeatures(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         features = torch.log(x)  # <- origin
-        return self.fc(features)
+        out: torch.Tensor = self.fc(features)
+        return out
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def main() -> None:
         w.assign_sub(0.1 * grad)
         return loss
 
-    @tf.function
+    @tf.function  # type: ignore[untyped-decorator]  # TensorFlow is untyped
     def train_step(x: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         losses = strategy.run(replica_step, args=(x, labels))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)

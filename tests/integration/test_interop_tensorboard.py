@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ pytest.importorskip("tensorboard")
 
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
 pytestmark = pytest.mark.tf
 
@@ -47,6 +47,10 @@ LOAD_TIMEOUT_S = 20.0  # the plugin reads the dump on a background thread
 # -- the dump ----------------------------------------------------------------------------------
 
 
+@overload
+def full_health(tensor_id: int, array: np.ndarray) -> np.ndarray: ...
+@overload
+def full_health(tensor_id: int, array: None) -> None: ...
 def full_health(tensor_id: int, array: np.ndarray | None) -> np.ndarray | None:
     """TensorFlow's FULL_HEALTH summary of a float32 tensor (None for no tensor)."""
     if array is None:
@@ -77,7 +81,7 @@ def line_of(marker: str) -> int:
 
 
 # (op type, output tensor ids, output values); None: an int64 output without summary.
-EXECUTIONS = [
+EXECUTIONS: list[tuple[str, list[int], list[np.ndarray | None]]] = [
     ("aten.exp.default", [2], [_f32(0.5, 1.0, 2.0)]),
     ("aten.log.default", [3], [_f32(-np.inf, 0.0, 0.75)]),
     ("aten.max.dim", [4, 5], [_f32(0.75), None]),

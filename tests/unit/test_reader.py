@@ -15,7 +15,7 @@ from nanscope.format import files, records
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.reader import EXECUTIONS, TRACES
 
-from .helpers import full_health, write_small_dump
+from ..helpers import full_health, write_small_dump
 
 
 def test_index_and_decoding(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_many_processes_one_run(tmp_path: Path) -> None:
         write_small_dump(tmp_path, n=5, bad=(2,) if rank == 1 else (), rank=rank, run_id="shared")
     with nanscope.open_dump(tmp_path) as r:
         assert r.run_id == "shared" and r.problems == []
-        assert sorted(p.rank for p in r.processes) == [0, 1]
+        assert sorted(p.rank for p in r.processes) == [0, 1]  # type: ignore[type-var]  # a None rank fails
         assert r.num_executions() == 10
         ref = r.first_nonfinite(EXECUTIONS)
         assert ref is not None

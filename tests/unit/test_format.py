@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from nanscope.format import files, records
 from nanscope.format.health import of_summary as health
 from nanscope.format.modes import TensorDebugMode, parse_mode, shape_from_summary
 from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.proto import types_pb2
 from nanscope.format.proto.tensor_pb2 import TensorProto
 from nanscope.format.tensors import DataType, array_to_proto, proto_to_array
 from tests.helpers import summary_to_proto
@@ -99,23 +101,23 @@ def test_array_proto_round_trip(array: np.ndarray) -> None:
 
 def test_typed_fields_and_broadcast_scalar() -> None:
     # TensorFlow's eager path puts scalars in the typed fields.
-    p = TensorProto(dtype=DataType.DT_FLOAT, float_val=[2.5])
+    p = TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[2.5])
     assert proto_to_array(p) == np.float32(2.5)
-    p = TensorProto(dtype=DataType.DT_DOUBLE, double_val=[1.0])
+    p = TensorProto(dtype=types_pb2.DT_DOUBLE, double_val=[1.0])
     p.tensor_shape.dim.add(size=3)
     np.testing.assert_array_equal(proto_to_array(p), [1.0, 1.0, 1.0])  # one value fills the shape
     half = np.array([1.5, -2.0], dtype=np.float16)
-    p = TensorProto(dtype=DataType.DT_HALF, half_val=half.view(np.uint16).tolist())
+    p = TensorProto(dtype=types_pb2.DT_HALF, half_val=half.view(np.uint16).tolist())
     p.tensor_shape.dim.add(size=2)
     np.testing.assert_array_equal(proto_to_array(p), half)
     bf16_bits = [0x3FC0]  # 1.5 in bfloat16
-    p = TensorProto(dtype=DataType.DT_BFLOAT16, half_val=bf16_bits)
+    p = TensorProto(dtype=types_pb2.DT_BFLOAT16, half_val=bf16_bits)
     assert float(proto_to_array(p)) == 1.5  # type: ignore[arg-type]
 
 
 def test_empty_proto_is_none_and_bad_content_is_a_clear_error() -> None:
     assert proto_to_array(TensorProto()) is None
-    p = TensorProto(dtype=DataType.DT_FLOAT, tensor_content=b"abc")
+    p = TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=b"abc")
     p.tensor_shape.dim.add(size=2)
     with pytest.raises(ValueError, match="tensor_content has 3 bytes"):
         proto_to_array(p)
@@ -124,7 +126,7 @@ def test_empty_proto_is_none_and_bad_content_is_a_clear_error() -> None:
 def test_summary_proto_is_tensorflow_graph_layout() -> None:
     v = np.arange(11, dtype=np.float64)
     p = summary_to_proto(v)
-    assert p.dtype == DataType.DT_DOUBLE and [d.size for d in p.tensor_shape.dim] == [11]
+    assert int(p.dtype) == DataType.DT_DOUBLE and [d.size for d in p.tensor_shape.dim] == [11]
     assert p.tensor_content == v.tobytes()
 
 
@@ -160,7 +162,7 @@ def test_parse_mode() -> None:
         parse_mode("FULL_NUMERICS")
 
 
-def test_file_set_naming_and_discovery(tmp_path) -> None:
+def test_file_set_naming_and_discovery(tmp_path: Path) -> None:
     prefix = files.file_set_prefix(tmp_path, 1593123456.7, "my.host/rank 3")
     assert prefix.name == "tfdbg_events.1593123456.my.host_rank_3"
     for s in files.SUFFIXES:
@@ -169,7 +171,7 @@ def test_file_set_naming_and_discovery(tmp_path) -> None:
     assert found.prefix == prefix and found.host == "my.host_rank_3" and not found.missing()
 
 
-def test_discovery_errors_are_clear(tmp_path) -> None:
+def test_discovery_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(files.DumpNotFoundError, match="no such directory"):
         files.discover(tmp_path / "nope")
     with pytest.raises(files.DumpNotFoundError, match="no tfdbg2 dump here"):

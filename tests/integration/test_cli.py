@@ -11,7 +11,7 @@ import pytest
 
 from nanscope.cli import main
 
-from .helpers import write_small_dump
+from ..helpers import write_small_dump
 
 
 def test_report_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

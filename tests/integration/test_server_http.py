@@ -59,7 +59,7 @@ def test_page_and_static_files(server: Server) -> None:
     # Nothing is loaded from elsewhere.
     assert b"<html" in body.lower() and not re.search(rb"""(src|href)=["']?(https?:)?//""", body)
     assert "script-src 'self'" in headers["content-security-policy"]
-    scripts = [p for p in (Path(__file__).parents[1] / "src/nanscope/server/static").glob("*.js")]
+    scripts = [p for p in (Path(__file__).parents[2] / "src/nanscope/server/static").glob("*.js")]
     assert scripts
     status, headers, _ = request(server, f"/static/{scripts[0].name}")
     assert status == 200 and headers["content-type"].startswith("text/javascript")
@@ -202,7 +202,7 @@ def test_jupyter_magic_shows_the_gui(tmp_path: Path) -> None:
     from nanscope import notebook
 
     write_small_dump(tmp_path)
-    ip = get_ipython()
+    ip = get_ipython()  # type: ignore[no-untyped-call]  # IPython's test helper is unannotated
     ip.run_line_magic("load_ext", "nanscope")
     try:
         frame = ip.run_line_magic("nanscope", f"{tmp_path} --height 500")

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("atheris")
 
-HARNESS = Path(__file__).parents[1] / "fuzz" / "fuzz_reader.py"
+HARNESS = Path(__file__).parents[2] / "fuzz" / "fuzz_reader.py"
 
 
 def test_fuzzer_finds_no_crash_hang_or_leak(tmp_path: Path) -> None:

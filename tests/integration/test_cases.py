@@ -51,7 +51,7 @@ from typing import Any
 
 import pytest
 
-CASES_DIR = Path(__file__).parent / "cases"
+CASES_DIR = Path(__file__).parents[1] / "cases"
 CASE_FILES = sorted(CASES_DIR.glob("*.py"))
 TIMEOUT_S = 180
 WORKERS = max(2, min(4, (os.cpu_count() or 1) + 1))  # the programs also wait on I/O

@@ -16,18 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
+import nanscope
+from nanscope.backends.torch.pause import not_recorded
+from nanscope.backends.torch.session import TorchDumpSession
+from nanscope.reader import EXECUTIONS, DumpReader, Execution
 
-import nanscope  # noqa: E402
-from nanscope.backends.torch.pause import not_recorded  # noqa: E402
-from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
-
-from .helpers import marked_line, torch_recorder  # noqa: E402
+from ..helpers import marked_line, summaries_of, summary_of, torch_recorder
 
 pytestmark = pytest.mark.torch
 
@@ -88,7 +89,7 @@ class Capture(TorchDispatchMode):
     """Keeps (op name, output snapshots) of every op it sees."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self.ops: list[tuple[str, list[Snapshot]]] = []
 
     def __torch_dispatch__(
@@ -159,6 +160,7 @@ def record_checked(
     ops = [(name, snaps) for name, snaps in cap.ops if not name.startswith("profiler.")]
     assert len(ops) < len(cap.ops) or not any(e.phase == 3 for e in execs)
     aligned: list[tuple[str, list[Snapshot]] | None] = list(ops)
+    assert isinstance(s._session, TorchDumpSession)
     if s._session.recorder == "native":
         aligned = seen_by_native_recorder(ops, [e.op_type for e in execs], raised)
     assert [e.op_type for e in execs] == [
@@ -332,7 +334,7 @@ class CustomNet(nn.Module):
         self.fc2 = nn.Linear(4, 1)
 
     def forward(self, x: Any) -> Any:
-        return self.fc2(SinhFn.apply(self.fc1(x)))
+        return self.fc2(SinhFn.apply(self.fc1(x)))  # type: ignore[no-untyped-call]  # unannotated in torch
 
 
 # -- tests ------------------------------------------------------------------------------------
@@ -384,7 +386,7 @@ def test_cnn(tmp_path: Path) -> None:
     pool = [e for e in execs if e.op_type == "aten.max_pool2d_with_indices.default"]
     assert {e.module_path for e in pool} == {"CNN.pool", "CNN"}
     for e in pool:
-        assert e.debug_tensor_values[0] is not None and e.debug_tensor_values[1] is None
+        assert summaries_of(e)[0] is not None and summaries_of(e)[1] is None
     assert compared["aten.convolution.default"] == 4 and compared["aten.relu.default"] == 4
     paths = {e.module_path for e in execs}
     assert {"CNN", "CNN.conv1", "CNN.bn1", "CNN.pool", "CNN.conv2", "CNN.fc"} <= paths
@@ -428,7 +430,8 @@ def test_transformer_block(tmp_path: Path) -> None:
     # The causal mask puts -inf in the scores on purpose: recorded, and counted exactly.
     (mask, *_) = [e for e in execs if e.op_type == "aten.masked_fill.Scalar"]
     assert mask.module_path == "TinyTransformer.attn" and mask.health.neg_inf == 2 * 15
-    assert r.first_nonfinite(EXECUTIONS).index == mask.index
+    first = r.first_nonfinite(EXECUTIONS)
+    assert first is not None and first.index == mask.index
     assert mask.input_debug_tensor_values[0] is not None  # the finite scores that went in
     assert mask.input_debug_tensor_values[0][5:8].tolist() == [0, 0, 0]
     # softmax of a row with -inf gives exact zeros and nothing non-finite.
@@ -437,7 +440,10 @@ def test_transformer_block(tmp_path: Path) -> None:
         for e in execs
         if e.op_type == "aten._softmax.default" and e.module_path == mask.module_path
     ]
-    assert softmax and all(not e.health.any_nonfinite and e.health.zero >= 30 for e in softmax)
+    assert softmax and all(
+        not e.health.any_nonfinite and e.health.zero is not None and e.health.zero >= 30
+        for e in softmax
+    )
     # Integer tensors: the embedding's indices go in, nothing is summarised for them.
     emb = [e for e in execs if e.op_type == "aten.embedding.default"]
     assert len(emb) == 2 and all(e.module_path == "TinyTransformer.emb" for e in emb)
@@ -474,7 +480,7 @@ def test_integer_tensors(tmp_path: Path) -> None:
     names = [e.op_type for e in execs]
     assert "aten.argmax.default" in names and "aten.eq.Tensor" in names
     (embedding,) = [e for e in execs if e.op_type == "aten.embedding.default"]
-    assert embedding.module_path == "Embedding" and embedding.debug_tensor_values[0][4] == 24
+    assert embedding.module_path == "Embedding" and summary_of(embedding)[4] == 24
     for op in ("aten.argmax.default", "aten.eq.Tensor", "aten.arange.default"):
         (e,) = [e for e in execs if e.op_type == op]
         assert e.debug_tensor_values == (None,), op
@@ -494,7 +500,11 @@ def test_checkpoint_non_reentrant(tmp_path: Path) -> None:
     def run() -> list[Any]:
         model.zero_grad()
         model(x).pow(2).sum().backward()
-        return [p.grad.clone() for p in model.parameters()]
+        grads = []
+        for p in model.parameters():
+            assert p.grad is not None
+            grads.append(p.grad.clone())
+        return grads
 
     # Recomputation stops by raising from the pack hook of the last op it
     # needs (tanh): its call raises after computing, and the native recorder
@@ -513,9 +523,7 @@ def test_checkpoint_non_reentrant(tmp_path: Path) -> None:
     recomputed = [e for e in execs if e.op_type == "aten.addmm.default" and e.phase == 2]
     assert recomputed  # the recomputed ops before tanh
     if not native:
-        np.testing.assert_array_equal(
-            again[0].debug_tensor_values[0], fwd_tanh[0].debug_tensor_values[0]
-        )
+        np.testing.assert_array_equal(summary_of(again[0]), summary_of(fwd_tanh[0]))
     assert compared["aten.sigmoid.default"] == 2
     assert {"Checkpointed", "Checkpointed.a", "Checkpointed.b", "Checkpointed.c"} <= {
         e.module_path for e in execs
@@ -569,7 +577,12 @@ def test_seed_bug_log_of_underflowed_softmax(tmp_path: Path) -> None:
     bad = r.execution(ref.index)
     assert bad.op_type == "aten.log.default"
     assert bad.phase == 1 and bad.step == 0 and bad.module_path == ""
-    assert bad.health.neg_inf > 0 and bad.health.nan == 0 and bad.health.pos_inf == 0
+    assert (
+        bad.health.neg_inf is not None
+        and bad.health.neg_inf > 0
+        and bad.health.nan == 0
+        and bad.health.pos_inf == 0
+    )
     # What went in: the softmax output, with the zeros that log turned into -inf.
     (probs,) = bad.input_debug_tensor_values
     assert probs is not None and probs[9] == bad.health.neg_inf and probs[5:8].tolist() == [0, 0, 0]
@@ -585,7 +598,7 @@ def test_seed_bug_log_of_underflowed_softmax(tmp_path: Path) -> None:
     nonfinite = [r.execution(i) for i in r.nonfinite(EXECUTIONS)]
     assert nonfinite[0].sequence == bad.sequence
     (mul,) = [e for e in nonfinite if e.input_tensor_ids[-1:] == bad.output_tensor_ids]
-    assert mul.op_type == "aten.mul.Tensor" and mul.health.nan > 0
+    assert mul.op_type == "aten.mul.Tensor" and mul.health.nan is not None and mul.health.nan > 0
     back = [e for e in nonfinite if e.phase == 2 and e.forward_sequence == bad.sequence]
     assert back and back[0].op_type == "aten.div.Tensor"
     # The NaN reaches the weights in the optimizer step.

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 import nanscope
 from nanscope.format import files, records
-from nanscope.reader import EXECUTIONS, TRACES
+from nanscope.reader import EXECUTIONS, TRACES, Execution
 
-from .helpers import write_small_dump
+from ..helpers import write_small_dump
 
 _TEMPLATE: dict[str, Path] = {}
 
@@ -41,18 +41,19 @@ damage = st.one_of(
 )
 
 
-def apply(path: Path, how: tuple[str, object, int]) -> None:
+def apply(path: Path, how: tuple[str, int | bytes, int]) -> None:
     data = bytearray(path.read_bytes())
     kind, arg, extra = how
     if kind == "flip" and data:
-        data[int(arg) % len(data)] ^= extra  # type: ignore[call-overload]
+        data[int(arg) % len(data)] ^= extra
     elif kind == "cut":
-        data = data[: int(arg) % (len(data) + 1)]  # type: ignore[call-overload]
+        data = data[: int(arg) % (len(data) + 1)]
     elif kind == "append":
-        data += arg  # type: ignore[operator]
+        assert isinstance(arg, bytes)
+        data += arg
     elif kind == "huge_length" and len(data) >= records.HEADER_SIZE:
         # A length field with a valid CRC that claims an absurd record size.
-        length = struct.pack("<Q", 1 << (40 + int(arg)))  # type: ignore[call-overload]
+        length = struct.pack("<Q", 1 << (40 + int(arg)))
         data[0:12] = length + struct.pack("<I", records.masked_crc32c(length))
     path.write_bytes(bytes(data))
 
@@ -67,7 +68,9 @@ def apply(path: Path, how: tuple[str, object, int]) -> None:
     hows=st.lists(damage, min_size=1, max_size=3),
 )
 def test_damaged_dumps_never_crash_the_reader(
-    tmp_path_factory, which: list[str], hows: list[tuple[str, object, int]]
+    tmp_path_factory: pytest.TempPathFactory,
+    which: list[str],
+    hows: list[tuple[str, int | bytes, int]],
 ) -> None:
     d = tmp_path_factory.mktemp("damaged")
     shutil.copytree(template(tmp_path_factory.getbasetemp()), d, dirs_exist_ok=True)
@@ -86,7 +89,8 @@ def test_damaged_dumps_never_crash_the_reader(
                 except records.RecordError as exc:
                     assert "byte offset" in str(exc)
                     continue
-                r.stack(event) if kind == EXECUTIONS else None
+                if isinstance(event, Execution):
+                    r.stack(event)
         from nanscope.analysis import analyze
 
         analyze(r)  # the report never crashes on what the reader accepted

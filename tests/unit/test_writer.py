@@ -31,7 +31,7 @@ def only_set(logdir: Path) -> files.FileSet:
 
 
 def test_hand_encoded_execution_equals_protobuf() -> None:
-    stacks = [("1", "2", "a")]
+    stacks: list[tuple[str, ...]] = [("1", "2", "a")]
     enc = Encoder(TensorDebugMode.FULL_HEALTH, "host", stacks)
     v = full_health(2)
     ev = ExecutionEvent(

@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.extra import numpy as hnp  # noqa: E402
+import nanscope
+from nanscope.reader import EXECUTIONS, DumpReader, Execution
 
-import nanscope  # noqa: E402
-from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
-
-from .helpers import marked_line, torch_recorder  # noqa: E402
+from ..helpers import marked_line, summaries_of, summary_of, torch_recorder
 
 pytestmark = pytest.mark.torch
 
@@ -75,7 +75,7 @@ def record(
     return r, r.executions(), result
 
 
-def values64(t: Any) -> np.ndarray:
+def values64(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).numpy().reshape(-1)
 
 
@@ -199,9 +199,9 @@ def test_float_summaries_match_numpy(tmp_path: Path, mode: str, dtype: Any) -> N
         v = values64(outs["aten.log.default"])
         finite = np.isfinite(v)
         assert (h.neg, h.zero, h.pos) == (
-            np.count_nonzero(finite & (v < 0)),
-            np.count_nonzero(v == 0),
-            np.count_nonzero(finite & (v > 0)),
+            int(np.count_nonzero(finite & (v < 0))),
+            int(np.count_nonzero(v == 0)),
+            int(np.count_nonzero(finite & (v > 0))),
         )
         assert h.any_nonfinite is True
         assert by_op(execs, "aten.tanh.default").health.any_nonfinite is False
@@ -231,11 +231,11 @@ def test_integer_and_bool_outputs(tmp_path: Path, mode: str) -> None:
         check_outputs(e, [t], mode)
     if mode == "SHAPE":
         # The last six dims of a rank-7 tensor.
-        assert execs[7].debug_tensor_values[0].tolist() == [-1, 1, 7, 24, 2, 1, 3, 1, 2, 2]
-        assert execs[4].debug_tensor_values[0][1] == 10  # bool
-        assert execs[0].debug_tensor_values[0][1] == 9  # int64
-        assert execs[5].debug_tensor_values[0][1] == 3  # int32
-        assert execs[6].debug_tensor_values[0][1] == 4  # uint8
+        assert summary_of(execs[7]).tolist() == [-1, 1, 7, 24, 2, 1, 3, 1, 2, 2]
+        assert summary_of(execs[4])[1] == 10  # bool
+        assert summary_of(execs[0])[1] == 9  # int64
+        assert summary_of(execs[5])[1] == 3  # int32
+        assert summary_of(execs[6])[1] == 4  # uint8
     if mode in HEALTH_MODES:
         ints = [e for e in execs if e.op_type not in ("aten.zeros.default", "aten.add.Tensor")]
         assert len(ints) == 6 and all(e.debug_tensor_values == (None,) for e in ints)
@@ -256,7 +256,7 @@ def test_complex_outputs_are_recorded_without_health(tmp_path: Path, mode: str) 
         check_outputs(e, [outs[e.op_type]], mode)
     if mode in (*HEALTH_MODES, "SHAPE"):
         assert by_op(execs, "aten.complex.default").debug_tensor_values == (None,)
-        assert by_op(execs, "aten.abs.default").debug_tensor_values[0] is not None
+        assert summaries_of(by_op(execs, "aten.abs.default"))[0] is not None
 
 
 @settings(
@@ -308,7 +308,7 @@ def test_op_regex_limits_summaries_not_executions(tmp_path: Path) -> None:
     _, execs, _ = record(tmp_path / "b", run, op_regex="log")
     assert len(execs) == 3 and all(e.debug_tensor_values == (None,) for e in execs)
     _, execs, _ = record(tmp_path / "c", run, op_regex=r"aten\.(log|exp)")
-    assert [e.debug_tensor_values[0] is not None for e in execs] == [True, False, True]
+    assert [summaries_of(e)[0] is not None for e in execs] == [True, False, True]
 
 
 @pytest.mark.parametrize(
@@ -338,7 +338,7 @@ def test_tensor_dtypes_filter_in_shape_mode(tmp_path: Path) -> None:
         return [a, a.float(), a > 2]
 
     _, execs, outs = record(tmp_path, run, "SHAPE", tensor_dtypes=[torch.int64, torch.bool])
-    assert [v is not None for e in execs for v in e.debug_tensor_values] == [True, False, True]
+    assert [v is not None for e in execs for v in summaries_of(e)] == [True, False, True]
     check_outputs(execs[0], [outs[0]], "SHAPE")
     check_outputs(execs[2], [outs[2]], "SHAPE")
 
@@ -384,7 +384,7 @@ def test_unknown_mode_is_a_clear_error(tmp_path: Path, mode: Any, match: str) ->
 def test_mode_by_any_case_or_number(tmp_path: Path, mode: Any) -> None:
     _, execs, _ = record(tmp_path, lambda: torch.ones(3) * 2, mode)
     assert execs[-1].tensor_debug_mode.name in ("FULL_HEALTH", "SHAPE")
-    assert execs[-1].debug_tensor_values[0] is not None
+    assert summaries_of(execs[-1])[0] is not None
 
 
 # -- sessions ---------------------------------------------------------------------------------
@@ -534,16 +534,18 @@ def test_views_have_the_counts_of_their_base(tmp_path: Path, base_inside: bool) 
     _, execs, outs = record(tmp_path, run)
     views = [e for e in execs if e.op_type != "aten.mul.Tensor"]
     assert len(views) == len(outs)
-    base_counts = expected_summary(x0, "FULL_HEALTH")[4:]
+    base = expected_summary(x0, "FULL_HEALTH")
+    assert base is not None
+    base_counts = base[4:]
     for e, t in zip(views, outs.values(), strict=True):
         check_outputs(e, [t], "FULL_HEALTH")
-        got = e.debug_tensor_values[0]
+        got = summary_of(e)
         assert got[3] == t.dim()
         np.testing.assert_array_equal(got[4:], base_counts)
         if base_inside:
             assert e.input_tensor_ids == execs[0].output_tensor_ids
-    assert views[0].op_type == "aten.t.default" and views[0].debug_tensor_values[0][3] == 2
-    assert views[3].debug_tensor_values[0][3] == 3
+    assert views[0].op_type == "aten.t.default" and summary_of(views[0])[3] == 2
+    assert summary_of(views[3])[3] == 3
 
 
 @pytest.mark.parametrize(
@@ -613,7 +615,7 @@ def test_empty_tensors(tmp_path: Path, mode: str) -> None:
         if mode in ("FULL_HEALTH", "CONCISE_HEALTH", "SHAPE"):
             assert e.health.size == 0
     if mode == "FULL_HEALTH":
-        assert execs[1].debug_tensor_values[0].tolist() == [-1, -1, 1, 2, 0, 0, 0, 0, 0, 0, 0]
+        assert summary_of(execs[1]).tolist() == [-1, -1, 1, 2, 0, 0, 0, 0, 0, 0, 0]
 
 
 def test_uninitialised_memory_is_not_reported_as_nonfinite(tmp_path: Path) -> None:

@@ -33,12 +33,13 @@ from nanscope import analysis, open_dump
 from nanscope.cli import main
 from nanscope.events import writer
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
-from nanscope.server.api import ROUTES, Query
+from nanscope.server.api import ROUTES
+from nanscope.server.query import Query
 from nanscope.server.runs import RunSet
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
-PROGRAMS = Path(__file__).parent / "programs"
+PROGRAMS = Path(__file__).parents[1] / "programs"
 DDP_PROGRAM = PROGRAMS / "ddp_train.py"
 TF_PROGRAM = PROGRAMS / "tf_mirrored.py"
 LAUNCH_TIMEOUT_S = 240
@@ -161,7 +162,7 @@ def launch_ddp(
     return DdpRun(logdir, world, bad_rank, bad_step, steps, static, printed)
 
 
-DDP_RUNS = {
+DDP_RUNS: dict[str, dict[str, Any]] = {
     "standalone-2": {"world": 2, "bad_rank": 1, "bad_step": 2, "steps": 4, "static": False},
     "static-4": {"world": 4, "bad_rank": 2, "bad_step": 1, "steps": 3, "static": True},
 }
@@ -186,9 +187,9 @@ def process_of_rank(r: DumpReader, rank: int) -> int:
     return index
 
 
-def allreduce_summaries(r: DumpReader) -> dict[tuple[int, int], tuple[int, ...]]:
+def allreduce_summaries(r: DumpReader) -> dict[tuple[int | None, int], tuple[int | None, ...]]:
     """(rank, step) -> the counts of the gradient allreduce's output in that step."""
-    out = {}
+    out: dict[tuple[int | None, int], tuple[int | None, ...]] = {}
     for i in range(r.num_executions()):
         e = r.execution(i)
         if e.op_type == "c10d.allreduce_.default" and e.phase == 2:  # backward: DDP's gradients
@@ -278,6 +279,7 @@ def test_collective_outputs_are_the_reduced_values_on_every_rank(
         assert len(per_rank) == 1, (step, per_rank)  # the same sum everywhere
         (size, neg_inf, pos_inf, nan, *_) = per_rank.pop()
         assert size == 5  # fc.weight (4) and fc.bias (1) in one bucket
+        assert neg_inf is not None and pos_inf is not None and nan is not None
         assert (neg_inf + pos_inf + nan > 0) == (step >= ddp.bad_step), step
 
 

@@ -21,7 +21,7 @@ import pytest
 import nanscope
 from nanscope.reader import EXECUTIONS, TRACES
 
-DATA = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
+DATA = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ if not os.path.exists(CHROMIUM):
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent  # noqa: E402
 from nanscope.server import serve_in_thread  # noqa: E402
 
-from .helpers import write_small_dump  # noqa: E402
+from ..helpers import write_small_dump  # noqa: E402
 
 ARGS = [
     "--no-sandbox",
@@ -52,7 +52,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 
 @pytest.fixture()
@@ -62,7 +62,7 @@ def images(tmp_path: Path) -> Path:
     return DOC_IMAGES if os.environ.get("NANSCOPE_SCREENSHOTS") else tmp_path
 
 
-TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
+TF_DUMPS = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 BIG_TRACES = 200_000
 INJECT = '<img src=x onerror="window.__pwned=1">'
 OPS = [
@@ -219,9 +219,10 @@ def wait_selected(page: Any, letter_index: str) -> None:
 
 
 def list_indices(page: Any) -> list[int]:
-    return page.eval_on_selector_all(
+    indices: list[int] = page.eval_on_selector_all(
         "#graph-execs .vrow[data-index]", "els => els.map(e => Number(e.dataset.index))"
     )
+    return indices
 
 
 def wait_js(page: Any, expr: str, timeout_s: float = 10) -> None:

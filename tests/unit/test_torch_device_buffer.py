@@ -7,9 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
-from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries  # noqa: E402
+from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries
 
 
 def test_rows_resolve_after_submit_in_order_and_width() -> None:

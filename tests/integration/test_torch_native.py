@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
-import nanscope  # noqa: E402
-from nanscope.backends.torch.session import native_library  # noqa: E402
+import nanscope
+from nanscope.backends.torch.session import TorchDumpSession, native_library
 
-from .helpers import torch_recorder  # noqa: E402
+from ..helpers import summaries_of, torch_recorder
 
 needs_native = pytest.mark.skipif(
     torch_recorder() != "native", reason="the native recorder is not in use"
@@ -27,12 +28,14 @@ def test_the_recorder_is_chosen_by_the_environment(
 ) -> None:
     monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", "python")
     with nanscope.enable_dump_debug_info(tmp_path / "a") as s:
+        assert isinstance(s._session, TorchDumpSession)
         assert s._session.recorder == "python"
     monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", "fast")
     with pytest.raises(ValueError, match="use auto, native or python"):
         nanscope.enable_dump_debug_info(tmp_path / "b")
     monkeypatch.delenv("NANSCOPE_TORCH_RECORDER")
     with nanscope.enable_dump_debug_info(tmp_path / "c") as s:
+        assert isinstance(s._session, TorchDumpSession)
         assert s._session.recorder == torch_recorder()
 
 
@@ -65,7 +68,7 @@ def test_summaries_match_numpy(tmp_path: Path, dtype: torch.dtype, layout: str) 
     with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1):
         out = LAYOUTS[layout](x)
     last = nanscope.open_dump(tmp_path).executions()[-1]
-    (got,) = last.debug_tensor_values
+    (got,) = summaries_of(last)
     v = out.double().numpy().ravel()
     want = [
         -1, -1, FLOAT_DTYPES[dtype], out.dim(), v.size,

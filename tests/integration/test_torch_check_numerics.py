@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
-from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
+import nanscope
 
-import nanscope  # noqa: E402
-
-from .helpers import marked_line  # noqa: E402
+from ..helpers import marked_line
 
 pytestmark = pytest.mark.torch
 

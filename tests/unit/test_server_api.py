@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 
 import nanscope
-from nanscope.server.api import ROUTES, ApiError, Query
+from nanscope.server.api import ROUTES
+from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import RunSet
 from tests.helpers import marked_line, write_small_dump
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
 DOC = Path(nanscope.__file__).parent / "server" / "http_api.md"
-TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
+TF_DUMPS = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 
 
 def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:

@@ -32,9 +32,11 @@ def test_backpressure_bounds_the_queue(tmp_path: Path, batched: bool) -> None:
     w = DumpWriter(tmp_path, "FULL_HEALTH", circular_buffer_size=-1, max_queue=limit)
     for i in range(4000 // (batch if batched else 1)):
         if batched:
-            w.write_traces("g", ["op"] * batch, [0] * batch, SlowSummaries(batch), step=i)
+            # write_traces takes any object with resolve() (its docstring); its annotation says ndarray.
+            w.write_traces("g", ["op"] * batch, [0] * batch, SlowSummaries(batch), step=i)  # type: ignore[arg-type]
         else:
-            w.write_execution(ExecutionEvent("op", [i + 1], [i], summaries=SlowSummaries(1)))
+            # resolve() gives a 2-D array, a sequence of rows; Pending asks for a Sequence.
+            w.write_execution(ExecutionEvent("op", [i + 1], [i], summaries=SlowSummaries(1)))  # type: ignore[arg-type]
     w.close()
     assert w.stats.waits > 0  # the producer did wait
     assert 0 < w.stats.max_backlog <= limit + (batch if batched else 1)

@@ -27,7 +27,7 @@ from tests.helpers import marked_line
 
 pytest.importorskip("torch")
 
-PROGRAM = Path(__file__).parent / "programs" / "crash_training.py"
+PROGRAM = Path(__file__).parents[1] / "programs" / "crash_training.py"
 FLUSH_INTERVAL = 0.2
 
 

@@ -28,7 +28,7 @@ from tensorflow.python.debug.lib.debug_events_reader import DebugDataReader
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
 
-from .helpers import marked_line
+from ..helpers import marked_line
 
 pytestmark = pytest.mark.tf
 
@@ -72,8 +72,15 @@ def summarize(mode: str, tensor_id: int, array: np.ndarray | None) -> np.ndarray
     return np.asarray(vec, dtype=np.float64)
 
 
+def summary_row(mode: str, tensor_id: int, array: np.ndarray) -> np.ndarray:
+    """One row of a ``write_traces`` matrix: :func:`summarize` in a mode that makes a vector."""
+    row = summarize(mode, tensor_id, array)
+    assert row is not None, mode
+    return row
+
+
 def mode_enum(mode: str) -> int:
-    return debug_event_pb2.TensorDebugMode.Value(mode)
+    return int(debug_event_pb2.TensorDebugMode.Value(mode))
 
 
 # -- stack sites -------------------------------------------------------------------------------
@@ -180,6 +187,9 @@ def _write_dump(logdir: Path, mode: str) -> Written:
     _write_graphs(w, stacks["forward"])
 
     # Executions: (op type, inputs, outputs, devices, values, site, phase, graph id)
+    plan: list[
+        tuple[str, list[int], list[int], list[int], list[np.ndarray | None], str, Phase, str]
+    ]
     plan = [
         ("aten.exp.default", [1], [2], [cpu], [np.array([[0.5, 1.0], [2.0, -1.0]], np.float32)],
          "forward", Phase.FORWARD, ""),
@@ -240,7 +250,7 @@ def _write_dump(logdir: Path, mode: str) -> Written:
     elif mode == "FULL_TENSOR":  # a full-value row: the tensor as float64
         matrix = np.stack([v.astype(np.float64) for _, v in batch])
     else:
-        matrix = np.stack([summarize(mode, GRAPH_OPS[n][3][0], v) for n, v in batch])
+        matrix = np.stack([summary_row(mode, GRAPH_OPS[n][3][0], v) for n, v in batch])
     w.write_traces("g0", [n for n, _ in batch], [0, 0], matrix, device_name=CPU)
     for (op_name, value), row in zip(batch, matrix, strict=True):
         summary = None if mode == "NO_TENSOR" else row
@@ -538,7 +548,7 @@ def test_tf_reads_multi_process_dump(tmp_path: Path) -> None:
                 )
             )
         matrix = np.stack(
-            [summarize("CONCISE_HEALTH", 100 * rank + i, _f32(1.0)) for i in range(n_traces)]
+            [summary_row("CONCISE_HEALTH", 100 * rank + i, _f32(1.0)) for i in range(n_traces)]
         )
         w.write_traces("g0", ["Neg"] * n_traces, [0] * n_traces, matrix, device_name=CPU)
     for w in writers.values():
