@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import nanscope  # noqa: E402
-from nanscope.backends.torch.pause import not_recorded  # noqa: E402
+from nanscope.backends.torch.suspension import not_recorded  # noqa: E402
 from nanscope.reader import EXECUTIONS, DumpReader, Execution  # noqa: E402
 
 from .helpers import marked_line, torch_recorder  # noqa: E402
