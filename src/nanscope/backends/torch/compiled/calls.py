@@ -36,7 +36,7 @@ class GraphCalls:
         self.active = False
 
     def wrap(self, compiled: Any, plan: GraphPlan) -> Any:
-        """The compiled graph, less its summary outputs, recording each call."""
+        """Inductor's compiled graph ``compiled``, wrapped so that each call is recorded."""
         from torch._inductor.output_code import OutputCode
 
         calls = self
