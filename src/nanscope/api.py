@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nanscope.backends import detect
-from nanscope.format.modes import parse_mode
+from nanscope.format.modes import TensorDebugMode, parse_mode
 
 
 class _Session(Protocol):
@@ -22,7 +22,7 @@ class _Session(Protocol):
 @dataclass(frozen=True)
 class _Settings:
     logdir: str
-    mode: int
+    mode: TensorDebugMode
     circular_buffer_size: int
     op_regex: str | None
     tensor_dtypes: Any
@@ -74,7 +74,7 @@ _lock = threading.Lock()
 
 def enable_dump_debug_info(
     logdir: str | os.PathLike[str],
-    tensor_debug_mode: str | int = "FULL_HEALTH",
+    tensor_debug_mode: TensorDebugMode | str | int = "FULL_HEALTH",
     circular_buffer_size: int = 1000,
     op_regex: str | None = None,
     tensor_dtypes: Any = None,
@@ -87,7 +87,8 @@ def enable_dump_debug_info(
     **Arguments** (as in TensorFlow's function of the same name, except the default mode):
 
     - ``tensor_debug_mode``: ``NO_TENSOR``, ``CURT_HEALTH``, ``CONCISE_HEALTH``,
-      ``FULL_HEALTH`` (default), ``SHAPE`` or ``FULL_TENSOR``.
+      ``FULL_HEALTH`` (default), ``SHAPE`` or ``FULL_TENSOR``: a name, a number or
+      a :class:`~nanscope.TensorDebugMode`.
     - ``circular_buffer_size``: keep the last N events (and always the first
       Inf/NaN with the events around it); ``-1`` keeps everything.
     - ``op_regex``: only ops whose type matches (``re.match``) get summaries,
@@ -105,12 +106,12 @@ def enable_dump_debug_info(
     """
     global _active
     settings = _Settings(
-        os.fspath(logdir),
-        int(parse_mode(tensor_debug_mode)),
-        int(circular_buffer_size),
-        op_regex,
-        tensor_dtypes,
-        detect(framework),
+        logdir=os.fspath(logdir),
+        mode=parse_mode(tensor_debug_mode),  # the one parse; the enum goes on from here
+        circular_buffer_size=int(circular_buffer_size),
+        op_regex=op_regex,
+        tensor_dtypes=tensor_dtypes,
+        framework=detect(framework),
     )
     with _lock:
         if _active is not None:
@@ -130,11 +131,11 @@ def _start(settings: _Settings, options: dict[str, Any]) -> _Session:
         from nanscope.backends.torch.session import TorchDumpSession
 
         return TorchDumpSession(
-            settings.logdir,
-            settings.mode,
-            settings.circular_buffer_size,
-            settings.op_regex,
-            settings.tensor_dtypes,
+            logdir=settings.logdir,
+            mode=settings.mode,
+            circular_buffer_size=settings.circular_buffer_size,
+            op_regex=settings.op_regex,
+            tensor_dtypes=settings.tensor_dtypes,
             **options,
         )
     if settings.framework == "tensorflow":

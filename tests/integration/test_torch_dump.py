@@ -619,7 +619,7 @@ def test_empty_tensors(tmp_path: Path, mode: str) -> None:
 
 
 def test_uninitialised_memory_is_not_reported_as_nonfinite(tmp_path: Path) -> None:
-    from nanscope.backends.torch.pause import not_recorded
+    from nanscope.backends.torch.suspension import not_recorded
 
     def run() -> None:
         for _ in range(50):
@@ -635,7 +635,7 @@ def test_uninitialised_memory_is_not_reported_as_nonfinite(tmp_path: Path) -> No
 
 def test_views_of_uninitialised_memory_are_not_summarised(tmp_path: Path) -> None:
     """Regression: DDP views its gradient buckets right after ``empty``; NaN garbage was an origin."""
-    from nanscope.backends.torch.pause import not_recorded
+    from nanscope.backends.torch.suspension import not_recorded
 
     def run() -> Any:
         for _ in range(20):

@@ -24,8 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import nanscope
-from nanscope.backends.torch.pause import not_recorded
 from nanscope.backends.torch.session import TorchDumpSession
+from nanscope.backends.torch.suspension import not_recorded
 from nanscope.reader import EXECUTIONS, DumpReader, Execution
 
 from ..helpers import marked_line, summaries_of, summary_of, torch_recorder

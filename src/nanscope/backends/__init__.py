@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-FRAMEWORKS = ("torch", "tensorflow", "jax")
+# The frameworks nanscope knows, in the order detect() tries them, and whether
+# nanscope can record programs of each yet (JAX is recognised, not recorded).
+FRAMEWORKS: dict[str, bool] = {"torch": True, "tensorflow": True, "jax": False}
+RECORDED = tuple(name for name, recorded in FRAMEWORKS.items() if recorded)
 
 
 def detect(framework: str = "auto") -> str:

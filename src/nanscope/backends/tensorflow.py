@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanscope.format.modes import TensorDebugMode
-
 
 class TensorFlowDumpSession:
     framework = "tensorflow"
@@ -20,7 +18,7 @@ class TensorFlowDumpSession:
         self._tf = tf
         self.writer = tf.debugging.experimental.enable_dump_debug_info(
             settings.logdir,
-            tensor_debug_mode=TensorDebugMode(settings.mode).name,
+            tensor_debug_mode=settings.mode.name,
             circular_buffer_size=settings.circular_buffer_size,
             op_regex=settings.op_regex,
             tensor_dtypes=settings.tensor_dtypes,

@@ -22,12 +22,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from nanscope.backends import RECORDED
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import PREFIX
 from nanscope.format.modes import parse_mode
 
 HELP = "run a Python program (script.py or -m module) with nanscope recording"
-FRAMEWORKS = ("torch", "tensorflow")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -131,13 +131,14 @@ def run(args: argparse.Namespace) -> int:
             nanscope.enable_check_numerics(framework=framework)
         else:
             nanscope.enable_dump_debug_info(
-                logdir, mode.name, args.circular_buffer_size, args.op_regex, framework=framework
+                logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
             )
 
-    already = [f for f in FRAMEWORKS if f in sys.modules]
+    # Recording starts when the program imports a framework that nanscope records.
+    already = [f for f in RECORDED if f in sys.modules]
     if already:
         start(already[0])
-    hook = _PostImportHook(FRAMEWORKS, start)
+    hook = _PostImportHook(RECORDED, start)
     sys.meta_path.insert(0, hook)
     code = _run_program(args)
     if hook in sys.meta_path:

@@ -20,36 +20,50 @@ from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 
-class Closable(Protocol):
+class Source(Protocol):
+    """Something that hands events to writers (a backend's buffer): its flush does not wait."""
+
+    def flush(self) -> None: ...
+
     def close(self) -> None: ...
 
 
+class Writer(Protocol):
+    """Something that writes events to disk: its flush waits at most ``timeout`` seconds."""
+
+    def flush(self, timeout: float | None = ...) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+# Writers, and (closed and flushed before the writers) what feeds events into
+# them: a backend's buffer, e.g. the native PyTorch recorder's. Typed Any so
+# that unregister can discard either kind from both.
 _writers: weakref.WeakSet[Any] = weakref.WeakSet()
-# Closed and flushed before the writers: what feeds events into them (a
-# backend's buffer, e.g. the native PyTorch recorder's).
 _sources: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _lock = threading.Lock()
 
 
-def register(writer: Closable, source: bool = False) -> None:
-    """Close ``writer`` at exit, on an uncaught exception and on SIGTERM/SIGINT.
-
-    ``source=True``: something that hands events to writers, closed (or
-    flushed) before any writer is.
-    """
-    global _installed
+def register(writer: Writer) -> None:
+    """Close ``writer`` at exit, on an uncaught exception and on SIGTERM/SIGINT."""
     with _lock:
-        (_sources if source else _writers).add(writer)
-        if not _installed:
-            _installed = True
-            _install()
+        _writers.add(writer)
+        _install_once()
 
 
-def unregister(writer: Closable) -> None:
+def register_source(source: Source) -> None:
+    """Like :func:`register`, for something that hands events to writers: it is
+    closed (or flushed) before any writer is."""
     with _lock:
-        _writers.discard(writer)
-        _sources.discard(writer)
+        _sources.add(source)
+        _install_once()
+
+
+def unregister(item: Writer | Source) -> None:
+    with _lock:
+        _writers.discard(item)
+        _sources.discard(item)
 
 
 def close_all() -> None:
@@ -61,12 +75,22 @@ def close_all() -> None:
 
 
 def flush_all(timeout: float = 5.0) -> None:
-    """Flush every open writer without closing it."""
-    for w in [*_sources, *_writers]:
-        flush = getattr(w, "flush", None)
-        if flush is not None:
-            with contextlib.suppress(Exception):
-                flush(timeout=timeout)
+    """Flush every open writer without closing it (its sources first)."""
+    sources: list[Source] = list(_sources)
+    writers: list[Writer] = list(_writers)
+    for source in sources:
+        with contextlib.suppress(Exception):
+            source.flush()
+    for writer in writers:
+        with contextlib.suppress(Exception):
+            writer.flush(timeout=timeout)
+
+
+def _install_once() -> None:
+    global _installed
+    if not _installed:
+        _installed = True
+        _install()
 
 
 def _install() -> None:

@@ -17,6 +17,7 @@ from types import CodeType, FrameType
 from typing import Literal
 
 from nanscope._paths import is_library_file, is_nanscope_file
+from nanscope.events.queue import NewSourceFile, NewStackFrame
 
 SnapshotPolicy = Literal["user", "all", "none"]
 
@@ -26,9 +27,8 @@ _WRAPPER_FILES = (
     os.path.join("torch", "_compile.py"),
 )
 
-# A sink receives, in order, ("source_file", index, path, snapshot) and
-# ("stack_frame", frame_id, file_index, line, func) tuples.
-Sink = Callable[[tuple[object, ...]], None]
+# A sink receives, in order, each new file and each new frame (a file before its frames).
+Sink = Callable[[NewSourceFile | NewStackFrame], None]
 
 
 class StackInterner:
@@ -58,7 +58,7 @@ class StackInterner:
                 snap = False
             else:
                 snap = not is_library_file(path)
-            self._sink(("source_file", index, path, snap))
+            self._sink(NewSourceFile(file_index=index, path=path, snapshot=snap))
         return index
 
     def frame_id(self, path: str, line: int, func: str) -> str:
@@ -74,7 +74,7 @@ class StackInterner:
                 fid = f"{len(self._frames):x}"
                 self._frames[key] = fid
                 self.frame_info[fid] = key
-                self._sink(("stack_frame", fid, file_index, line, func))
+                self._sink(NewStackFrame(frame_id=fid, file_index=file_index, line=line, func=func))
         return fid
 
     def intern(self, frame_ids: tuple[str, ...]) -> int:

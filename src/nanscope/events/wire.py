@@ -12,7 +12,7 @@ produces for the same message (a test holds this).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 _DOUBLE = struct.Struct("<d")
 
@@ -76,11 +76,6 @@ def int_field(field: int, value: int) -> bytes:
 
 def double_field(field: int, value: float) -> bytes:
     return tag(field, FIXED64) + _DOUBLE.pack(value) if value else b""
-
-
-def packed_ints(field: int, values: Iterable[int]) -> bytes:
-    body = b"".join(map(varint, values))
-    return len_field(field, body) if body else b""
 
 
 def repeated_str(field: int, values: Sequence[str]) -> bytes:

@@ -29,6 +29,21 @@ from nanscope._version import __version__
 from nanscope.events import lifecycle
 from nanscope.events.encode import Encoder, resolve
 from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.events.queue import (
+    CloseRequest,
+    EncodedExecution,
+    EncodedExecutions,
+    FlushRequest,
+    GraphCallTraces,
+    NewDevice,
+    NewSourceFile,
+    NewStackFrame,
+    QueuedExecution,
+    QueuedGraph,
+    QueuedGraphOp,
+    QueuedTrace,
+    QueueItem,
+)
 from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events.streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
@@ -91,9 +106,9 @@ class DumpWriter:
 
     **Arguments:**
 
-    - ``dump_root``: the directory (created if needed).
-    - ``tensor_debug_mode``: a name or number; summaries handed to the writer
-      must use its layout.
+    - ``logdir``: the directory (created if needed).
+    - ``tensor_debug_mode``: a :class:`~nanscope.format.modes.TensorDebugMode`,
+      or its name or number; summaries handed to the writer must use its layout.
     - ``circular_buffer_size``: as in TensorFlow, the number of most recent
       ``.execution`` and ``.graph_execution_traces`` events kept; ``<= 0`` keeps
       all. In addition, the first event with a non-finite value and
@@ -114,8 +129,8 @@ class DumpWriter:
 
     def __init__(
         self,
-        dump_root: str | os.PathLike[str],
-        tensor_debug_mode: str | int = "FULL_HEALTH",
+        logdir: str | os.PathLike[str],
+        tensor_debug_mode: TensorDebugMode | str | int = "FULL_HEALTH",
         circular_buffer_size: int = 1000,
         *,
         framework: str = "",
@@ -129,29 +144,29 @@ class DumpWriter:
         max_queue: int = 200_000,
         thread_init: Callable[[], None] | None = None,
     ) -> None:
+        # A mode given as a TensorDebugMode was parsed by the caller: this only checks
+        # that it can be written.
         self.mode = parse_mode(tensor_debug_mode)
         self.circular_buffer_size = int(circular_buffer_size)
-        self.dump_root = Path(dump_root)
+        self.logdir = Path(logdir)
         try:
-            self.dump_root.mkdir(parents=True, exist_ok=True)
+            self.logdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OSError(f"cannot create dump directory {self.dump_root}: {exc.strerror}") from exc
+            raise OSError(f"cannot create dump directory {self.logdir}: {exc.strerror}") from exc
         self.run_id = run_id or default_run_id()
         self.rank = default_rank() if rank is None else rank
         self.host_name = host_name or socket.gethostname()
         self.pid = os.getpid()
         who = f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
         self.start_time = time.time()
-        self.prefix = files.file_set_prefix(
-            self.dump_root, self.start_time, f"{self.host_name}-{who}"
-        )
+        self.prefix = files.file_set_prefix(self.logdir, self.start_time, f"{self.host_name}-{who}")
         self.file_set = files.FileSet(self.prefix)
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.stats = WriterStats()
         self._thread_init = thread_init
 
-        self._queue: deque[tuple[Any, ...]] = deque()
+        self._queue: deque[QueueItem] = deque()
         self._seq_lock = threading.Lock()
         self._exec_next = 1  # the next execution's sequence number
         self._trace_seq = 1
@@ -234,14 +249,14 @@ class DumpWriter:
                 did = self._devices.get(device_name)
                 if did is None:
                     did = self._devices[device_name] = len(self._devices) + 1
-                    self._put(("device", device_name, did))
+                    self._put(NewDevice(name=device_name, device_id=did))
         return did
 
     def write_graph(self, graph: Graph) -> None:
-        self._put(("graph", graph, time.time()))
+        self._put(QueuedGraph(graph=graph, wall_time=time.time()))
 
     def write_graph_op(self, op: GraphOp) -> None:
-        self._put(("graph_op", op, time.time()))
+        self._put(QueuedGraphOp(op=op, wall_time=time.time()))
 
     def write_execution(self, event: ExecutionEvent, *, encode_now: bool = False) -> int:
         """Enqueue an execution; returns its sequence number (1-based, never reused).
@@ -260,7 +275,7 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._exec_next
             self._exec_next += 1
-            self._queue.append(("exec", event, seq, event.wall_time or time.time()))
+            self._queue.append(QueuedExecution(event, seq, event.wall_time or time.time()))
             self._backlog += 1
         if self._backlog > self.max_queue:
             self._backpressure()
@@ -275,23 +290,37 @@ class DumpWriter:
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         numbered: list[int] = []
 
-        def produce(seq: int) -> list[tuple[Any, ...]]:
+        def produce(seq: int) -> list[EncodedExecution]:
             numbered.append(seq)
             payload, h, _ = self._encoder.execution(ev, seq, wall, summaries)
-            return [(payload, ev.op_type, ev.graph_id, num_outputs, wall, ev.step, seq, *h,
-                     int(ev.phase), device)]  # fmt: skip
+            return [
+                EncodedExecution(
+                    payload=payload,
+                    op_type=ev.op_type,
+                    graph_id=ev.graph_id,
+                    num_outputs=num_outputs,
+                    wall_time=wall,
+                    step=ev.step,
+                    sequence=seq,
+                    size=h.size,
+                    neg_inf=h.neg_inf,
+                    pos_inf=h.pos_inf,
+                    nan=h.nan,
+                    nonfinite=h.nonfinite,
+                    phase=int(ev.phase),
+                    device=device,
+                )
+            ]
 
         self.write_encoded_executions(produce)
         return numbered[0] if numbered else 0
 
-    def write_encoded_executions(self, produce: Callable[[int], Sequence[tuple[Any, ...]]]) -> int:
+    def write_encoded_executions(self, produce: Callable[[int], Sequence[EncodedExecution]]) -> int:
         """Enqueue executions a backend encoded itself; returns how many.
 
-        ``produce(first)`` returns records numbered from sequence ``first``,
-        each ``(payload, op_type, graph_id, num_outputs, wall_time, step,
-        sequence, size, neg_inf, pos_inf, nan, nonfinite, phase, device)``
-        (the health fields as :func:`nanscope.format.health.index_row`
-        gives them). It runs under the writer's sequence lock.
+        ``produce(first)`` returns :class:`~nanscope.events.queue.EncodedExecution`
+        records numbered from sequence ``first`` (or tuples in its field order).
+        It runs under the writer's sequence lock.
         """
         if self._closed:
             return 0
@@ -300,7 +329,7 @@ class DumpWriter:
             n = len(records)
             if n:
                 self._exec_next += n
-                self._queue.append(("exec_batch", records))
+                self._queue.append(EncodedExecutions(records))
                 self._backlog += n
         if self._backlog > self.max_queue:
             self._backpressure()
@@ -312,7 +341,7 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._trace_seq
             self._trace_seq += 1
-            self._queue.append(("trace", event, seq, event.wall_time or time.time()))
+            self._queue.append(QueuedTrace(event, seq, event.wall_time or time.time()))
             self._backlog += 1
         if self._backlog > self.max_queue:
             self._backpressure()
@@ -339,16 +368,15 @@ class DumpWriter:
             first = self._trace_seq
             self._trace_seq += n
             self._queue.append(
-                (
-                    "traces",
-                    graph_id,
-                    op_names,
-                    output_slots,
-                    summaries,
-                    device_name,
-                    step,
-                    first,
-                    time.time(),
+                GraphCallTraces(
+                    graph_id=graph_id,
+                    op_names=op_names,
+                    output_slots=output_slots,
+                    summaries=summaries,
+                    device_name=device_name,
+                    step=step,
+                    first_sequence=first,
+                    wall_time=time.time(),
                 )
             )
             self._backlog += n
@@ -356,7 +384,7 @@ class DumpWriter:
             self._backpressure()
         return first
 
-    def _put(self, item: tuple[Any, ...]) -> None:
+    def _put(self, item: QueueItem) -> None:
         self._queue.append(item)
 
     def _backpressure(self) -> None:
@@ -372,7 +400,7 @@ class DumpWriter:
         if self._closed or not self._thread.is_alive():
             return self._closed
         done = threading.Event()
-        self._put(("flush", done))
+        self._put(FlushRequest(done))
         self._wake.set()
         return done.wait(timeout)
 
@@ -383,7 +411,7 @@ class DumpWriter:
         self._closed = True
         lifecycle.unregister(self)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._put(("close",))
+            self._put(CloseRequest())
             self._wake.set()
             self._thread.join(timeout)
         else:
@@ -441,36 +469,36 @@ class DumpWriter:
             if not done % 512 and time.monotonic() >= deadline:
                 return False
             item = queue.popleft()
-            kind = item[0]
             try:
-                if kind == "exec":
-                    self._on_execution(item[1], item[2], item[3])
-                    self._processed(1)
-                elif kind == "exec_batch":
-                    for record in item[1]:
-                        self._add_execution(frame(record[0]), *record[1:])
-                    self._processed(len(item[1]))
-                elif kind == "trace":
-                    self._on_trace(item[1], item[2], item[3])
-                    self._processed(1)
-                elif kind == "traces":
-                    self._processed(len(item[2]))
-                    self._on_traces(*item[1:])
-                elif kind == "stack_frame":
-                    self._on_stack_frame(*item[1:])
-                elif kind == "source_file":
-                    self._on_source_file(*item[1:])
-                elif kind == "graph":
-                    self._on_graph(item[1], item[2])
-                elif kind == "graph_op":
-                    self._on_graph_op(item[1], item[2])
-                elif kind == "device":
-                    self._on_device(item[1], item[2])
-                elif kind == "flush":
-                    self._flush_files(sync=False)
-                    item[1].set()
-                elif kind == "close":
-                    return True
+                # The most frequent kinds first: each case is one type check.
+                match item:
+                    case QueuedExecution():
+                        self._on_execution(item.event, item.sequence, item.wall_time)
+                        self._processed(1)
+                    case EncodedExecutions():
+                        self._on_encoded_executions(item.records)
+                        self._processed(len(item.records))
+                    case GraphCallTraces():
+                        self._processed(len(item.op_names))
+                        self._on_traces(item)
+                    case QueuedTrace():
+                        self._on_trace(item.event, item.sequence, item.wall_time)
+                        self._processed(1)
+                    case NewStackFrame():
+                        self._on_stack_frame(item)
+                    case NewSourceFile():
+                        self._on_source_file(item)
+                    case QueuedGraph():
+                        self._on_graph(item.graph, item.wall_time)
+                    case QueuedGraphOp():
+                        self._on_graph_op(item.op, item.wall_time)
+                    case NewDevice():
+                        self._on_device(item.name, item.device_id)
+                    case FlushRequest():
+                        self._flush_files(sync=False)
+                        item.done.set()
+                    case CloseRequest():
+                        return True
             except Exception as exc:
                 self.stats.errors += 1
                 if not self._warned:
@@ -522,28 +550,23 @@ class DumpWriter:
         h = index_row(self.mode, summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
-        self._add_execution(
-            (ev, seq, wall, summaries), ev.op_type, ev.graph_id, num_outputs, wall, ev.step,
-            seq, *h, int(ev.phase), device,
-        )  # fmt: skip
-
-    def _add_execution(
-        self,
-        spec: Any,
-        op_type: str,
-        graph_id: str,
-        num_outputs: int,
-        wall: float,
-        step: int,
-        seq: int,
-        *health_phase_device: int,
-    ) -> None:
-        """``spec``: the event's encoder input, or its framed record (bytes)."""
         st = self._executions.strings
-        row: Any = (st.id(op_type), st.id(graph_id), num_outputs, wall, step, seq,
-                    *health_phase_device)  # fmt: skip
-        self._executions.add(spec, row, health_phase_device[4] == 1)
+        row = (st.id(ev.op_type), st.id(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
+        # The spec is what _encode_execution turns into the record, at flush time.
+        self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
         self.stats.executions += 1
+
+    def _on_encoded_executions(self, records: Sequence[EncodedExecution]) -> None:
+        st = self._executions.strings
+        add = self._executions.add
+        # By position: the native recorder hands over plain tuples in EncodedExecution's order.
+        for (payload, op_type, graph_id, num_outputs, wall, step, seq, size, neg_inf, pos_inf, nan,
+             nonfinite, phase, device) in records:  # fmt: skip
+            row = (st.id(op_type), st.id(graph_id), num_outputs, wall, step, seq, size, neg_inf,
+                   pos_inf, nan, nonfinite, phase, device)  # fmt: skip
+            add(frame(payload), row, nonfinite == 1)
+        self.stats.executions += len(records)
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
@@ -553,17 +576,15 @@ class DumpWriter:
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
         self.stats.traces += 1
 
-    def _on_traces(
-        self,
-        graph_id: str,
-        op_names: Sequence[str],
-        slots: Sequence[int],
-        summaries: Any,
-        device_name: str,
-        step: int,
-        first: int,
-        wall: float,
-    ) -> None:
+    def _on_traces(self, call: GraphCallTraces) -> None:
+        graph_id, op_names, slots = call.graph_id, call.op_names, call.output_slots
+        device_name, step, first, wall = (
+            call.device_name,
+            call.step,
+            call.first_sequence,
+            call.wall_time,
+        )
+        summaries = call.summaries
         matrix = summaries.resolve() if hasattr(summaries, "resolve") else summaries
         if self.mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
             # No summary matrix: NO_TENSOR records only that each op ran, and
@@ -572,9 +593,15 @@ class DumpWriter:
                 value = (
                     None if matrix is None or self.mode == TensorDebugMode.NO_TENSOR else matrix[i]
                 )
-                self._on_trace(
-                    TraceEvent(graph_id, name, slots[i], value, device_name, step), first + i, wall
+                trace = TraceEvent(
+                    graph_id=graph_id,
+                    op_name=name,
+                    output_slot=slots[i],
+                    summary=value,
+                    device_name=device_name,
+                    step=step,
                 )
+                self._on_trace(trace, first + i, wall)
             return
         payloads, health = self._encoder.trace_batch(
             graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
@@ -605,21 +632,21 @@ class DumpWriter:
                           nn, nf, 0, 0), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)
 
-    def _on_stack_frame(self, fid: str, file_index: int, line: int, func: str) -> None:
+    def _on_stack_frame(self, new: NewStackFrame) -> None:
         ev = pb.DebugEvent(wall_time=time.time())
         sf = ev.stack_frame_with_id
-        sf.id = fid
-        sf.file_line_col.file_index = file_index
-        sf.file_line_col.line = line
-        sf.file_line_col.func = func
+        sf.id = new.frame_id
+        sf.file_line_col.file_index = new.file_index
+        sf.file_line_col.line = new.line
+        sf.file_line_col.func = new.func
         self._stack_frames.write(ev.SerializeToString())
 
-    def _on_source_file(self, index: int, path: str, snapshot: bool) -> None:
+    def _on_source_file(self, new: NewSourceFile) -> None:
         ev = pb.DebugEvent(wall_time=time.time())
-        ev.source_file.file_path = path
+        ev.source_file.file_path = new.path
         ev.source_file.host_name = self.host_name
-        if snapshot:
-            ev.source_file.lines.extend(read_source_lines(path))
+        if new.snapshot:
+            ev.source_file.lines.extend(read_source_lines(new.path))
         self._source_files.write(ev.SerializeToString())
 
     def _on_graph(self, g: Graph, wall: float) -> None:

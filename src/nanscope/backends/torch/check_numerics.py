@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.context import RunContext
+from nanscope.backends.torch.dispatch import InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Frame, NonFiniteError
@@ -234,11 +235,10 @@ class TorchCheckNumerics:
     framework = "torch"
 
     def __init__(self, sync_every: int = 64) -> None:
-        from nanscope.backends.torch.session import InstalledMode
-
         self.context = RunContext()
         self.mode = CheckNumericsMode(self.context, sync_every)
-        self._installed = InstalledMode(self.mode, self.context)
+        self.context.install()
+        self._installed = InstalledMode(self.mode)
         self._closed = False
 
     def flush(self) -> None:
@@ -249,3 +249,4 @@ class TorchCheckNumerics:
             return
         self._closed = True
         self._installed.remove()
+        self.context.uninstall()

@@ -51,7 +51,8 @@ class _Batch:
             return None
         if self.event is not None:
             self.event.synchronize()  # on the writer thread, never the training thread
-        return self.host[index, :length].numpy().copy()
+        row: np.ndarray = self.host[index, :length].numpy().copy()
+        return row
 
 
 class PendingSummaries:

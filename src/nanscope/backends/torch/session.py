@@ -2,75 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-import threading
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
 
-from nanscope.backends.torch.compiled import CompiledRecorder
+from nanscope.backends.torch.compiled.rewrite import GraphRewriter
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.dumping import DumpingMode, dtype_filter_from
-from nanscope.backends.torch.native_recorder import NativeRecorder
+from nanscope.backends.torch.recorders.base import Recorder, dtype_filter_from
+from nanscope.backends.torch.recorders.native import NativeRecorder
+from nanscope.backends.torch.recorders.python import PythonRecorder
+from nanscope.backends.torch.suspension import never_record_this_thread
 from nanscope.events import DumpWriter
-
-
-def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
-    """Push ``mode`` in every thread started from now on; returns the undo.
-
-    Dispatch modes are per thread. A thread started by the ``threading``
-    module runs its profile hook first: that is where the mode is pushed, so a
-    training loop or a ``backward()`` call on a new thread is recorded too.
-    """
-    previous = threading.getprofile()
-
-    def start(frame: Any, event: Any, arg: Any) -> None:
-        sys.setprofile(previous)  # once per thread; give any profiler back its hook
-        with contextlib.suppress(Exception):
-            _push_mode(mode)
-        if previous is not None:
-            previous(frame, event, arg)
-
-    threading.setprofile(start)
-
-    def undo() -> None:
-        if threading.getprofile() is start:
-            threading.setprofile(previous)
-
-    return undo
-
-
-class InstalledMode:
-    """A dispatch mode with its run context, on this thread and on threads started later."""
-
-    def __init__(self, mode: TorchDispatchMode, context: RunContext) -> None:
-        self.mode = mode
-        self.context = context
-        context.install()
-        mode.__enter__()
-        self._unfollow = follow_new_threads(mode)
-
-    def remove(self) -> None:
-        self._unfollow()
-        # Fails when popped on another thread, or already popped by the user.
-        with contextlib.suppress(Exception):
-            self.mode.__exit__(None, None, None)
-        self.context.uninstall()
+from nanscope.format.modes import TensorDebugMode
 
 
 class TorchDumpSession:
-    """A dispatch mode pushed on the calling thread, feeding a :class:`DumpWriter`.
+    """An eager-op recorder and the torch.compile recorder, feeding a :class:`DumpWriter`.
 
     Backward ops are recorded whichever thread the autograd engine runs them
     on: the engine carries the calling thread's dispatch modes to its workers.
     Threads started after recording began record too; threads that were
-    already running do not.
+    already running do not (the native recorder records them as well).
     """
 
     framework = "torch"
@@ -78,7 +34,7 @@ class TorchDumpSession:
     def __init__(
         self,
         logdir: str,
-        tensor_debug_mode: str | int,
+        mode: TensorDebugMode,
         circular_buffer_size: int,
         op_regex: str | None,
         tensor_dtypes: Any,
@@ -86,41 +42,34 @@ class TorchDumpSession:
     ) -> None:
         pattern = re.compile(op_regex) if op_regex else None
         dtype_filter = dtype_filter_from(tensor_dtypes)
-        lib = native_library()
+        lib = native_library()  # loaded before the writer's thread starts: see suspension
         self.writer = DumpWriter(
             logdir,
-            tensor_debug_mode,
+            mode,
             circular_buffer_size,
             framework=f"torch {torch.__version__}",
-            thread_init=lib.exclude_this_thread if lib is not None else None,
+            thread_init=never_record_this_thread,
             **writer_options,
         )
         self.context = RunContext()
-        self.mode: DumpingMode | NativeRecorder
-        self._installed: InstalledMode | None = None
+        self.context.install()
+        self.eager: Recorder
         if lib is not None:
-            self.context.install()
-            self.mode = NativeRecorder(lib, self.writer, self.context, pattern, dtype_filter)
+            self.eager = NativeRecorder(lib, self.writer, self.context, pattern, dtype_filter)
         else:
-            self.mode = DumpingMode(self.writer, self.context, pattern, dtype_filter)
-            self._installed = InstalledMode(self.mode, self.context)
+            self.eager = PythonRecorder(self.writer, self.context, pattern, dtype_filter)
         # torch.compile'd code: graphs recorded, summaries computed inside them.
-        self.compiled = CompiledRecorder(
-            self.mode, self.writer, self.context, pattern, dtype_filter
-        )
+        self.compiled = GraphRewriter(self.eager, self.writer, self.context, pattern, dtype_filter)
         self.compiled.install()
         self._closed = False
 
     @property
     def recorder(self) -> str:
         """``"native"`` or ``"python"``: which recorder this session uses."""
-        return "native" if isinstance(self.mode, NativeRecorder) else "python"
+        return self.eager.kind
 
     def flush(self) -> None:
-        if isinstance(self.mode, NativeRecorder):
-            self.mode.flush()
-        else:
-            self.mode.device_buffer.submit()
+        self.eager.flush()
         self.writer.flush()
 
     def close(self) -> None:
@@ -128,13 +77,8 @@ class TorchDumpSession:
             return
         self._closed = True
         self.compiled.uninstall()
-        if isinstance(self.mode, NativeRecorder):
-            self.mode.close()
-            self.context.uninstall()
-        else:
-            if self._installed is not None:
-                self._installed.remove()
-            self.mode.device_buffer.submit()
+        self.eager.close()
+        self.context.uninstall()
         self.writer.close()
 
 

@@ -146,7 +146,7 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
   put_varint(payload, body.size());
   payload += body;
   if (ev.link_target) note_seq(ev.serial, seq);
-  // The index row's health, as nanscope.format.modes.summary_health computes it.
+  // The index row's health, as nanscope.format.health.index_row computes it.
   int64_t h_size = -1, h_ni = -1, h_pi = -1, h_nn = -1, h_bad = -1;
   if (seen && (mode == kFull || mode == kConcise)) {
     h_size = size, h_ni = ni, h_pi = pi, h_nn = nn, h_bad = (ni + pi + nn) > 0;

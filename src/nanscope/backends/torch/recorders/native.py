@@ -1,10 +1,12 @@
-"""The Python half of the native recorder (see ``native/recorder.cpp``).
+"""The native recorder: a RecordFunction observer in C++ (``native/recorder.cpp``) and this,
+its Python half.
 
 The C++ half sees every op and keeps its events in a buffer. This half
 answers its rare questions (what an op is, a new stack's frames, summaries
 that need PyTorch: accelerator outputs, FULL_TENSOR copies, the inputs of an
-op that made Inf/NaN) and, on its own thread, turns buffered events into
-:class:`~nanscope.events.ExecutionEvent` objects for the writer.
+op that made Inf/NaN) and, on its own thread, hands the buffered events to
+the writer: most encoded by the C++ half, the others as
+:class:`~nanscope.events.ExecutionEvent` objects.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 import threading
 from collections.abc import Sequence
 from types import CodeType, ModuleType
@@ -21,21 +22,17 @@ from typing import Any
 import torch
 
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries
-from nanscope.backends.torch.dumping import (
-    SUSPENDED,
-    DtypeFilter,
-    _wait_for_collective,
-)
+from nanscope.backends.torch.device_buffer import PendingSummaries
 from nanscope.backends.torch.ops import OpInfo, describe
-from nanscope.backends.torch.summaries import (
-    DTYPE_ENUM,
-    FLOAT_DTYPES,
-    summarize_device,
-    summarize_host,
+from nanscope.backends.torch.recorders.base import (
+    DtypeFilter,
+    RecorderBase,
+    wait_for_collective,
 )
+from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, summarize_host
+from nanscope.backends.torch.suspension import never_record_this_thread
 from nanscope.events import DumpWriter, ExecutionEvent, Phase, lifecycle
-from nanscope.format.modes import TensorDebugMode
+from nanscope.format.modes import SUMMARY_LENGTH
 
 _PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
 _fork_hook = False
@@ -44,7 +41,7 @@ SLICE = 64  # events turned into Python objects at a time
 
 
 class NativeIds:
-    """Tensor ids from the native recorder's table (for the torch.compile recorder)."""
+    """Tensor ids from the native recorder's table (a :class:`~.base.TensorIdSource`)."""
 
     def __init__(self, lib: ModuleType) -> None:
         self._lib = lib
@@ -85,10 +82,10 @@ def _dtype_table(dtype_filter: DtypeFilter | None) -> list[tuple[torch.Tensor, i
     return table
 
 
-class NativeRecorder:
-    """Drives the native recorder for one session; duck-types :class:`DumpingMode`
-    for the torch.compile recorder (``ids``, ``device_buffer``, ``_cpu_device``,
-    ``_device_id``, ``_failed``)."""
+class NativeRecorder(RecorderBase):
+    """Drives the native recorder for one session (a :class:`~.base.Recorder`)."""
+
+    kind = "native"
 
     def __init__(
         self,
@@ -98,40 +95,28 @@ class NativeRecorder:
         op_regex: re.Pattern[str] | None,
         dtype_filter: DtypeFilter | None,
     ) -> None:
+        super().__init__(writer, context, op_regex, dtype_filter)
         self.lib = lib
-        self.writer = writer
-        self.mode = writer.mode
-        self.context = context
-        self.op_regex = op_regex
-        self.dtype_filter = dtype_filter
         self.ids = NativeIds(lib)
-        self.device_buffer = DeviceBuffer()
         self.ops: list[OpInfo] = []
         self._devices: list[int] = []
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
-        self._warned = False
         table = _dtype_table(dtype_filter)
         context.mirror = lib
-        context.on_step = self._on_step
-        SUSPENDED.__class__.mirror = lib.set_suspended
+        context.on_step = self.submit_device_summaries
         global _fork_hook
         if not _fork_hook and hasattr(os, "register_at_fork"):
             _fork_hook = True
             os.register_at_fork(after_in_child=lib.forget_in_child)
-        width = {
-            TensorDebugMode.CURT_HEALTH: 2,
-            TensorDebugMode.CONCISE_HEALTH: 5,
-            TensorDebugMode.FULL_HEALTH: 11,
-            TensorDebugMode.SHAPE: 10,
-        }.get(self.mode, 0)
+        width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
         lib.start(self, int(self.mode), table, *writer.encoder.execution_pieces(width))
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
         self._closed = False
         # Closed before the writer at exit, so that the last events reach it,
         # and so that no thread waits in C++ while the interpreter shuts down.
-        lifecycle.register(self, source=True)
+        lifecycle.register_source(self)
 
     # -- called by the C++ half (with the GIL) -----------------------------------------------
 
@@ -189,44 +174,31 @@ class NativeRecorder:
         for i in which:
             t = outs[i]
             try:
-                if t.is_cpu or mode == TensorDebugMode.FULL_TENSOR:
-                    parts[i] = summarize_host(t, mode)
-                else:
-                    d = summarize_device(t, mode)
-                    parts[i] = None if d is None else self.device_buffer.add(d)
+                parts[i] = summarize_host(t, mode) if t.is_cpu else self.summarize_off_host(t)
             except Exception as exc:  # an unusual tensor: the op without this summary
-                self._failed(exc)
+                self.failed(exc)
         return parts
 
     def input_summaries(
         self, op: int, ins: list[torch.Tensor], mutated: list[bool], values: list[float]
     ) -> list[Any]:
-        """What went into an op that made Inf/NaN: its tensors, then its Python numbers.
-
-        An in-place op's mutated input now holds its result: unknown, not that.
-        """
-        info = self.ops[op]
-        result: list[Any] = [
-            summarize_host(t, self.mode) if t.is_cpu and not (info.inplace and m) else None
-            for t, m in zip(ins, mutated, strict=True)
-        ]
-        for v in values:
-            result.append(summarize_host(torch.tensor(float(v), dtype=torch.float64), self.mode))
-        return result
+        """What went into an op that made Inf/NaN (``mutated``: written by the op, if in place)."""
+        inplace = self.ops[op].inplace
+        return self.summarize_inputs(ins, [inplace and m for m in mutated], values)
 
     def wait_collective(self, out: Any) -> None:
-        _wait_for_collective(out)
+        wait_for_collective(out)
 
     # -- the drain thread --------------------------------------------------------------------
 
     def _drain_loop(self) -> None:
-        self.lib.exclude_this_thread()
+        never_record_this_thread()
         while not self._stop.is_set():
             try:
                 self.lib.wait_for_events(DRAIN_INTERVAL)
                 self.sync()
             except Exception as exc:  # keep draining: a lost event beats a stalled program
-                self._failed(exc)
+                self.failed(exc)
 
     def sync(self) -> None:
         """Hand every buffered event to the writer.
@@ -267,26 +239,22 @@ class NativeRecorder:
                 ]
                 if parts is not None and any(type(p) is tuple for p in summaries):
                     summaries = PendingSummaries(summaries)
-            seq = write(
-                ExecutionEvent(
-                    ops[op].name,
-                    out_ids,
-                    in_ids,
-                    [devices[d] for d in out_dev],
-                    summaries,
-                    inputs if inputs is not None else (),
-                    -1,
-                    "",
-                    stack,
-                    names[module] if module < len(names) else "",
-                    _PHASES[phase],
-                    step,
-                    self.lib.seq_of(fwd_serial) if fwd_serial >= 0 else 0,
-                    fwd_stack,
-                    wall,
-                ),
-                encode_now=True,
+            event = ExecutionEvent(
+                op_type=ops[op].name,
+                output_tensor_ids=out_ids,
+                input_tensor_ids=in_ids,
+                output_device_ids=[devices[d] for d in out_dev],
+                summaries=summaries,
+                input_summaries=inputs if inputs is not None else (),
+                stack=stack,
+                module_path=names[module] if module < len(names) else "",
+                phase=_PHASES[phase],
+                step=step,
+                forward_sequence=self.lib.seq_of(fwd_serial) if fwd_serial >= 0 else 0,
+                forward_stack=fwd_stack,
+                wall_time=wall,
             )
+            seq = write(event, encode_now=True)
             if link_target:
                 self.lib.note_seq(serial, seq)
 
@@ -295,36 +263,22 @@ class NativeRecorder:
         for name in names[len(self._devices) :]:
             self._devices.append(self.writer.register_device(name))
 
-    # -- DumpingMode's interface for the torch.compile recorder ------------------------------
+    # -- the Recorder protocol ---------------------------------------------------------------
 
     @property
-    def _cpu_device(self) -> int:
+    def cpu_device(self) -> int:
         if not self._devices:
             self._register_devices()
-        return self._devices[0]
+        return self._devices[0]  # the C++ half's device 0
 
-    def _device_id(self, t: torch.Tensor) -> int:
+    def device_id(self, t: torch.Tensor) -> int:
         return self.writer.register_device(str(t.device))
 
-    def _failed(self, exc: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            print(f"nanscope: could not record an op ({exc!r}); recording goes on", file=sys.stderr)
-
-    # -- life cycle --------------------------------------------------------------------------
-
-    def _on_step(self) -> None:
-        self.lib.pause()
-        try:
-            self.device_buffer.submit()
-        finally:
-            self.lib.resume()
-
-    def flush(self, timeout: float | None = None) -> None:
+    def flush(self) -> None:
         """Everything recorded so far handed to the writer (call before writing directly)."""
         if self._closed:
             return
-        self._on_step()
+        self.submit_device_summaries()
         self.sync()
 
     def close(self) -> None:
@@ -335,13 +289,11 @@ class NativeRecorder:
         self.lib.stop()
         self._stop.set()
         self._thread.join(timeout=30)
-        self._on_step()
+        self.submit_device_summaries()
         self.sync()
         self.lib.release()
         self.context.mirror = None
         self.context.on_step = None
-        if SUSPENDED.__class__.mirror is self.lib.set_suspended:
-            SUSPENDED.__class__.mirror = None
 
 
 __all__ = ["NativeIds", "NativeRecorder"]

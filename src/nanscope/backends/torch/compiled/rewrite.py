@@ -1,4 +1,4 @@
-"""``torch.compile`` under nanscope: graphs recorded, summaries computed inside the compiled code.
+"""Compile time: the graphs that ``torch.compile`` compiles, recorded and instrumented.
 
 While recording is on, inductor's ``compile_fx`` (what ``torch.compile``'s
 default backend calls, at the first call of a compiled function) is replaced
@@ -17,17 +17,10 @@ partitioning and before inductor's post-grad passes and lowering. There we
    vector (int32 where no traced value has 2**31 elements, else int64) and
    make it one more graph output. Inductor compiles the summaries with the
    graph and fuses them into the producing kernels;
-3. wrap the compiled graph: at each call it takes the extra output off (the
-   rest of torch never sees it), and hands it to the writer with one
-   ``write_traces`` call and one ``Execution`` for the call (``graph_id`` set).
-   On CPU the vector is just a tensor; on an accelerator it is copied into
-   pinned memory with ``non_blocking=True`` and an event, and only the writer
-   thread waits for it. The static columns (dtype, rank, shape) are filled in
-   on the writer thread.
+3. wrap the compiled graph so that each call is recorded (see :mod:`.calls`).
 
-While a compiled graph runs, the eager recorder (``DumpingMode``) is
-suspended on that thread, so the extern kernels the graph calls (``mm``) are
-not recorded twice; during compilation too.
+While a graph compiles, and while Dynamo traces, eager recording is
+suspended on that thread: compilation's own (fake) ops are not the user's.
 """
 
 from __future__ import annotations
@@ -37,30 +30,28 @@ import functools
 import itertools
 import operator
 import re
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 
+from nanscope.backends.torch.compiled.calls import GraphCalls
+from nanscope.backends.torch.compiled.plan import (
+    COUNTS_PER_ROW,
+    GraphPlan,
+    TracedValue,
+    drop_output_strides,
+    numel,
+)
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.dumping import SUSPENDED, DtypeFilter, DumpingMode
 from nanscope.backends.torch.ops import SAME_ELEMENT_VIEWS, UNINITIALISED
-from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, full_value
-from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase
-from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
-
-if TYPE_CHECKING:
-    from nanscope.backends.torch.native_recorder import NativeRecorder
+from nanscope.backends.torch.recorders.base import DtypeFilter, Recorder
+from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES
+from nanscope.backends.torch.suspension import SUSPENDED
+from nanscope.events import DumpWriter, Graph, GraphOp
+from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
-_HEALTH = (
-    TensorDebugMode.FULL_HEALTH,
-    TensorDebugMode.CONCISE_HEALTH,
-    TensorDebugMode.CURT_HEALTH,
-)
 _graph_ids = itertools.count(1)
 
 
@@ -99,183 +90,36 @@ def _module_path(node: torch.fx.Node, root: str) -> str:
     return f"{root}.{path}" if path else root
 
 
-@dataclass
-class _Trace:
-    op_name: str
-    slot: int
-    value: torch.fx.Node  # the node whose value is traced (the op, or its getitem)
-    dtype: int
-    rank: int
-    shape: tuple[Any, ...]
-    row: int = -1  # row of the in-graph counts (-1: none needed)
+class GraphRewriter:
+    """Instruments the graphs that ``torch.compile``'s inductor backend compiles while installed.
 
-
-@dataclass
-class GraphPlan:
-    """What one compiled graph records at each call."""
-
-    graph_id: str
-    graph_name: str
-    mode: TensorDebugMode
-    traces: list[_Trace] = field(default_factory=list)
-    k: int = 0  # counts per computed row
-    n_extra: int = 0  # extra graph outputs (0: NO_TENSOR, static SHAPE)
-    device_name: str = ""
-    op_names: list[str] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    # Static sizes: the graph leaves NaN out of its counts, the size less the other classes.
-    nan_from_size: bool = False
-    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    output_traces: list[int] = field(default_factory=list)  # graph output -> trace index, -1
-
-    def finish(self) -> None:
-        self.op_names = [t.op_name for t in self.traces]
-        self.slots = [t.slot for t in self.traces]
-        self.rows = np.array([t.row for t in self.traces], dtype=np.int64)
-        if self.nan_from_size:
-            self.sizes = np.array([_numel(t.shape) for t in self.traces], dtype=np.float64)
-        if self.mode == TensorDebugMode.SHAPE:
-            self.static = np.array(
-                [
-                    [-1, t.dtype, t.rank, _numel(t.shape), *_shape_slots(t.shape)]
-                    for t in self.traces
-                ],
-                dtype=np.float64,
-            ).reshape(len(self.traces), 4 + SHAPE_SLOTS)
-        elif self.mode == TensorDebugMode.FULL_HEALTH:
-            self.static = np.array(
-                [[t.dtype, t.rank] for t in self.traces], dtype=np.float64
-            ).reshape(len(self.traces), 2)
-
-    def matrix(self, counts: np.ndarray | None) -> np.ndarray:
-        """The ``[n, width]`` float64 summaries in the mode's layout."""
-        mode = self.mode
-        n = len(self.traces)
-        if mode == TensorDebugMode.SHAPE:
-            if counts is None:
-                return self.static
-            c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
-            m = self.static.copy()
-            m[:, 3:] = c  # numel, then the last six dims
-            return m
-        assert counts is not None
-        c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
-        out = np.empty((n, _WIDTH[mode]), dtype=np.float64)
-        out[:, 0] = -1
-        if mode == TensorDebugMode.CURT_HEALTH:
-            out[:, 1] = c[:, 0] > 0
-        elif mode == TensorDebugMode.CONCISE_HEALTH:
-            if self.nan_from_size:
-                ninf, pinf, finite = c.T
-                nan = self.sizes - finite - ninf - pinf
-            else:
-                ninf, pinf, nan, finite = c.T
-            out[:, 1] = finite + ninf + pinf + nan
-            out[:, 2], out[:, 3], out[:, 4] = ninf, pinf, nan
-        else:
-            if self.nan_from_size:
-                ninf, pinf, neg, zero, pos = c.T
-                nan = self.sizes - neg - zero - pos
-            else:
-                ninf, pinf, nan, neg, zero, pos = c.T
-            out[:, 1] = -1
-            out[:, 2:4] = self.static
-            out[:, 4] = neg + zero + pos + nan
-            out[:, 5], out[:, 6], out[:, 7] = ninf, pinf, nan
-            out[:, 8], out[:, 9], out[:, 10] = neg - ninf, zero, pos - pinf
-        return out
-
-
-_WIDTH = {
-    TensorDebugMode.CURT_HEALTH: 2,
-    TensorDebugMode.CONCISE_HEALTH: 5,
-    TensorDebugMode.FULL_HEALTH: 11,
-}
-_K = {
-    TensorDebugMode.CURT_HEALTH: 1,
-    TensorDebugMode.CONCISE_HEALTH: 4,
-    TensorDebugMode.FULL_HEALTH: 6,
-    TensorDebugMode.SHAPE: 1 + SHAPE_SLOTS,
-}
-
-
-def _numel(shape: Sequence[Any]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d) if isinstance(d, int) else 0
-    return n
-
-
-def _shape_slots(shape: Sequence[Any]) -> list[float]:
-    dims = [float(d) if isinstance(d, int) else 0.0 for d in shape][-SHAPE_SLOTS:]
-    return dims + [0.0] * (SHAPE_SLOTS - len(dims))
-
-
-class _CallSummaries:
-    """One graph call's summaries: resolved once, on the writer thread."""
-
-    __slots__ = ("_event", "_host", "_matrix", "_plan")
-
-    def __init__(self, plan: GraphPlan, extra: torch.Tensor | None) -> None:
-        self._plan = plan
-        self._event: Any = None
-        self._matrix: np.ndarray | None = None
-        if extra is not None and extra.is_cuda:
-            host = torch.empty(extra.shape, dtype=extra.dtype, pin_memory=True)
-            host.copy_(extra, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-            extra = host
-        elif extra is not None and not extra.is_cpu:
-            extra = extra.cpu()
-        self._host = extra
-
-    def resolve(self) -> np.ndarray:
-        if self._matrix is None:
-            if self._event is not None:
-                self._event.synchronize()  # the writer thread waits, never the training thread
-            counts = None if self._host is None else self._host.numpy()
-            self._matrix = self._plan.matrix(counts)
-        return self._matrix
-
-
-class _OutputSummaries:
-    """The summaries of a graph call's outputs (its ``Execution``), rows of the traces' matrix."""
-
-    __slots__ = ("_call", "_rows")
-
-    def __init__(self, call: _CallSummaries, rows: list[int]) -> None:
-        self._call = call
-        self._rows = rows
-
-    def resolve(self) -> list[np.ndarray | None]:
-        m = self._call.resolve()
-        return [m[r].copy() if r >= 0 else None for r in self._rows]
-
-
-class CompiledRecorder:
-    """Instruments the graphs that ``torch.compile``'s inductor backend compiles while installed."""
+    Their calls are recorded by :attr:`calls`, with the tensor ids and
+    devices of ``eager``, the eager-op recorder.
+    """
 
     def __init__(
         self,
-        mode: DumpingMode | NativeRecorder,
+        eager: Recorder,
         writer: DumpWriter,
         context: RunContext,
         op_regex: re.Pattern[str] | None,
         dtype_filter: DtypeFilter | None,
     ) -> None:
-        self.dumping = mode
+        self.eager = eager
         self.writer = writer
         self.mode = writer.mode
         self.context = context
         self.op_regex = op_regex
         self.dtype_filter = dtype_filter
-        self.active = False
+        self.calls = GraphCalls(eager, writer, context)
         self._stacks: dict[str, int] = {}
         self._original: Any = None
         self._callbacks: list[Any] = []
+
+    @property
+    def active(self) -> bool:
+        """Installed: graphs compiled now are instrumented, and their calls recorded."""
+        return self.calls.active
 
     # -- installation ------------------------------------------------------------------------
 
@@ -287,14 +131,14 @@ class CompiledRecorder:
 
         original = cfx.compile_fx
         inner_default = cfx.compile_fx_inner
-        recorder = self
+        rewriter = self
 
         @functools.wraps(original)
         def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
-            if not recorder.active or args:
+            if not rewriter.active or args:
                 return original(model_, example_inputs_, *args, **kwargs)
             if kwargs.get("inner_compile", inner_default) is inner_default:
-                kwargs["inner_compile"] = functools.partial(recorder.inner_compile, inner_default)
+                kwargs["inner_compile"] = functools.partial(rewriter.inner_compile, inner_default)
             # AOTAutograd's cache would skip our inner_compile (no graph records).
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 return original(model_, example_inputs_, **kwargs)
@@ -305,13 +149,14 @@ class CompiledRecorder:
         from torch._dynamo.callback import callback_handler
 
         # Dynamo's own tracing (fake tensors) is not the user's computation either.
-        callback_handler.register_start_callback(_suspend)
-        callback_handler.register_end_callback(_resume)
+        self._on_start, self._on_end = SUSPENDED.compile_started, SUSPENDED.compile_ended
+        callback_handler.register_start_callback(self._on_start)
+        callback_handler.register_end_callback(self._on_end)
         self._callbacks = [callback_handler]
-        self.active = True
+        self.calls.active = True
 
     def uninstall(self) -> None:
-        self.active = False
+        self.calls.active = False
         # Our graphs would go on computing summaries that nobody records.
         torch._dynamo.reset()
         from torch._inductor import compile_fx as cfx
@@ -320,9 +165,9 @@ class CompiledRecorder:
             cfx.compile_fx = self._original
         for handler in self._callbacks:
             with contextlib.suppress(ValueError):
-                handler.remove_start_callback(_suspend)
+                handler.remove_start_callback(self._on_start)
             with contextlib.suppress(ValueError):
-                handler.remove_end_callback(_resume)
+                handler.remove_end_callback(self._on_end)
         self._callbacks = []
 
     # -- compile time ------------------------------------------------------------------------
@@ -330,18 +175,18 @@ class CompiledRecorder:
     def inner_compile(
         self, inner: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any
     ) -> Any:
-        SUSPENDED.depth += 1
+        SUSPENDED.enter()
         try:
             try:
                 plan = self._instrument(gm, kw)
             except Exception as exc:  # never break the user's program: compile it plainly
-                self.dumping._failed(exc)
+                self.eager.failed(exc)
                 return inner(gm, example_inputs, **kw)
             compiled = inner(gm, example_inputs, **kw)
-            _drop_output_strides(plan.n_extra)
-            return _make_instrumented(compiled, plan, self)
+            drop_output_strides(plan.n_extra)
+            return self.calls.wrap(compiled, plan)
         finally:
-            SUSPENDED.depth -= 1
+            SUSPENDED.leave()
 
     def _stack(self, text: str | None) -> int:
         if not text:
@@ -363,7 +208,7 @@ class CompiledRecorder:
         if self.dtype_filter is not None and not self.dtype_filter(val.dtype):
             return False
         mode = self.mode
-        if mode in _HEALTH:
+        if mode in HEALTH_MODES:
             return val.dtype in FLOAT_DTYPES
         if mode == TensorDebugMode.SHAPE:
             return val.dtype in DTYPE_ENUM and not val.dtype.is_complex
@@ -382,7 +227,7 @@ class CompiledRecorder:
         compile_id = torch._guards.CompileContext.current_compile_id()
         graph_id = f"torch_compile_{number}"
         graph_name = f"torch.compile {compile_id or number} {kind}"
-        plan = GraphPlan(graph_id, graph_name, self.mode)
+        plan = GraphPlan(graph_id=graph_id, graph_name=graph_name, mode=self.mode)
         backward = kind == "backward"
         root = self.context.module_path()
         writer = self.writer
@@ -423,17 +268,18 @@ class CompiledRecorder:
                     devices.add(str(v.device))
             ops.append(
                 GraphOp(
-                    graph_id,
-                    _op_type(n),
-                    n.name,
-                    graph_name,
-                    inputs,
-                    len(vals) if isinstance(val, list | tuple) else 1,
-                    (),
-                    next((str(v.device) for v in vals if isinstance(v, torch.Tensor)), ""),
-                    stack,
-                    _module_path(n, root),
-                    stack if backward else -1,
+                    graph_id=graph_id,
+                    op_type=_op_type(n),
+                    op_name=n.name,
+                    graph_name=graph_name,
+                    input_names=inputs,
+                    num_outputs=len(vals) if isinstance(val, list | tuple) else 1,
+                    device_name=next(
+                        (str(v.device) for v in vals if isinstance(v, torch.Tensor)), ""
+                    ),
+                    stack=stack,
+                    module_path=_module_path(n, root),
+                    forward_stack=stack if backward else -1,
                 )
             )
             if n.op != "call_function":
@@ -451,7 +297,13 @@ class CompiledRecorder:
             elif self._traced(n, val):
                 plan.traces.append(_trace(n.name, 0, n, val))
         plan.device_name = next(iter(devices)) if len(devices) == 1 else ""
-        writer.write_graph(Graph(graph_id, graph_name, "", [t.op_name for t in plan.traces]))
+        writer.write_graph(
+            Graph(
+                graph_id=graph_id,
+                graph_name=graph_name,
+                instrumented_ops=[t.op_name for t in plan.traces],
+            )
+        )
         for op in ops:
             writer.write_graph_op(op)
 
@@ -487,7 +339,7 @@ class CompiledRecorder:
         ):
             return []
         aten = torch.ops.aten
-        k = plan.k = _K[mode]
+        k = plan.k = COUNTS_PER_ROW[mode]
         sizes = [_static_numel(t.shape) for t in plan.traces]
         # All sizes static: each element is exactly one of < 0, == 0, > 0 (infinities
         # included) and NaN, or of finite, -inf, +inf and NaN: the NaN count is the size less
@@ -560,12 +412,19 @@ def _static_numel(shape: Sequence[Any]) -> int | None:
     """The number of elements of a static shape; ``None`` for a symbolic one."""
     if not all(isinstance(d, int) for d in shape):
         return None
-    return _numel(shape)
+    return numel(shape)
 
 
-def _trace(op_name: str, slot: int, value: torch.fx.Node, val: torch.Tensor) -> _Trace:
+def _trace(op_name: str, slot: int, value: torch.fx.Node, val: torch.Tensor) -> TracedValue:
     shape = tuple(int(d) if isinstance(d, int) else d for d in val.shape)
-    return _Trace(op_name, slot, value, DTYPE_ENUM.get(val.dtype, 0), val.dim(), shape)
+    return TracedValue(
+        op_name=op_name,
+        slot=slot,
+        value=value,
+        dtype=DTYPE_ENUM.get(val.dtype, 0),
+        rank=val.dim(),
+        shape=shape,
+    )
 
 
 # Copies whose elements are their input's (a different layout at most): the same counts.
@@ -605,147 +464,3 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _drop_output_strides(n: int) -> None:
-    """Forget inductor's strides of our extra outputs (AOTAutograd aligns them with its own)."""
-    if n <= 0:
-        return
-    tc = torch._guards.TracingContext.try_get()
-    if tc is not None and tc.output_strides:
-        del tc.output_strides[-n:]
-
-
-_suspended_compiles = threading.local()
-
-
-def _suspend(*args: Any, **kwargs: Any) -> None:
-    SUSPENDED.depth += 1
-    _suspended_compiles.n = getattr(_suspended_compiles, "n", 0) + 1
-
-
-def _resume(*args: Any, **kwargs: Any) -> None:
-    n = getattr(_suspended_compiles, "n", 0)
-    if n > 0:
-        _suspended_compiles.n = n - 1
-        SUSPENDED.depth = max(0, SUSPENDED.depth - 1)
-
-
-def _make_instrumented(compiled: Any, plan: GraphPlan, recorder: CompiledRecorder) -> Any:
-    from torch._inductor.output_code import OutputCode
-
-    class InstrumentedGraph(OutputCode):
-        """The compiled graph, less its summary outputs, recording each call."""
-
-        def __init__(self) -> None:
-            self.__dict__["inner"] = compiled
-            self.__dict__["_boxed_call"] = True
-            for name in ("_fx_graph_cache_key", "_fx_graph_cache_debug_lines", "_time_taken_ns"):
-                self.__dict__[name] = getattr(compiled, name, None)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.__dict__["inner"], name)
-
-        def __call__(self, inputs: Sequence[Any]) -> Any:
-            return _call(compiled, plan, recorder, inputs)
-
-        def post_compile(self, *args: Any, **kwargs: Any) -> None:
-            compiled.post_compile(*args, **kwargs)
-            _drop_output_strides(plan.n_extra)
-
-        def prepare_for_serialization(self) -> None:
-            compiled.prepare_for_serialization()
-
-        def set_triton_bundle(self, triton_bundle: Any) -> None:
-            compiled.set_triton_bundle(triton_bundle)
-
-    return InstrumentedGraph()
-
-
-def _call(compiled: Any, plan: GraphPlan, recorder: CompiledRecorder, inputs: Any) -> Any:
-    n_extra = plan.n_extra
-    if not recorder.active:
-        out = compiled(inputs)
-        if n_extra:
-            out = list(out)
-            del out[-n_extra:]
-        return out
-    mode = recorder.dumping
-    ids = mode.ids
-    in_ids = [ids.get(t) for t in inputs if isinstance(t, torch.Tensor)]
-    SUSPENDED.depth += 1  # the graph's extern kernels and our copies are not eager ops
-    try:
-        out = compiled(inputs)
-        try:
-            out = list(out)
-            extra = out[len(out) - n_extra :] if n_extra else []
-            if n_extra:
-                del out[-n_extra:]
-            _record_call(plan, recorder, out, extra, in_ids)
-        except Exception as exc:  # never break the user's program
-            mode._failed(exc)
-    finally:
-        SUSPENDED.depth -= 1
-    return out
-
-
-def _record_call(
-    plan: GraphPlan,
-    recorder: CompiledRecorder,
-    out: list[Any],
-    extra: list[Any],
-    in_ids: list[int],
-) -> None:
-    writer = recorder.writer
-    ctx = recorder.context
-    mode = recorder.dumping
-    step = ctx.step
-    wmode = plan.mode
-    summaries: Any
-    outputs: Any = ()
-    if wmode == TensorDebugMode.NO_TENSOR:
-        summaries = None
-    elif wmode == TensorDebugMode.FULL_TENSOR:
-        summaries = [full_value(t) for t in extra]
-        outputs = [summaries[i] if i >= 0 else None for i in plan.output_traces]
-    else:
-        call = _CallSummaries(plan, extra[0] if extra else None)
-        summaries = call
-        outputs = _OutputSummaries(call, plan.output_traces)
-    if plan.traces:
-        writer.write_traces(
-            plan.graph_id,
-            plan.op_names,
-            plan.slots,
-            summaries,
-            device_name=plan.device_name,
-            step=step,
-        )
-    tensors = [t for t in out if isinstance(t, torch.Tensor)]
-    if isinstance(outputs, _OutputSummaries):
-        outputs._rows = [
-            r for r, t in zip(plan.output_traces, out, strict=False) if isinstance(t, torch.Tensor)
-        ]
-    elif isinstance(outputs, list):
-        outputs = [s for s, t in zip(outputs, out, strict=False) if isinstance(t, torch.Tensor)]
-    node = torch._C._current_autograd_node()
-    phase = ctx.phase(node)
-    sync = getattr(mode, "sync", None)
-    if sync is not None:  # the native recorder's buffered eager ops go first
-        sync()
-    writer.write_execution(
-        ExecutionEvent(
-            plan.graph_name,
-            [mode.ids.new(t) for t in tensors],
-            in_ids,
-            [mode._cpu_device if t.is_cpu else mode._device_id(t) for t in tensors],
-            outputs,
-            (),
-            len(tensors),
-            plan.graph_id,
-            writer.capture_stack(),
-            ctx.module_path() if phase != Phase.BACKWARD else "",
-            phase,
-            step,
-        )
-    )

@@ -1,11 +1,14 @@
-"""The recording dispatch mode: every ATen op becomes an ``Execution`` event."""
+"""The Python recorder: a dispatch mode that makes every ATen op an ``Execution`` event.
+
+The fallback where the native recorder (:mod:`.native`) cannot be built, and
+the one chosen by ``NANSCOPE_TORCH_RECORDER=python``.
+"""
 
 from __future__ import annotations
 
 import re
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,18 +17,19 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.device_buffer import DeviceBuffer, PendingSummaries
+from nanscope.backends.torch.device_buffer import PendingSummaries
+from nanscope.backends.torch.dispatch import InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
-from nanscope.backends.torch.summaries import (
-    DTYPE_ENUM,
-    FLOAT_DTYPES,
-    summarize_device,
-    summarize_host,
+from nanscope.backends.torch.recorders.base import (
+    DtypeFilter,
+    RecorderBase,
+    wait_for_collective,
 )
+from nanscope.backends.torch.summaries import summarize_host
+from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import DumpWriter, ExecutionEvent, Phase
-from nanscope.format.modes import TensorDebugMode
+from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 
-DtypeFilter = Callable[[torch.dtype], bool]
 _FORWARD_LINKS_MAX = 1 << 20
 
 
@@ -34,37 +38,13 @@ class _Local(threading.local):
         self.last_seq_nr = -1
 
 
-class _Suspended(threading.local):
-    """Per thread: > 0 while a compiled graph runs or torch.compile compiles (see compiled.py).
+class PythonRecorder(RecorderBase, TorchDispatchMode):
+    """Records each op it sees into a :class:`DumpWriter` (a :class:`~.base.Recorder`).
 
-    ``mirror`` (shared by all threads) receives each new depth: the native
-    recorder keeps its own per-thread copy.
+    Pushed on the calling thread, and on threads started later, when made.
     """
 
-    mirror: Callable[[int], None] | None = None
-
-    def __init__(self) -> None:
-        self._depth = 0
-
-    @property
-    def depth(self) -> int:
-        return self._depth
-
-    @depth.setter
-    def depth(self, value: int) -> None:
-        self._depth = value
-        mirror = _Suspended.mirror
-        if mirror is not None:
-            mirror(value)
-
-
-# The ops that a compiled graph runs (its extern kernels) are recorded as one
-# execution of the graph, and compilation's own (fake) ops not at all.
-SUSPENDED = _Suspended()
-
-
-class DumpingMode(TorchDispatchMode):
-    """Records each op it sees into a :class:`DumpWriter`."""
+    kind = "python"
 
     def __init__(
         self,
@@ -73,14 +53,9 @@ class DumpingMode(TorchDispatchMode):
         op_regex: re.Pattern[str] | None,
         dtype_filter: DtypeFilter | None,
     ) -> None:
-        super().__init__()
-        self.writer = writer
-        self.mode = writer.mode
-        self.context = context
-        self.op_regex = op_regex
-        self.dtype_filter = dtype_filter
+        TorchDispatchMode.__init__(self)
+        RecorderBase.__init__(self, writer, context, op_regex, dtype_filter)
         self.ids = TensorIds()
-        self.device_buffer = DeviceBuffer()
         self._ops = OpCache(self.op_regex)
         self._devices: dict[str, int] = {}
         self._local = _Local()
@@ -95,12 +70,9 @@ class DumpingMode(TorchDispatchMode):
         # gradient buckets are viewed right after allocation). A write gives the
         # written tensor a fresh id, so a tensor leaves the set by being written.
         self._blank: dict[int, None] = {}
-        self._health = writer.mode in (
-            TensorDebugMode.FULL_HEALTH,
-            TensorDebugMode.CONCISE_HEALTH,
-            TensorDebugMode.CURT_HEALTH,
-        )
+        self._health = writer.mode in HEALTH_MODES
         self._reads_values = self._health or writer.mode == TensorDebugMode.FULL_TENSOR
+        self._installed = InstalledMode(self)
 
     def __torch_dispatch__(
         self,
@@ -116,10 +88,10 @@ class DumpingMode(TorchDispatchMode):
         if not info.skip:
             try:
                 if info.collective and info.record_values and self._reads_values:
-                    _wait_for_collective(out)
+                    wait_for_collective(out)
                 self._record(info, args, kwargs, out)
             except Exception as exc:  # never break the user's program
-                self._failed(exc)
+                self.failed(exc)
         return out
 
     @classmethod
@@ -129,19 +101,33 @@ class DumpingMode(TorchDispatchMode):
         # records its graphs and their summaries.
         return True
 
-    _warned = False
+    # -- the Recorder protocol ---------------------------------------------------------------
 
-    def _failed(self, exc: Exception) -> None:
-        if not DumpingMode._warned:
-            DumpingMode._warned = True
-            print(f"nanscope: could not record an op ({exc!r}); recording goes on", file=sys.stderr)
+    @property
+    def cpu_device(self) -> int:
+        did = self._devices.get("cpu")
+        if did is None:
+            did = self._devices["cpu"] = self.writer.register_device("cpu")
+        return did
 
-    def _device_id(self, t: torch.Tensor) -> int:
+    def device_id(self, t: torch.Tensor) -> int:
         key = str(t.device)
         did = self._devices.get(key)
         if did is None:
             did = self._devices[key] = self.writer.register_device(key)
         return did
+
+    def sync(self) -> None:
+        """Nothing waits: each op goes to the writer as it is recorded."""
+
+    def flush(self) -> None:
+        self.submit_device_summaries()
+
+    def close(self) -> None:
+        self._installed.remove()
+        self.submit_device_summaries()
+
+    # -- recording ---------------------------------------------------------------------------
 
     def _summary(
         self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
@@ -174,10 +160,7 @@ class DumpingMode(TorchDispatchMode):
             return s
         if t.is_meta:
             return None
-        if mode == TensorDebugMode.FULL_TENSOR:
-            return summarize_host(t, mode)  # a full copy is a sync by nature
-        d = summarize_device(t, mode)
-        return None if d is None else self.device_buffer.add(d)
+        return self.summarize_off_host(t)
 
     def _uninitialised(self, tids: list[int]) -> None:
         blank = self._blank
@@ -223,7 +206,7 @@ class DumpingMode(TorchDispatchMode):
                 try:
                     parts.append(summary(t, tid, info, source))
                 except Exception as exc:  # an unusual tensor: record the op without its summary
-                    self._failed(exc)
+                    self.failed(exc)
                     parts.append(None)
         summaries: Any = parts
         input_summaries: list[Any] = []
@@ -231,21 +214,14 @@ class DumpingMode(TorchDispatchMode):
             summaries = PendingSummaries(parts)
         elif self._health and any(_nonfinite(self.mode, p) for p in parts):
             # The rare case worth the cost: what went into an op that made Inf/NaN.
-            # An in-place op's mutated input now holds its result: unknown, not that.
-            input_summaries = [
-                summarize_host(t, self.mode)
-                if t.is_cpu and not (info.inplace and any(t is o for o in outs))
-                else None
-                for t in ins
+            values = [
+                a
+                for a in (args[i] if i < len(args) else None for i in info.value_args)
+                if type(a) is float or type(a) is int
             ]
-            # Python numbers among the arguments (x / 0.0) matter to the why:
-            # they follow the tensors as inputs with id 0 (nanscope's convention).
-            for i in info.value_args:
-                a = args[i] if i < len(args) else None
-                if type(a) is float or type(a) is int:
-                    in_ids.append(0)
-                    value = torch.tensor(float(a), dtype=torch.float64)
-                    input_summaries.append(summarize_host(value, self.mode))
+            in_ids.extend([0] * len(values))
+            mutated = [info.inplace and any(t is o for o in outs) for t in ins]
+            input_summaries = self.summarize_inputs(ins, mutated, values)
         node = torch._C._current_autograd_node()
         phase = ctx.phase(node)
         forward_sequence = 0
@@ -262,23 +238,23 @@ class DumpingMode(TorchDispatchMode):
         step = ctx.step
         if step != self._last_step:
             self._last_step = step
-            self.device_buffer.submit()
+            self.submit_device_summaries()
         seq = self.writer.write_execution(
             ExecutionEvent(
-                info.name,
-                out_ids,
-                in_ids,
-                [self._cpu_device if t.is_cpu else self._device_id(t) for t in outs],
-                summaries,
-                input_summaries,
-                -1,
-                "",
-                stack,
-                module_path,
-                phase,
-                step,
-                forward_sequence,
-                forward_stack,
+                op_type=info.name,
+                output_tensor_ids=out_ids,
+                input_tensor_ids=in_ids,
+                output_device_ids=[
+                    self.cpu_device if t.is_cpu else self.device_id(t) for t in outs
+                ],
+                summaries=summaries,
+                input_summaries=input_summaries,
+                stack=stack,
+                module_path=module_path,
+                phase=phase,
+                step=step,
+                forward_sequence=forward_sequence,
+                forward_stack=forward_stack,
             )
         )
         if node is None and phase != Phase.OPTIMIZER:
@@ -292,35 +268,6 @@ class DumpingMode(TorchDispatchMode):
                     if len(links) > _FORWARD_LINKS_MAX:
                         for k in list(links)[: _FORWARD_LINKS_MAX // 2]:
                             del links[k]
-
-    @property
-    def _cpu_device(self) -> int:
-        did = self._devices.get("cpu")
-        if did is None:
-            did = self._devices["cpu"] = self.writer.register_device("cpu")
-        return did
-
-
-def _wait_for_collective(out: Any) -> None:
-    """Wait until an asynchronous collective on CPU tensors is done, so its outputs are summarised.
-
-    A ``c10d`` collective returns a ``Work`` at once; gloo writes the result
-    later on its own threads. Summarised at once, the outputs would show this
-    rank's values before the reduction (finite on a rank that is about to get
-    another rank's NaN), or a mix. Waiting costs DDP its overlap of
-    communication with the backward pass while recording. Accelerator outputs
-    are not waited for (their summaries are computed on the device).
-    """
-    if not (type(out) is tuple and len(out) == 2 and isinstance(out[1], torch.ScriptObject)):
-        return
-    outs = tensors_of(out[0], [])
-    if not outs or not all(t.is_cpu for t in outs):
-        return
-    from torch.distributed import Work
-
-    work = Work.unbox(out[1])
-    if not work.is_completed():
-        work.wait()
 
 
 def _version(t: torch.Tensor) -> int:
@@ -341,26 +288,3 @@ def _nonfinite(mode: TensorDebugMode, s: Any) -> bool:
     if mode == TensorDebugMode.CURT_HEALTH:
         return bool(s[1] != 0)
     return False
-
-
-def dtype_filter_from(tensor_dtypes: Any) -> DtypeFilter | None:
-    """``tensor_dtypes`` as TensorFlow takes it: a list of dtypes (or names) or a predicate."""
-    if tensor_dtypes is None:
-        return None
-    if callable(tensor_dtypes):
-        return tensor_dtypes  # type: ignore[no-any-return]
-    if isinstance(tensor_dtypes, (list, tuple, set, frozenset)):
-        wanted = set()
-        for d in tensor_dtypes:
-            dt = getattr(torch, d, None) if isinstance(d, str) else d
-            if not isinstance(dt, torch.dtype):
-                raise ValueError(f"tensor_dtypes: {d!r} is not a torch dtype or dtype name")
-            wanted.add(dt)
-        return wanted.__contains__
-    raise ValueError(
-        "tensor_dtypes must be a list of dtypes (e.g. [torch.float32, 'bfloat16']) "
-        f"or a predicate; got {type(tensor_dtypes).__name__}"
-    )
-
-
-__all__ = ["DTYPE_ENUM", "FLOAT_DTYPES", "DumpingMode", "dtype_filter_from"]

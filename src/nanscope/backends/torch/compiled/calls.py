@@ -1,0 +1,199 @@
+"""Call time: each call of an instrumented graph recorded, from the summaries it computed.
+
+The compiled graph (see :mod:`.rewrite`) returns one extra output, the
+vector of its summaries' counts. Its wrapper takes that output off (the rest
+of torch never sees it) and hands it to the writer with one ``write_traces``
+call and one ``Execution`` for the call (``graph_id`` set). On CPU the vector
+is just a tensor; on an accelerator it is copied into pinned memory with
+``non_blocking=True`` and an event, and only the writer thread waits for it.
+The static columns (dtype, rank, shape) are filled in on the writer thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from nanscope.backends.torch.compiled.plan import GraphPlan, drop_output_strides
+from nanscope.backends.torch.context import RunContext
+from nanscope.backends.torch.recorders.base import Recorder
+from nanscope.backends.torch.summaries import full_value
+from nanscope.backends.torch.suspension import SUSPENDED
+from nanscope.events import DumpWriter, ExecutionEvent, Phase
+from nanscope.format.modes import TensorDebugMode
+
+
+class GraphCalls:
+    """Records the calls of instrumented graphs while :attr:`active`."""
+
+    def __init__(self, eager: Recorder, writer: DumpWriter, context: RunContext) -> None:
+        self.eager = eager  # tensor ids and devices are the eager recorder's
+        self.writer = writer
+        self.context = context
+        self.active = False
+
+    def wrap(self, compiled: Any, plan: GraphPlan) -> Any:
+        """Inductor's compiled graph ``compiled``, wrapped so that each call is recorded."""
+        from torch._inductor.output_code import OutputCode
+
+        calls = self
+
+        class InstrumentedGraph(OutputCode):
+            """The compiled graph, less its summary outputs, recording each call."""
+
+            def __init__(self) -> None:
+                self.__dict__["inner"] = compiled
+                self.__dict__["_boxed_call"] = True
+                for name in (
+                    "_fx_graph_cache_key",
+                    "_fx_graph_cache_debug_lines",
+                    "_time_taken_ns",
+                ):
+                    self.__dict__[name] = getattr(compiled, name, None)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.__dict__["inner"], name)
+
+            def __call__(self, inputs: Sequence[Any]) -> Any:
+                return calls.call(compiled, plan, inputs)
+
+            def post_compile(self, *args: Any, **kwargs: Any) -> None:
+                compiled.post_compile(*args, **kwargs)
+                drop_output_strides(plan.n_extra)
+
+            def prepare_for_serialization(self) -> None:
+                compiled.prepare_for_serialization()
+
+            def set_triton_bundle(self, triton_bundle: Any) -> None:
+                compiled.set_triton_bundle(triton_bundle)
+
+        return InstrumentedGraph()
+
+    def call(self, compiled: Any, plan: GraphPlan, inputs: Any) -> Any:
+        """Run the compiled graph once; record the call while active."""
+        n_extra = plan.n_extra
+        if not self.active:
+            out = compiled(inputs)
+            if n_extra:
+                out = list(out)
+                del out[-n_extra:]
+            return out
+        eager = self.eager
+        ids = eager.ids
+        in_ids = [ids.get(t) for t in inputs if isinstance(t, torch.Tensor)]
+        SUSPENDED.enter()  # the graph's extern kernels and our copies are not eager ops
+        try:
+            out = compiled(inputs)
+            try:
+                out = list(out)
+                extra = out[len(out) - n_extra :] if n_extra else []
+                if n_extra:
+                    del out[-n_extra:]
+                self._record(plan, out, extra, in_ids)
+            except Exception as exc:  # never break the user's program
+                eager.failed(exc)
+        finally:
+            SUSPENDED.leave()
+        return out
+
+    def _record(self, plan: GraphPlan, out: list[Any], extra: list[Any], in_ids: list[int]) -> None:
+        writer = self.writer
+        ctx = self.context
+        eager = self.eager
+        step = ctx.step
+        wmode = plan.mode
+        summaries: Any
+        outputs: Any = ()
+        if wmode == TensorDebugMode.NO_TENSOR:
+            summaries = None
+        elif wmode == TensorDebugMode.FULL_TENSOR:
+            summaries = [full_value(t) for t in extra]
+            outputs = [summaries[i] if i >= 0 else None for i in plan.output_traces]
+        else:
+            call = _CallSummaries(plan, extra[0] if extra else None)
+            summaries = call
+            outputs = _OutputSummaries(call, plan.output_traces)
+        if plan.traces:
+            writer.write_traces(
+                plan.graph_id,
+                plan.op_names,
+                plan.slots,
+                summaries,
+                device_name=plan.device_name,
+                step=step,
+            )
+        tensors = [t for t in out if isinstance(t, torch.Tensor)]
+        if isinstance(outputs, _OutputSummaries):
+            outputs._rows = [
+                r
+                for r, t in zip(plan.output_traces, out, strict=False)
+                if isinstance(t, torch.Tensor)
+            ]
+        elif isinstance(outputs, list):
+            outputs = [s for s, t in zip(outputs, out, strict=False) if isinstance(t, torch.Tensor)]
+        node = torch._C._current_autograd_node()
+        phase = ctx.phase(node)
+        eager.sync()  # the eager ops recorded before this call go first
+        writer.write_execution(
+            ExecutionEvent(
+                op_type=plan.graph_name,
+                output_tensor_ids=[eager.ids.new(t) for t in tensors],
+                input_tensor_ids=in_ids,
+                output_device_ids=[
+                    eager.cpu_device if t.is_cpu else eager.device_id(t) for t in tensors
+                ],
+                summaries=outputs,
+                input_summaries=(),
+                num_outputs=len(tensors),
+                graph_id=plan.graph_id,
+                stack=writer.capture_stack(),
+                module_path=ctx.module_path() if phase != Phase.BACKWARD else "",
+                phase=phase,
+                step=step,
+            )
+        )
+
+
+class _CallSummaries:
+    """One graph call's summaries: resolved once, on the writer thread."""
+
+    __slots__ = ("_event", "_host", "_matrix", "_plan")
+
+    def __init__(self, plan: GraphPlan, extra: torch.Tensor | None) -> None:
+        self._plan = plan
+        self._event: Any = None
+        self._matrix: np.ndarray | None = None
+        if extra is not None and extra.is_cuda:
+            host = torch.empty(extra.shape, dtype=extra.dtype, pin_memory=True)
+            host.copy_(extra, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            extra = host
+        elif extra is not None and not extra.is_cpu:
+            extra = extra.cpu()
+        self._host = extra
+
+    def resolve(self) -> np.ndarray:
+        if self._matrix is None:
+            if self._event is not None:
+                self._event.synchronize()  # the writer thread waits, never the training thread
+            counts = None if self._host is None else self._host.numpy()
+            self._matrix = self._plan.matrix(counts)
+        return self._matrix
+
+
+class _OutputSummaries:
+    """The summaries of a graph call's outputs (its ``Execution``), rows of the traces' matrix."""
+
+    __slots__ = ("_call", "_rows")
+
+    def __init__(self, call: _CallSummaries, rows: list[int]) -> None:
+        self._call = call
+        self._rows = rows
+
+    def resolve(self) -> list[np.ndarray | None]:
+        m = self._call.resolve()
+        return [m[r].copy() if r >= 0 else None for r in self._rows]

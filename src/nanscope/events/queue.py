@@ -1,0 +1,133 @@
+"""What the writer's queue carries: one small typed record per kind of item.
+
+Producers (any thread) append these to :class:`nanscope.events.writer.DumpWriter`'s
+queue; its background thread takes them off in order and dispatches on their
+type. They are ``NamedTuple`` classes: as cheap to build as the plain tuples
+they replace, immutable, and with named fields.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
+
+
+class EncodedExecution(NamedTuple):
+    """One execution that a backend turned into its record before handing it over.
+
+    The health fields are those of :func:`nanscope.format.health.index_row`
+    (``-1`` where unknown). The native recorder's C++ encoder builds plain
+    tuples in exactly this field order (a ``NamedTuple`` per record would cost
+    its drain thread about a microsecond each), so the writer reads records
+    by position, which serves both.
+    """
+
+    payload: bytes  # the DebugEvent, not framed yet
+    op_type: str
+    graph_id: str
+    num_outputs: int
+    wall_time: float
+    step: int
+    sequence: int
+    size: int
+    neg_inf: int
+    pos_inf: int
+    nan: int
+    nonfinite: int
+    phase: int
+    device: int  # the writer's id of the first output's device (0: none)
+
+
+class QueuedExecution(NamedTuple):
+    """An execution event, encoded on the writer thread."""
+
+    event: ExecutionEvent
+    sequence: int
+    wall_time: float
+
+
+class EncodedExecutions(NamedTuple):
+    """Executions already encoded by the producer (see :class:`EncodedExecution`)."""
+
+    records: Sequence[EncodedExecution]
+
+
+class QueuedTrace(NamedTuple):
+    """One graph execution trace."""
+
+    event: TraceEvent
+    sequence: int
+    wall_time: float
+
+
+class GraphCallTraces(NamedTuple):
+    """One graph call's traces: row ``i`` of ``summaries`` belongs to ``op_names[i]``."""
+
+    graph_id: str
+    op_names: Sequence[str]
+    output_slots: Sequence[int]
+    summaries: Any  # an array, an object with resolve(), a list of arrays or None
+    device_name: str
+    step: int
+    first_sequence: int
+    wall_time: float
+
+
+class NewSourceFile(NamedTuple):
+    """A file seen for the first time in a stack (``snapshot``: record its lines)."""
+
+    file_index: int
+    path: str
+    snapshot: bool
+
+
+class NewStackFrame(NamedTuple):
+    """A ``(file, line, function)`` frame seen for the first time."""
+
+    frame_id: str
+    file_index: int
+    line: int
+    func: str
+
+
+class QueuedGraph(NamedTuple):
+    graph: Graph
+    wall_time: float
+
+
+class QueuedGraphOp(NamedTuple):
+    op: GraphOp
+    wall_time: float
+
+
+class NewDevice(NamedTuple):
+    name: str
+    device_id: int
+
+
+class FlushRequest(NamedTuple):
+    """Write what came before to the files, then set ``done``."""
+
+    done: threading.Event
+
+
+class CloseRequest(NamedTuple):
+    """Stop the writer thread (the files are closed after what came before)."""
+
+
+QueueItem = (
+    QueuedExecution
+    | EncodedExecutions
+    | QueuedTrace
+    | GraphCallTraces
+    | NewSourceFile
+    | NewStackFrame
+    | QueuedGraph
+    | QueuedGraphOp
+    | NewDevice
+    | FlushRequest
+    | CloseRequest
+)
