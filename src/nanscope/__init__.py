@@ -13,7 +13,7 @@ from nanscope.api import (
     enable_dump_debug_info,
 )
 from nanscope.errors import NonFiniteError
-from nanscope.events.writer import DumpWriter
+from nanscope.events import DumpWriter
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import DumpReader, open_dump

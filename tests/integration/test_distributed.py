@@ -31,7 +31,7 @@ import pytest
 
 from nanscope import analysis, open_dump
 from nanscope.cli import main
-from nanscope.events import writer
+from nanscope.events import _writer as writer
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
 from nanscope.server.api import ROUTES
 from nanscope.server.query import Query

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanscope.events import wire
+from nanscope.events import _wire as wire
 from nanscope.format import files, records
 from nanscope.format.health import of_summary as health
 from nanscope.format.modes import TensorDebugMode, parse_mode, shape_from_summary

@@ -42,7 +42,7 @@ TOP_LEVEL = [
     "open_dump",
 ]
 # Library packages: their modules are private, their __init__ re-exports the API.
-LIBRARY_PACKAGES = ("nanscope.reader", "nanscope.analysis", "nanscope.report")
+LIBRARY_PACKAGES = ("nanscope.reader", "nanscope.analysis", "nanscope.report", "nanscope.events")
 
 
 def test_public_names_are_deliberate() -> None:

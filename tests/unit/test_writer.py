@@ -10,7 +10,7 @@ import pytest
 
 import nanscope
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase, TraceEvent
-from nanscope.events.encode import Encoder
+from nanscope.events._encode import Encoder
 from nanscope.format import files
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb

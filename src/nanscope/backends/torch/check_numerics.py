@@ -29,7 +29,7 @@ from nanscope.backends.torch.dispatch import InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Frame, NonFiniteError
-from nanscope.events.model import Phase
+from nanscope.events import Phase
 
 
 def user_frame(frame: FrameType | None) -> Frame | None:

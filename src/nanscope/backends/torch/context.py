@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nanscope.events.model import Phase
-from nanscope.events.streams import StringTable
+from nanscope.events import Phase
+from nanscope.format.strings import StringTable
 
 
 class _Local(threading.local):
@@ -114,7 +114,7 @@ class RunContext:
 
     def module_index(self, path: str) -> int:
         """A small number for a module path (see ``module_names``)."""
-        return self._module_table.id(path)
+        return self._module_table.intern(path)
 
     @property
     def module_names(self) -> list[str]:

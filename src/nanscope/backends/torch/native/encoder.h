@@ -1,7 +1,7 @@
 #pragma once
 // The record encoder: a recorded event as the bytes of its DebugEvent record
 // (an Execution), in canonical protobuf encoding written by hand, byte for
-// byte what nanscope.events.encode writes (tests compare the two). Python
+// byte what nanscope.events._encode writes (tests compare the two). Python
 // then only frames and files the records, instead of building a message per
 // op. Pieces that depend on Python-side tables (stacks' code locations,
 // module paths, device ids) come from the Python side once each and are

@@ -31,7 +31,7 @@ from nanscope.backends.torch.recorders.base import (
 )
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, summarize_host
 from nanscope.backends.torch.suspension import never_record_this_thread
-from nanscope.events import DumpWriter, ExecutionEvent, Phase, lifecycle
+from nanscope.events import DumpWriter, ExecutionEvent, Phase, register_source, unregister
 from nanscope.format.modes import SUMMARY_LENGTH
 
 _PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
@@ -116,7 +116,7 @@ class NativeRecorder(RecorderBase):
         self._closed = False
         # Closed before the writer at exit, so that the last events reach it,
         # and so that no thread waits in C++ while the interpreter shuts down.
-        lifecycle.register_source(self)
+        register_source(self)
 
     # -- called by the C++ half (with the GIL) -----------------------------------------------
 
@@ -285,7 +285,7 @@ class NativeRecorder(RecorderBase):
         if self._closed:
             return
         self._closed = True
-        lifecycle.unregister(self)
+        unregister(self)
         self.lib.stop()
         self._stop.set()
         self._thread.join(timeout=30)

@@ -1,7 +1,7 @@
 """The framework-neutral event model that every backend reports into.
 
 Backends (PyTorch, JAX, TensorFlow glue) describe what ran with these plain
-objects and hand them to :class:`nanscope.events.writer.DumpWriter`. They
+objects and hand them to :class:`nanscope.events._writer.DumpWriter`. They
 carry no framework types: summaries are numpy vectors (or a deferred
 :class:`Pending` whose values are fetched later, e.g. from a GPU buffer,
 on the writer's thread).
@@ -42,7 +42,7 @@ class ExecutionEvent:
     ``summaries`` has one entry per output, in the writer's tensor debug mode
     (``None`` for an output that the mode or the filters skip; a full array in
     FULL_TENSOR mode). ``stack`` and ``forward_stack`` are stack ids from
-    :meth:`nanscope.events.stacks.StackInterner.intern`.
+    :meth:`nanscope.events._stacks.StackInterner.intern`.
     """
 
     op_type: str

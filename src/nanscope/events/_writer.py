@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from nanscope._version import __version__
-from nanscope.events import lifecycle
-from nanscope.events.encode import Encoder, resolve
-from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
-from nanscope.events.queue import (
+from nanscope.events import _lifecycle as lifecycle
+from nanscope.events._encode import Encoder, resolve
+from nanscope.events._model import ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.events._queue import (
     CloseRequest,
     EncodedExecution,
     EncodedExecutions,
@@ -44,8 +44,8 @@ from nanscope.events.queue import (
     QueuedTrace,
     QueueItem,
 )
-from nanscope.events.stacks import SnapshotPolicy, StackInterner, read_source_lines
-from nanscope.events.streams import AppendFile, EventStream
+from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
+from nanscope.events._streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
 from nanscope.format.health import UNKNOWN_ROW, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
@@ -318,7 +318,7 @@ class DumpWriter:
     def write_encoded_executions(self, produce: Callable[[int], Sequence[EncodedExecution]]) -> int:
         """Enqueue executions a backend encoded itself; returns how many.
 
-        ``produce(first)`` returns :class:`~nanscope.events.queue.EncodedExecution`
+        ``produce(first)`` returns :class:`~nanscope.events._queue.EncodedExecution`
         records numbered from sequence ``first`` (or tuples in its field order).
         It runs under the writer's sequence lock.
         """
@@ -551,7 +551,7 @@ class DumpWriter:
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         st = self._executions.strings
-        row = (st.id(ev.op_type), st.id(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
+        row = (st.intern(ev.op_type), st.intern(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
         # The spec is what _encode_execution turns into the record, at flush time.
         self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
@@ -563,7 +563,7 @@ class DumpWriter:
         # By position: the native recorder hands over plain tuples in EncodedExecution's order.
         for (payload, op_type, graph_id, num_outputs, wall, step, seq, size, neg_inf, pos_inf, nan,
              nonfinite, phase, device) in records:  # fmt: skip
-            row = (st.id(op_type), st.id(graph_id), num_outputs, wall, step, seq, size, neg_inf,
+            row = (st.intern(op_type), st.intern(graph_id), num_outputs, wall, step, seq, size, neg_inf,
                    pos_inf, nan, nonfinite, phase, device)  # fmt: skip
             add(frame(payload), row, nonfinite == 1)
         self.stats.executions += len(records)
@@ -571,7 +571,7 @@ class DumpWriter:
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
         st = self._traces.strings
-        row = (st.id(ev.op_name), st.id(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
+        row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
         self.stats.traces += 1
@@ -608,12 +608,12 @@ class DumpWriter:
         )
         stream = self._traces
         st = stream.strings
-        gid = st.id(graph_id)
+        gid = st.intern(graph_id)
         if not stream.circular:
             # Unbounded: the whole call goes to the file together, rows built at once.
             n = len(payloads)
             rows = np.zeros(n, dtype=sidecar.ROW_DTYPE)
-            rows["name"] = [st.id(name) for name in op_names]
+            rows["name"] = [st.intern(name) for name in op_names]
             rows["graph"] = gid
             rows["slot"] = slots
             rows["wall_time"] = wall
@@ -628,7 +628,7 @@ class DumpWriter:
         for i, (payload, (size, ni, pi, nn, nf)) in enumerate(
             zip(payloads, health.tolist(), strict=True)
         ):
-            add((payload,), (st.id(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
+            add((payload,), (st.intern(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
                           nn, nf, 0, 0), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)
 

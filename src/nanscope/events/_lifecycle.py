@@ -61,6 +61,7 @@ def register_source(source: Source) -> None:
 
 
 def unregister(item: Writer | Source) -> None:
+    """Forget a writer or source (it was closed by its owner)."""
     with _lock:
         _writers.discard(item)
         _sources.discard(item)

@@ -17,7 +17,7 @@ from types import CodeType, FrameType
 from typing import Literal
 
 from nanscope._paths import is_library_file, is_nanscope_file
-from nanscope.events.queue import NewSourceFile, NewStackFrame
+from nanscope.events._queue import NewSourceFile, NewStackFrame
 
 SnapshotPolicy = Literal["user", "all", "none"]
 

@@ -21,6 +21,7 @@ import numpy as np
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.records import frame
+from nanscope.format.strings import StringTable
 
 # Row tuples in the order of sidecar.ROW_DTYPE without offset and length:
 # (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf, nan,
@@ -56,25 +57,6 @@ class AppendFile:
         if not self._fh.closed:
             self._fh.flush()
             self._fh.close()
-
-
-class StringTable:
-    def __init__(self) -> None:
-        self.index: dict[str, int] = {"": 0}
-        self.strings: list[str] = [""]
-        self.flushed = 1
-
-    def id(self, value: str) -> int:
-        i = self.index.get(value)
-        if i is None:
-            i = self.index[value] = len(self.strings)
-            self.strings.append(value)
-        return i
-
-    def take_new(self) -> list[str]:
-        new = self.strings[self.flushed :]
-        self.flushed = len(self.strings)
-        return new
 
 
 class _Batch:

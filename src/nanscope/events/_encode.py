@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nanscope.events import wire
-from nanscope.events.model import ExecutionEvent, Pending, TraceEvent
+from nanscope.events import _wire as wire
+from nanscope.events._model import ExecutionEvent, Pending, TraceEvent
 from nanscope.format.health import IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import array_to_proto

@@ -1,6 +1,6 @@
 """What the writer's queue carries: one small typed record per kind of item.
 
-Producers (any thread) append these to :class:`nanscope.events.writer.DumpWriter`'s
+Producers (any thread) append these to :class:`nanscope.events._writer.DumpWriter`'s
 queue; its background thread takes them off in order and dispatches on their
 type. They are ``NamedTuple`` classes: as cheap to build as the plain tuples
 they replace, immutable, and with named fields.
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from nanscope.events.model import ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.events._model import ExecutionEvent, Graph, GraphOp, TraceEvent
 
 
 class EncodedExecution(NamedTuple):
