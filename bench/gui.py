@@ -43,29 +43,40 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from dump_reads import PAGE
+from harness import BENCH, ChildFailed, child_env, fmt_ratio, run_child, table_head
+
 TB_RUN = "__default_debugger_run__"
-PAGE = 200
 
 
 def bin_of(name: str) -> list[str]:
+    """The command of one of the venv's scripts (``python -m NAME`` where it has none)."""
     script = Path(sys.executable).parent / name
     return [str(script)] if script.exists() else [sys.executable, "-m", name]
 
 
 def ensure_dump(dump: Path, traces: int, executions: int) -> None:
+    """Write bench/reader.py's dump to ``dump`` (in its writer child), unless it is there."""
     if any(dump.glob("*.metadata")):
         print(f"reusing {dump}", file=sys.stderr)
         return
     print(f"writing {traces:,} traces and {executions:,} executions to {dump} ...", file=sys.stderr)
-    subprocess.run(
-        [sys.executable, str(HERE / "reader.py"), "--child", "write", str(dump), str(traces),
-         str(executions)],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    cfg = {"dump": str(dump), "traces": traces, "executions": executions}
+    try:
+        run_child(
+            "reader",
+            "write",
+            cfg,
+            label=f"reader write {dump}",
+            capture_stderr=False,
+            script=BENCH / "reader.py",
+        )
+    except ChildFailed as exc:
+        exc.exit()
 
 
 def get(url: str, timeout: float = 600.0) -> tuple[float, Any]:
+    """GET ``url``: seconds taken, and the body (decoded when JSON)."""
     t = time.perf_counter()
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         body = resp.read()
@@ -75,6 +86,7 @@ def get(url: str, timeout: float = 600.0) -> tuple[float, Any]:
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop a server started in its own process group, and its children."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -102,6 +114,7 @@ def start_nanscope(dump: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 def nanscope_round(dump: Path, rng: random.Random) -> dict[str, Any]:
+    """One cold start of ``nanscope serve``: seconds to the alerts, then the other requests."""
     t0 = time.perf_counter()
     proc, url = start_nanscope(dump)
     try:
@@ -143,15 +156,17 @@ def nanscope_round(dump: Path, rng: random.Random) -> dict[str, Any]:
 
 
 def free_port() -> int:
+    """A TCP port free on loopback now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def tensorboard_round(dump: Path, expected_alerts: int, budget: float) -> dict[str, Any]:
+    """One cold start of TensorBoard: seconds until its plugin reports every alert, and a page."""
     port = free_port()
     base = f"http://127.0.0.1:{port}/data/plugin/debugger-v2/"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env = child_env({"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [*bin_of("tensorboard"), "--logdir", str(dump), "--host", "127.0.0.1", "--port",
@@ -223,12 +238,14 @@ def browser_round(dump: Path) -> dict[str, Any]:
 
 
 def fmt(x: float | None, unit: str = "s") -> str:
+    """Seconds (or ``"ms"``) for the table, "did not finish" when missing."""
     if x is None:
         return "did not finish"
     return f"{x * 1000:.0f} ms" if unit == "ms" else f"{x:.2f} s"
 
 
 def main() -> int:
+    """The command line: the dump, the rounds, and the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=int, default=1_000_000)
     ap.add_argument("--executions", type=int, default=100_000)
@@ -251,13 +268,13 @@ def main() -> int:
     print(f"\nnanscope serve vs TensorBoard Debugger V2, {dump} "
           f"(median of {args.repeats} cold starts for nanscope)\n")  # fmt: skip
     print(f"headline: {ns[0]['headline']}\n")
-    print("| measure | nanscope | TensorBoard | TensorBoard / nanscope |")
-    print("|---|---|---|---|")
+    cols = ["measure", "nanscope", "TensorBoard", "TensorBoard / nanscope"]
+    print("\n".join(table_head(cols, numeric=False)))
     tb_alerts = tb["first_alerts"] if tb else None
-    ratio = f"{tb_alerts / med['first_alerts']:.1f}x" if tb_alerts else "-"
+    ratio = fmt_ratio(tb_alerts or None, med["first_alerts"], ".1f")
     print(f"| process start to alerts answered | {fmt(med['first_alerts'])} | {fmt(tb_alerts)} | {ratio} |")  # fmt: skip
     tb_page = tb["trace_page"] if tb else None
-    ratio = f"{tb_page / med['trace_page_median']:.1f}x" if tb_page else "-"
+    ratio = fmt_ratio(tb_page or None, med["trace_page_median"], ".1f")
     print(f"| page of {PAGE} traces (median) | {fmt(med['trace_page_median'], 'ms')} | {fmt(tb_page, 'ms')} | {ratio} |")  # fmt: skip
     for label, key in [("page of 200 traces (worst of 20)", "trace_page_max"),
                        ("page of 200 executions (median)", "exec_page_median"),

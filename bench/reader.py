@@ -11,6 +11,7 @@ reads it with nanscope and with TensorFlow's reader:
   until one has Inf/NaN counts);
 * ``page``: 200 decoded traces at offset 900,000 (scaled with ``--traces``).
 
+The read tasks are bench/dump_reads.py's (bench/scale.py times them too).
 Every child reports its import time separately; the read times exclude it.
 A ``cold`` time is open + query (what a user waits for after the imports).
 The table at the end is also what bench/RESULTS.md records.
@@ -29,27 +30,38 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import fmt_ratio, fmt_s, peak_rss_mib, source_state
+from dump_reads import PAGE, page_offset
+from harness import (
+    ChildFailed,
+    fmt_mib,
+    fmt_ratio,
+    fmt_s,
+    machine,
+    median_of,
+    run_timed,
+    send_result,
+    source_line,
+    source_state,
+    table_head,
+    table_row,
+    with_peak_memory,
+)
 
+HERE = Path(__file__).resolve()
 OPS_PER_CALL = 200
-PAGE = 200
 DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 # TensorFlow names graphs by uuid4 strings: use one of the same length.
 GRAPH_ID = "6f1d3e2a-9b4c-4e7f-8a15-2c3d4e5f6a7b"
 GRAPH_NAME = "__inference_train_step_123"
 OP_TYPES = ("MatMul", "BiasAdd", "Relu", "Mul")
 EAGER_TYPES = ("ReadVariableOp", "AssignAddVariableOp", "Mul", "AddV2", "Identity")
-RESULT_TAG = "BENCH-RESULT "
 
 
 # -- the plan both writer and checks agree on -------------------------------------------------
@@ -73,29 +85,6 @@ def bad_executions(n: int) -> dict[int, tuple[int, int, int]]:
     base = int(0.95 * n) + 10
     plan = {base: (1, 0, 0), base + 1: (0, 0, 4)}
     return {i: v for i, v in plan.items() if i < n}
-
-
-def page_offset(n: int) -> int:
-    return max(0, min(int(0.9 * n), n - PAGE))
-
-
-# -- measurement helpers (children) ----------------------------------------------------------
-
-
-def vm_hwm_mib() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
-
-
-def emit(result: dict) -> None:
-    result["peak_rss_mib"] = peak_rss_mib()
-    result["vm_hwm_mib"] = vm_hwm_mib()
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # -- child: write the dump ---------------------------------------------------------------------
@@ -140,7 +129,9 @@ def open_writer(dump: str, names: list[str]) -> tuple[Any, dict[str, float], int
     return w, blocked, stack
 
 
-def child_write(dump: str, n_traces: int, n_execs: int) -> None:
+def child_write(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Write the dump with ``write_traces`` batches (a child); returns the writer's figures."""
+    dump, n_traces, n_execs = cfg["dump"], cfg["traces"], cfg["executions"]
     t0 = time.perf_counter()
     import numpy as np
 
@@ -234,7 +225,7 @@ def child_write(dump: str, n_traces: int, n_execs: int) -> None:
     t = perf()
     w.close()
     close_s = perf() - t
-    emit(
+    return with_peak_memory(
         {
             "import_s": import_s,
             "traces": trace_index,
@@ -257,8 +248,9 @@ def child_write(dump: str, n_traces: int, n_execs: int) -> None:
     )
 
 
-def child_write_single(dump: str, n_traces: int) -> None:
+def child_write_single(cfg: dict[str, Any]) -> dict[str, Any]:
     """``write_trace`` one event at a time (the slow path a per-op hook would use)."""
+    dump, n_traces = cfg["dump"], cfg["traces"]
     import numpy as np
 
     from nanscope.events import TraceEvent
@@ -293,7 +285,7 @@ def child_write_single(dump: str, n_traces: int) -> None:
     flushed = w.flush(timeout=None)
     flush_s = perf() - t
     w.close()
-    emit(
+    return with_peak_memory(
         {
             "traces": n_traces,
             "loop_s": loop_s,
@@ -308,87 +300,12 @@ def child_write_single(dump: str, n_traces: int) -> None:
     )
 
 
-# -- child: read the dump ----------------------------------------------------------------------
-
-
-def child_read(impl: str, task: str, dump: str, n_traces: int) -> None:
-    offset = page_offset(n_traces)
-    perf = time.perf_counter
-    t0 = perf()
-    if impl == "nanscope":
-        import nanscope
-
-        mod = nanscope
-    else:
-        from tensorflow.python.debug.lib.debug_events_reader import DebugDataReader
-
-        mod = None
-    import_s = perf() - t0
-    rss_import = peak_rss_mib()
-    out: dict = {
-        "impl": impl,
-        "task": task,
-        "import_s": import_s,
-        "rss_after_import_mib": rss_import,
-    }
-    if impl == "nanscope" and task != "import":
-        out["sidecar_used"] = None  # filled in below
-    if task == "import":
-        emit(out)
-        return
-
-    t = perf()
-    if impl == "nanscope":
-        r = mod.open_dump(dump)  # type: ignore[union-attr]
-        out["num_traces"] = r.num_graph_execution_traces()
-        out["num_executions"] = r.num_executions()
-        # The index came from the sidecar when no record had to be decoded.
-        out["sidecar_used"] = r.decoded_for_index() == 0
-    else:
-        r = DebugDataReader(dump)
-        r.update()
-        out["num_traces"] = r.num_graph_execution_traces()
-        out["num_executions"] = r.num_executions()
-    out["open_s"] = perf() - t
-
-    t = perf()
-    if task == "first":
-        if impl == "nanscope":
-            ref = r.first_nonfinite("graph_execution_trace")
-            tr = r.trace(ref.index) if ref is not None else None
-            out["index"] = ref.index if ref is not None else None
-            out["op_name"] = tr.op_name if tr is not None else None
-            out["value"] = tr.debug_tensor_value.tolist() if tr is not None else None
-        else:
-            found = None
-            for i, digest in enumerate(r.graph_execution_traces(digest=True)):
-                tr = r.read_graph_execution_trace(digest)
-                v = tr.debug_tensor_value
-                if v is not None and v[5] + v[6] + v[7] > 0:
-                    found = (i, tr)
-                    break
-            out["index"] = found[0] if found else None
-            out["op_name"] = found[1].op_name if found else None
-            out["value"] = list(found[1].debug_tensor_value) if found else None
-    elif task == "page":
-        if impl == "nanscope":
-            page = r.traces(offset, offset + PAGE)
-            values = [p.debug_tensor_value.tolist() for p in page]
-        else:
-            page = r.graph_execution_traces(begin=offset, end=offset + PAGE)
-            values = [list(p.debug_tensor_value) for p in page]
-        out["count"] = len(page)
-        out["first_op"] = page[0].op_name if page else None
-        out["checksum"] = float(sum(sum(v) for v in values))
-    out["query_s"] = perf() - t
-    out["cold_s"] = out["open_s"] + out["query_s"]
-    emit(out)
-
-
 # -- child: bytes per trace with TensorFlow's own names ---------------------------------------
 
 
-def child_tf_bytes(workdir: str) -> None:
+def child_tf_bytes(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Bytes per trace of a small TensorFlow dump, and of the same traces written by nanscope."""
+    workdir = cfg["workdir"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
@@ -442,7 +359,7 @@ def child_tf_bytes(workdir: str) -> None:
         )
     wr.close()
     [ns_path] = [str(p) for p in Path(ns_dir).glob("*.graph_execution_traces")]
-    emit(
+    return with_peak_memory(
         {
             "records": len(traces),
             "tf_bytes": tf_size,
@@ -456,32 +373,31 @@ def child_tf_bytes(workdir: str) -> None:
     )
 
 
+CHILDREN = {"write": child_write, "write_single": child_write_single, "tf_bytes": child_tf_bytes}
+
+
 # -- the parent --------------------------------------------------------------------------------
 
 
-def run_child(args: list[str], label: str) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", *args]
+def run_child(module: str, kind: str, cfg: dict[str, Any], label: str) -> dict[str, Any]:
+    """One child, its progress on stderr; stops the benchmark if it fails.
+
+    This file's own children (the writers) run as ``python bench/reader.py
+    --child``, so that the stack the dump records is this script's.
+    """
     print(f"  [{time.strftime('%H:%M:%S')}] {label} ...", end="", flush=True, file=sys.stderr)
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if proc.returncode != 0 or not lines:
+    script = HERE if module == "reader" else None
+    try:
+        result = run_timed(module, kind, cfg, label=label, script=script)
+    except ChildFailed as exc:
         print(" FAILED", file=sys.stderr)
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"child {label} failed (exit {proc.returncode})")
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
-    result["wall_s"] = wall
-    print(f" {wall:.1f}s", file=sys.stderr, flush=True)
+        exc.exit()
+    print(f" {result['wall_s']:.1f}s", file=sys.stderr, flush=True)
     return result
 
 
-def med(results: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in results)
-
-
 def main() -> int:
+    """The command line: write the dump, read it with both readers, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=int, default=1_000_000)
     ap.add_argument("--executions", type=int, default=100_000)
@@ -502,23 +418,11 @@ def main() -> int:
         default=None,
         help="events for the write_trace test (default --traces)",
     )
-    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "CFG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-
     if args.child:
-        kind, rest = args.child[0], args.child[1:]
-        if kind == "write":
-            child_write(rest[0], int(rest[1]), int(rest[2]))
-        elif kind == "write_single":
-            child_write_single(rest[0], int(rest[1]))
-        elif kind == "read":
-            child_read(rest[0], rest[1], rest[2], int(rest[3]))
-        elif kind == "tf_bytes":
-            child_tf_bytes(rest[0])
-        else:
-            raise SystemExit(f"unknown child {kind}")
+        send_result(CHILDREN[args.child[0]](json.loads(args.child[1])))
         return 0
-
     tmp = tempfile.mkdtemp(prefix="nanscope-bench-", dir="/tmp")
     dump = args.keep or os.path.join(tmp, "dump")
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -529,6 +433,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
+    """The benchmark in ``tmp``, on ``dump``; the exit status (1 when a check failed)."""
     n, e = args.traces, args.executions
     start_state = source_state()
     n_single = n if args.single is None else min(n, args.single)
@@ -540,9 +445,16 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
     if reused:
         print("  reusing the existing dump (writer rows come from no run)", file=sys.stderr)
     else:
-        write = run_child(["write", dump, str(n), str(e)], f"write {n:,} traces (write_traces)")
+        write = run_child(
+            "reader",
+            "write",
+            {"dump": dump, "traces": n, "executions": e},
+            f"write {n:,} traces (write_traces)",
+        )
     single = run_child(
-        ["write_single", os.path.join(tmp, "single"), str(n_single)],
+        "reader",
+        "write_single",
+        {"dump": os.path.join(tmp, "single"), "traces": n_single},
         f"write {n_single:,} traces (write_trace)",
     )
     shutil.rmtree(os.path.join(tmp, "single"), ignore_errors=True)
@@ -550,11 +462,17 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
     [trace_file] = list(Path(dump).glob("*.graph_execution_traces"))
     ns_trace_bytes = trace_file.stat().st_size
     ns_index_bytes = Path(str(trace_file) + ".nsidx").stat().st_size
-    tf_bytes = None if args.skip_tf else run_child(["tf_bytes", tmp], "TF small dump (bytes/trace)")
+    tf_bytes = (
+        None
+        if args.skip_tf
+        else run_child("reader", "tf_bytes", {"workdir": tmp}, "TF small dump (bytes/trace)")
+    )
 
     impls = ["nanscope"] if args.skip_tf else ["nanscope", "tensorflow"]
     tasks = ["import", "open", "first", "page"]
-    results: dict[tuple[str, str], list[dict]] = {(i, t): [] for i in impls for t in tasks}
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {
+        (i, t): [] for i in impls for t in tasks
+    }
     tf_once = False
     for rep in range(args.repeats):
         round_tf = 0.0
@@ -562,10 +480,8 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
             for impl in impls:
                 if impl == "tensorflow" and tf_once:
                     continue
-                res = run_child(
-                    ["read", impl, task, dump, str(n)],
-                    f"round {rep + 1}: {impl} {task}",
-                )
+                cfg = {"impl": impl, "task": task, "dump": dump, "traces": n}
+                res = run_child("dump_reads", "read", cfg, f"round {rep + 1}: {impl} {task}")
                 results[(impl, task)].append(res)
                 if impl == "tensorflow":
                     round_tf += res["wall_s"]
@@ -606,8 +522,12 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
 
     # -- the table ----------------------------------------------------------------------------
     def cell(impl: str, task: str, key: str) -> float | None:
-        rs = results.get((impl, task))
-        return med(rs, key) if rs else None
+        return median_of(results.get((impl, task), []), key)
+
+    def measured(impl: str, task: str, key: str) -> float:
+        value = cell(impl, task, key)
+        assert value is not None, f"{impl} {task}: no {key}"
+        return value
 
     def reps(impl: str) -> str:
         rs = results.get((impl, "open"))
@@ -623,16 +543,12 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
         else f"Dump: {n:,} traces, {e:,} executions"
     )
     add(
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"medians of {reps('nanscope')} (nanscope) / {reps('tensorflow') if has_tf else 0} (TF) "
+        f"Machine: {machine()}; medians of {reps('nanscope')} (nanscope) / {reps('tensorflow') if has_tf else 0} (TF) "
         "fresh subprocesses per task; dump in the page cache (warm)"
     )
     add("Times exclude the import of the reader's package (own row); 'cold' = open + query.")
     add("Peak RSS = ru_maxrss of the child (includes the imports).")
-    end_state = source_state()
-    add(f"Source: {start_state}")
-    if end_state != start_state:
-        add(f"WARNING: the source changed during the run; at the end: {end_state}")
+    add(source_line(start_state, source_state()))
     used = {
         r.get("sidecar_used") for t in ("open", "first", "page") for r in results[("nanscope", t)]
     }
@@ -640,68 +556,25 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
         f"nanscope index built from the .nsidx sidecar: {', '.join(str(u) for u in sorted(used, key=str))}"
     )
     add("")
-    add("| Task | nanscope | TensorFlow | TF / nanscope |")
-    add("|---|---:|---:|---:|")
+    lines += table_head(["Task", "nanscope", "TensorFlow", "TF / nanscope"])
 
-    def row(label: str, ns: float | None, tf: float | None, unit: str = "s") -> None:
-        if unit == "s":
-            add(
-                f"| {label} | {fmt_s(ns)} | {fmt_s(tf) if has_tf else '-'} | "
-                f"{fmt_ratio(tf, ns) if has_tf else '-'} |"
-            )
-        else:
-            add(
-                f"| {label} | {ns:,.0f} | {f'{tf:,.0f}' if has_tf and tf is not None else '-'} | "
-                f"{fmt_ratio(tf, ns) if has_tf else '-'} |"
-            )
+    def row(label: str, task: str, field: str, unit: str = "s") -> None:
+        """A task's figure for both readers, side by side, and TensorFlow's over nanscope's."""
+        fmt = fmt_s if unit == "s" else fmt_mib
+        ns, tf = cell("nanscope", task, field), cell("tensorflow", task, field)
+        add(table_row([label, fmt(ns), *([fmt(tf), fmt_ratio(tf, ns)] if has_tf else ["-", "-"])]))
 
-    tfi = "tensorflow"
-    row("import (s)", cell("nanscope", "import", "import_s"), cell(tfi, "import", "import_s"))
-    row(
-        "RSS after import (MiB)",
-        cell("nanscope", "import", "peak_rss_mib"),
-        cell(tfi, "import", "peak_rss_mib"),
-        "MiB",
-    )
-    row("open + index (s)", cell("nanscope", "open", "open_s"), cell(tfi, "open", "open_s"))
-    row(
-        "open + index: peak RSS (MiB)",
-        cell("nanscope", "open", "peak_rss_mib"),
-        cell(tfi, "open", "peak_rss_mib"),
-        "MiB",
-    )
-    row(
-        "first non-finite: query (s)",
-        cell("nanscope", "first", "query_s"),
-        cell(tfi, "first", "query_s"),
-    )
-    row(
-        "first non-finite: cold, open + query (s)",
-        cell("nanscope", "first", "cold_s"),
-        cell(tfi, "first", "cold_s"),
-    )
-    row(
-        "first non-finite: peak RSS (MiB)",
-        cell("nanscope", "first", "peak_rss_mib"),
-        cell(tfi, "first", "peak_rss_mib"),
-        "MiB",
-    )
-    row(
-        f"page of {PAGE} at {page_offset(n):,}: query (s)",
-        cell("nanscope", "page", "query_s"),
-        cell(tfi, "page", "query_s"),
-    )
-    row(
-        f"page of {PAGE} at {page_offset(n):,}: cold, open + query (s)",
-        cell("nanscope", "page", "cold_s"),
-        cell(tfi, "page", "cold_s"),
-    )
-    row(
-        f"page of {PAGE}: peak RSS (MiB)",
-        cell("nanscope", "page", "peak_rss_mib"),
-        cell(tfi, "page", "peak_rss_mib"),
-        "MiB",
-    )
+    at = f"at {page_offset(n):,}"
+    row("import (s)", "import", "import_s")
+    row("RSS after import (MiB)", "import", "peak_rss_mib", "MiB")
+    row("open + index (s)", "open", "open_s")
+    row("open + index: peak RSS (MiB)", "open", "peak_rss_mib", "MiB")
+    row("first non-finite: query (s)", "first", "query_s")
+    row("first non-finite: cold, open + query (s)", "first", "cold_s")
+    row("first non-finite: peak RSS (MiB)", "first", "peak_rss_mib", "MiB")
+    row(f"page of {PAGE} {at}: query (s)", "page", "query_s")
+    row(f"page of {PAGE} {at}: cold, open + query (s)", "page", "cold_s")
+    row(f"page of {PAGE}: peak RSS (MiB)", "page", "peak_rss_mib", "MiB")
 
     bpt = ns_trace_bytes / n
     bpt_idx = (ns_trace_bytes + ns_index_bytes) / n
@@ -778,18 +651,19 @@ def run(args: argparse.Namespace, tmp: str, dump: str, started: str) -> int:
     # -- targets ------------------------------------------------------------------------------
     add("")
     add("Targets:")
-    cold = cell("nanscope", "first", "cold_s")
+    cold = measured("nanscope", "first", "cold_s")
     add(
         f"- nanscope first non-finite (cold, open + query, excl. import) < 2 s: "
         f"{cold:.3f} s -> {'PASS' if cold < 2 else 'FAIL'}"
     )
     if has_tf:
-        tcold = cell(tfi, "first", "cold_s")
+        tcold = measured("tensorflow", "first", "cold_s")
         add(
             f"- >= 10x faster than TF's reader (cold first non-finite): {tcold / cold:.1f}x -> "
             f"{'PASS' if tcold / cold >= 10 else 'FAIL'}"
         )
-        nm, tm = cell("nanscope", "first", "peak_rss_mib"), cell(tfi, "first", "peak_rss_mib")
+        nm = measured("nanscope", "first", "peak_rss_mib")
+        tm = measured("tensorflow", "first", "peak_rss_mib")
         add(
             f"- less memory than TF's reader (peak RSS, first non-finite): {nm:,.0f} vs {tm:,.0f} MiB -> "
             f"{'PASS' if nm < tm else 'FAIL'}"

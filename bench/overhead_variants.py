@@ -1,0 +1,89 @@
+"""The variants bench/overhead_torch.py compares, and the switches that turn each on and off."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+MODES = ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_TENSOR"]
+# "python:MODE": the same mode with the Python dispatch-mode recorder, the
+# fallback where the native recorder cannot be built.
+PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
+TORCH_VARIANTS = ["plain", *MODES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
+TF_VARIANTS = ["plain", *MODES, "check_numerics"]
+COMPILED_VARIANTS = ["plain", *MODES]
+STEADY_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", *PYTHON_RECORDER]
+
+
+class TorchVariant:
+    """Switches one PyTorch variant on and off (a fresh nanscope session each time)."""
+
+    def __init__(self, torch: Any, name: str, logdir: Path) -> None:
+        self.torch = torch
+        self.name = name
+        self.logdir = logdir
+        self.session: Any = None
+        self.anomaly: Any = None
+        self.executions = 0
+
+    def __enter__(self) -> TorchVariant:
+        import nanscope
+
+        if self.name in MODES:
+            self.session = nanscope.enable_dump_debug_info(
+                self.logdir, tensor_debug_mode=self.name, circular_buffer_size=1000
+            )
+        elif self.name in PYTHON_RECORDER:
+            os.environ["NANSCOPE_TORCH_RECORDER"] = "python"
+            try:
+                self.session = nanscope.enable_dump_debug_info(
+                    self.logdir,
+                    tensor_debug_mode=self.name.split(":")[1],
+                    circular_buffer_size=1000,
+                )
+            finally:
+                del os.environ["NANSCOPE_TORCH_RECORDER"]
+        elif self.name == "check_numerics":
+            nanscope.enable_check_numerics()
+        elif self.name == "detect_anomaly":
+            self.anomaly = self.torch.autograd.detect_anomaly()
+            self.anomaly.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import nanscope
+
+        if self.session is not None:
+            self.session.close()
+            self.executions = self.session.writer.stats.executions
+            self.session = None
+        elif self.name == "check_numerics":
+            nanscope.disable_check_numerics()
+        elif self.anomaly is not None:
+            self.anomaly.__exit__(None, None, None)
+            self.anomaly = None
+
+
+class TFVariant:
+    """Switches one TensorFlow variant (its Debugger V2 dump, or check_numerics) on and off."""
+
+    def __init__(self, tf: Any, name: str, logdir: Path) -> None:
+        self.tf = tf
+        self.name = name
+        self.logdir = logdir
+
+    def __enter__(self) -> TFVariant:
+        if self.name in MODES:
+            self.tf.debugging.experimental.enable_dump_debug_info(
+                str(self.logdir), tensor_debug_mode=self.name, circular_buffer_size=1000
+            )
+        elif self.name == "check_numerics":
+            self.tf.debugging.enable_check_numerics()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.name in MODES:
+            self.tf.debugging.experimental.disable_dump_debug_info()
+        elif self.name == "check_numerics":
+            self.tf.debugging.disable_check_numerics()
