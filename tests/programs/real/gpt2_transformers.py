@@ -4,6 +4,7 @@ on synthetic token sequences, with AdamW.
     python gpt2_transformers.py                      # float32: trains; the causal mask's -inf is benign
     python gpt2_transformers.py --dtype float16      # pure float16 (model.half()): AdamW's eps rounds
                                                      # to 0, so 0/0 = NaN in the update at the first step
+    python gpt2_transformers.py --dtype float16 --eps 1e-4   # an eps float16 can hold: stays finite
 
 The attention is transformers' default (``sdpa``): on CPU PyTorch runs SDPA's math path,
 which builds the causal mask with ``-inf`` on every forward.
