@@ -43,7 +43,7 @@ def _capture_by_id(self: Any, frame: Any = None, limit: int = 64) -> int:
     by instruction offset, the same frames left out). ``--breakdown`` uses it
     to show the gain.
     """
-    from nanscope.events import stacks
+    from nanscope.events import _stacks as stacks
 
     wrappers = getattr(stacks, "_WRAPPER_FILES", ())
     f = frame if frame is not None else sys._getframe(2)

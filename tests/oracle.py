@@ -60,6 +60,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -202,9 +203,10 @@ def _allocates_uninitialised(name: str) -> bool:
 
 
 def _clone_args(args: Any, kwargs: Any) -> tuple[Any, Any]:
-    return pytree.tree_map(
+    cloned: tuple[Any, Any] = pytree.tree_map(
         lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (args, kwargs)
     )
+    return cloned
 
 
 def _replayable(func: Any) -> bool:
@@ -222,7 +224,8 @@ def _replay_args(pristine: tuple[Any, Any], positions: set[int]) -> tuple[Any, A
             if i in positions:
                 x = torch.nan_to_num(x, nan=1.0, posinf=1.0, neginf=1.0)
         new.append(x)
-    return pytree.tree_unflatten(new, spec)
+    replayed: tuple[Any, Any] = pytree.tree_unflatten(new, spec)
+    return replayed
 
 
 def _nonfinite_masks(func: Any, args: Any, kwargs: Any, out: Any) -> list[tuple[torch.Tensor, ...]]:
@@ -247,7 +250,7 @@ class _Oracle(TorchDispatchMode):
     """Watches every op; keeps, per storage, the lineages whose non-finite values it holds."""
 
     def __init__(self, program_file: str) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's __init__ is unannotated
         self.program_file = str(Path(program_file).resolve())
         self.n = 0  # ops seen
         self.iteration = 0  # backward() calls so far
@@ -280,7 +283,7 @@ class _Oracle(TorchDispatchMode):
 
     def _line(self) -> int | None:
         """The innermost frame of the program file on the Python stack."""
-        f = sys._getframe(1)
+        f: FrameType | None = sys._getframe(1)
         while f is not None:
             if f.f_code.co_filename == self.program_file:
                 return f.f_lineno
