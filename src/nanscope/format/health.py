@@ -10,7 +10,7 @@ integer columns (:meth:`Health.index_row`, ``-1`` where the mode does not tell).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -86,17 +86,7 @@ class Health:
 
     def to_json(self) -> dict[str, Any]:
         """The counts as the report's and the API's JSON give them (``null`` where unknown)."""
-        return {
-            "size": self.size,
-            "neg_inf": self.neg_inf,
-            "pos_inf": self.pos_inf,
-            "nan": self.nan,
-            "neg": self.neg,
-            "zero": self.zero,
-            "pos": self.pos,
-            "dtype": self.dtype,
-            "any_nonfinite": self.any_nonfinite,
-        }
+        return asdict(self)
 
 
 UNKNOWN = Health()

@@ -74,6 +74,16 @@ class StackFrame:
                 "user": is_user_file(self.file_path) and not self.file_path.rpartition("/")[2].startswith("<")}  # fmt: skip
 
 
+def _row_json(
+    event: Execution | GraphExecutionTrace, health: Health, recorded: bool
+) -> dict[str, Any]:
+    """What every event's list row says: where it is, when it ran, and its health."""
+    return {"index": event.index, "process": event.process, "step": event.step,
+            "wall_time": event.wall_time, "graph_id": event.graph_id,
+            "nonfinite": health.any_nonfinite,
+            "counts": health.to_json() if recorded else None}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Execution:
     """One eager op or graph call (a ``.execution`` record), decoded."""
@@ -141,19 +151,9 @@ class Execution:
 
     def to_json(self) -> dict[str, Any]:
         """The execution as a list row: what ran, where, and its outputs' health."""
-        return {
-            "index": self.index,
-            "process": self.process,
-            "op_type": self.op_type,
-            "step": self.step,
-            "wall_time": self.wall_time,
-            "phase": PHASES.get(self.phase, ""),
-            "graph_id": self.graph_id,
-            "num_outputs": self.num_outputs,
-            "nonfinite": self.health.any_nonfinite,
-            "counts": self.health.to_json() if self.recorded else None,
-            "shape": self.shape,
-        }
+        return {**_row_json(self, self.health, self.recorded), "op_type": self.op_type,
+                "phase": PHASES.get(self.phase, ""), "num_outputs": self.num_outputs,
+                "shape": self.shape}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,21 +195,10 @@ class GraphExecutionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a list row: which graph op, where, and its health."""
-        return {
-            "index": self.index,
-            "process": self.process,
-            "op_name": self.op_name,
-            "op_type": self.op_type,
-            "output_slot": self.output_slot,
-            "graph_id": self.graph_id,
-            "graph_name": self.graph_name,
-            "step": self.step,
-            "wall_time": self.wall_time,
-            "device": self.device_name,
-            "nonfinite": self.health.any_nonfinite,
-            "counts": self.health.to_json() if self.recorded else None,
-            "shape": self.shape if self.debug_tensor_value is not None else None,
-        }
+        return {**_row_json(self, self.health, self.recorded), "op_name": self.op_name,
+                "op_type": self.op_type, "output_slot": self.output_slot,
+                "graph_name": self.graph_name, "device": self.device_name,
+                "shape": self.shape if self.debug_tensor_value is not None else None}  # fmt: skip
 
 
 @dataclass(frozen=True)

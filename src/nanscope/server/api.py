@@ -45,6 +45,21 @@ def _run(runs: RunSet, q: Query) -> Run:
         raise ApiError(404, str(exc)) from None
 
 
+def _reading(
+    handler: Callable[[Run, DumpReader, Query, Mapping[str, Any]], dict[str, Any]],
+) -> Route:
+    """A route over one run's reader: finds the run (404), opens it, and holds its lock."""
+
+    def route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+        run = _run(runs, q)
+        with run.lock:
+            return handler(run, _open(run), q, args)
+
+    route.__name__ = handler.__name__
+    route.__doc__ = handler.__doc__
+    return route
+
+
 def _open(run: Run) -> DumpReader:
     try:
         return run.reader()
@@ -119,44 +134,42 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
     return {"logdir": str(runs.logdir), "runs": out}
 
 
-def alerts_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader = _open(run)
+@_reading
+def alerts_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
 
-        process = q.process(reader)
+    process = q.process(reader)
 
-        def compute() -> dict[str, Any]:
-            a = count_alerts(reader, process)
-            categories = []
-            for cat in ("neg_inf", "pos_inf", "nan", "nonfinite"):
-                count, at = reader.first_where(cat, process=process)
-                where = {"kind": at.kind, "index": at.index} if at else None
-                categories.append({"category": cat, "count": count, "first": where})
-            first = categories.pop()["first"]
-            return {
-                "total": a.total,
-                "executions": a.executions,
-                "graph_execution_traces": a.graph_execution_traces,
-                "first": first,
-                "by_category": categories,
-                "by_op_type": a.by_op_type,
-                "by_step": a.by_step,
-            }
+    def compute() -> dict[str, Any]:
+        a = count_alerts(reader, process)
+        categories = []
+        for cat in ("neg_inf", "pos_inf", "nan", "nonfinite"):
+            count, at = reader.first_where(cat, process=process)
+            where = {"kind": at.kind, "index": at.index} if at else None
+            categories.append({"category": cat, "count": count, "first": where})
+        first = categories.pop()["first"]
+        return {
+            "total": a.total,
+            "executions": a.executions,
+            "graph_execution_traces": a.graph_execution_traces,
+            "first": first,
+            "by_category": categories,
+            "by_op_type": a.by_op_type,
+            "by_step": a.by_step,
+        }
 
-        return run.cached(("alerts", process), compute)
+    return run.cached(("alerts", process), compute)
 
 
-def analysis_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader = _open(run)
+@_reading
+def analysis_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
 
-        def compute() -> dict[str, Any]:
-            a = analyze(reader)
-            return {**a.to_json(), "headline": a.headline}
+    def compute() -> dict[str, Any]:
+        a = analyze(reader)
+        return {**a.to_json(), "headline": a.headline}
 
-        return run.cached("analysis", compute)
+    return run.cached("analysis", compute)
 
 
 def _row(reader: DumpReader, kind: str, i: int) -> dict[str, Any]:
@@ -168,24 +181,22 @@ def _row(reader: DumpReader, kind: str, i: int) -> dict[str, Any]:
 
 
 def _list(kind: str) -> Route:
-    def route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-        run = _run(runs, q)
-        with run.lock:
-            reader = _open(run)
-            selected = _filtered(run, reader, kind, q)
-            total = reader.num(kind) if selected is None else len(selected)
-            begin, end = q.page(total)
-            indices = range(begin, end) if selected is None else selected[begin:end].tolist()
-            out = {"begin": begin, "end": end, "total": total,
-                   "rows": [_row(reader, kind, i) for i in indices]}  # fmt: skip
-            at = q.optional_int("position_of", lo=0)
-            if at is not None:
-                # Where event ``at`` sits in this (filtered) list, or the next one after it.
-                pos = min(at, total) if selected is None else int(np.searchsorted(selected, at))
-                exact = pos < total and (selected is None or int(selected[pos]) == at)
-                out["position"] = pos if pos < total else None
-                out["exact"] = bool(exact)
-            return out
+    @_reading
+    def route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+        selected = _filtered(run, reader, kind, q)
+        total = reader.num(kind) if selected is None else len(selected)
+        begin, end = q.page(total)
+        indices = range(begin, end) if selected is None else selected[begin:end].tolist()
+        out = {"begin": begin, "end": end, "total": total,
+               "rows": [_row(reader, kind, i) for i in indices]}  # fmt: skip
+        at = q.optional_int("position_of", lo=0)
+        if at is not None:
+            # Where event ``at`` sits in this (filtered) list, or the next one after it.
+            pos = min(at, total) if selected is None else int(np.searchsorted(selected, at))
+            exact = pos < total and (selected is None or int(selected[pos]) == at)
+            out["position"] = pos if pos < total else None
+            out["exact"] = bool(exact)
+        return out
 
     return route
 
@@ -203,81 +214,75 @@ def _event_index(reader: DumpReader, kind: str, args: Mapping[str, Any]) -> int:
 
 
 def _detail(
-    run: Run, args: Mapping[str, Any], kind: str
-) -> tuple[DumpReader, ViewBuilder, EventView]:
-    """The run's reader and one event's view (404 when it is absent or cannot be decoded).
-
-    The caller holds the run's lock while it uses the reader.
-    """
-    reader = _open(run)
+    reader: DumpReader, args: Mapping[str, Any], kind: str
+) -> tuple[ViewBuilder, EventView]:
+    """One event's view (404 when it is absent or cannot be decoded)."""
     index = _event_index(reader, kind, args)
     views = ViewBuilder(reader, LOOKBACK)
     try:
-        return reader, views, views.view(kind, index)
+        return views, views.view(kind, index)
     except UNREADABLE as exc:
         name = kind.replace("_", " ")
         raise ApiError(404, f"{name} #{index} cannot be decoded: {exc}") from None
 
 
-def execution_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader, views, view = _detail(run, args, EXECUTIONS)
-        ex = reader.execution(view.index)
-        out = view.to_json()
-        out["stack"] = _stack_json(reader, ex.stack_frame_ids, ex.process)
-        out["outputs"] = ex.outputs_json()
-        out["input_tensor_ids"] = list(ex.input_tensor_ids)
-        out["output_tensor_ids"] = list(ex.output_tensor_ids)
-        fwd = views.by_sequence(ex.forward_sequence, ex.process) if ex.forward_sequence else None
-        out["forward_index"] = fwd.index if fwd is not None else None
-        out["consumers"] = consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
-        out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
-        out["graph"] = (
-            {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
-        )
-        return out
+@_reading
+def execution_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    views, view = _detail(reader, args, EXECUTIONS)
+    ex = reader.execution(view.index)
+    out = view.to_json()
+    out["stack"] = _stack_json(reader, ex.stack_frame_ids, ex.process)
+    out["outputs"] = ex.outputs_json()
+    out["input_tensor_ids"] = list(ex.input_tensor_ids)
+    out["output_tensor_ids"] = list(ex.output_tensor_ids)
+    fwd = views.by_sequence(ex.forward_sequence, ex.process) if ex.forward_sequence else None
+    out["forward_index"] = fwd.index if fwd is not None else None
+    out["consumers"] = consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
+    out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
+    out["graph"] = {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
+    return out
 
 
-def trace_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader, _, view = _detail(run, args, TRACES)
-        tr = reader.trace(view.index)
-        out = view.to_json()
-        op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
-        out["stack"] = _stack_json(reader, op.stack_frame_ids, tr.process) if op else []
-        out["outputs"] = tr.outputs_json()
-        out["graph_ids"] = list(tr.graph_ids)
-        out["has_values"] = tr.tensor_value is not None
-        return out
+@_reading
+def trace_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    _, view = _detail(reader, args, TRACES)
+    tr = reader.trace(view.index)
+    out = view.to_json()
+    op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
+    out["stack"] = _stack_json(reader, op.stack_frame_ids, tr.process) if op else []
+    out["outputs"] = tr.outputs_json()
+    out["graph_ids"] = list(tr.graph_ids)
+    out["has_values"] = tr.tensor_value is not None
+    return out
 
 
-def graph_op_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader = _open(run)
-        process = q.process(reader) or 0
-        graph_id = q.required("graph_id")
-        op_name = q.required("op_name")
-        near = q.optional_int("near", lo=0)
-        graph = reader.graph(graph_id, process)
-        if graph is None:
-            raise ApiError(404, f"no graph {graph_id!r} in process {process}")
-        op = graph.ops.get(op_name)
-        if op is None:
-            raise ApiError(404, f"no op {op_name!r} in graph {graph.name or graph_id}")
-        inputs, consumers = graph_op_edges(reader, graph, op_name, near)
-        return {
-            "graph_id": graph_id,
-            "graph_name": graph.name,
-            "graph_ids": reader.graph_chain(graph_id, process),
-            "op": {"op_name": op.op_name, "op_type": op.op_type, "num_outputs": op.num_outputs,
-                   "device": op.device_name, "module_path": op.module_path,
-                   "stack": _stack_json(reader, op.stack_frame_ids, process)},
-            "inputs": inputs,
-            "consumers": consumers,
-        }  # fmt: skip
+@_reading
+def graph_op_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    process = q.process(reader) or 0
+    graph_id = q.required("graph_id")
+    op_name = q.required("op_name")
+    near = q.optional_int("near", lo=0)
+    graph = reader.graph(graph_id, process)
+    if graph is None:
+        raise ApiError(404, f"no graph {graph_id!r} in process {process}")
+    op = graph.ops.get(op_name)
+    if op is None:
+        raise ApiError(404, f"no op {op_name!r} in graph {graph.name or graph_id}")
+    inputs, consumers = graph_op_edges(reader, graph, op_name, near)
+    return {
+        "graph_id": graph_id,
+        "graph_name": graph.name,
+        "graph_ids": reader.graph_chain(graph_id, process),
+        "op": {"op_name": op.op_name, "op_type": op.op_type, "num_outputs": op.num_outputs,
+               "device": op.device_name, "module_path": op.module_path,
+               "stack": _stack_json(reader, op.stack_frame_ids, process)},
+        "inputs": inputs,
+        "consumers": consumers,
+    }  # fmt: skip
 
 
 def _status(run: Run, reader: DumpReader, kind: str) -> np.ndarray:
@@ -293,115 +298,111 @@ def _status(run: Run, reader: DumpReader, kind: str) -> np.ndarray:
     return run.cached(("status", kind), compute)
 
 
-def timeline_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
+@_reading
+def timeline_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
     kind = q.kind()
-    with run.lock:
-        reader = _open(run)
-        selected = _filtered(run, reader, kind, q)
-        rows = reader.index(kind)
-        total = len(rows) if selected is None else len(selected)
-        begin = min(q.integer("begin", 0, lo=0), total)
-        end = min(q.integer("end", total, lo=0), total)
-        if end < begin:
-            raise ApiError(400, f"end ({end}) is before begin ({begin})")
-        wanted = q.integer("buckets", 1000, lo=1, hi=MAX_BUCKETS)
-        n = end - begin
-        buckets = min(wanted, n)
-        if buckets == 0:
-            return {"begin": begin, "end": end, "total": total, "bucket_size": 0.0,
-                    "status": [], "nonfinite": [], "steps": [], "first_index": []}  # fmt: skip
-        idx = np.arange(begin, end) if selected is None else selected[begin:end]
-        status = _status(run, reader, kind)[idx]
-        width = n / buckets
-        starts = np.floor(np.arange(buckets) * width).astype(np.int64)
-        return {
-            "begin": begin,
-            "end": end,
-            "total": total,
-            "bucket_size": width,
-            "status": np.maximum.reduceat(status, starts).tolist(),
-            "nonfinite": np.add.reduceat((status >= 2).astype(np.int64), starts).tolist(),
-            # None for dumps that record no steps (TensorFlow's), not a row of zeros.
-            "steps": rows["step"][idx[starts]].tolist()
-            if any(p.nanscope_version for p in reader.processes)
-            else None,
-            "first_index": idx[starts].tolist(),
-        }
+    selected = _filtered(run, reader, kind, q)
+    rows = reader.index(kind)
+    total = len(rows) if selected is None else len(selected)
+    begin = min(q.integer("begin", 0, lo=0), total)
+    end = min(q.integer("end", total, lo=0), total)
+    if end < begin:
+        raise ApiError(400, f"end ({end}) is before begin ({begin})")
+    wanted = q.integer("buckets", 1000, lo=1, hi=MAX_BUCKETS)
+    n = end - begin
+    buckets = min(wanted, n)
+    if buckets == 0:
+        return {"begin": begin, "end": end, "total": total, "bucket_size": 0.0,
+                "status": [], "nonfinite": [], "steps": [], "first_index": []}  # fmt: skip
+    idx = np.arange(begin, end) if selected is None else selected[begin:end]
+    status = _status(run, reader, kind)[idx]
+    width = n / buckets
+    starts = np.floor(np.arange(buckets) * width).astype(np.int64)
+    return {
+        "begin": begin,
+        "end": end,
+        "total": total,
+        "bucket_size": width,
+        "status": np.maximum.reduceat(status, starts).tolist(),
+        "nonfinite": np.add.reduceat((status >= 2).astype(np.int64), starts).tolist(),
+        # None for dumps that record no steps (TensorFlow's), not a row of zeros.
+        "steps": rows["step"][idx[starts]].tolist()
+        if any(p.nanscope_version for p in reader.processes)
+        else None,
+        "first_index": idx[starts].tolist(),
+    }
 
 
-def source_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader = _open(run)
-        process = q.process(reader) or 0
-        recorded = reader.source_files(process)
-        file_index = q.optional_int("file", lo=0)
-        path = q.text("path", max_len=4096)
-        if file_index is None and path is None:
-            raise ApiError(400, "give file=<file_index> or path=<recorded path>")
-        # Only what the dump recorded is served: an exact match, never a disk read.
-        if file_index is None:
-            matches = [f for f in recorded if f.file_path == path]
-            if not matches:
-                raise ApiError(404, "that file was not recorded in this dump")
-            info = matches[0]
-        elif file_index < len(recorded):
-            info = recorded[file_index]
-        else:
-            raise ApiError(404, f"no source file #{file_index} in this dump")
+@_reading
+def source_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    process = q.process(reader) or 0
+    recorded = reader.source_files(process)
+    file_index = q.optional_int("file", lo=0)
+    path = q.text("path", max_len=4096)
+    if file_index is None and path is None:
+        raise ApiError(400, "give file=<file_index> or path=<recorded path>")
+    # Only what the dump recorded is served: an exact match, never a disk read.
+    if file_index is None:
+        matches = [f for f in recorded if f.file_path == path]
+        if not matches:
+            raise ApiError(404, "that file was not recorded in this dump")
+        info = matches[0]
+    elif file_index < len(recorded):
+        info = recorded[file_index]
+    else:
+        raise ApiError(404, f"no source file #{file_index} in this dump")
 
-        def compute() -> dict[str, Any]:
-            try:
-                lines = reader.source_lines(info.index, process)
-            except (OSError, *UNREADABLE) as exc:
-                raise ApiError(
-                    404, f"the recorded copy of {info.file_path} cannot be read: {exc}"
-                ) from None
-            if not lines:
-                raise ApiError(404, f"the dump did not record the text of {info.file_path}")
-            return {"process": process, "file_index": info.index, "path": info.file_path,
-                    "host": info.host_name, "num_lines": len(lines),
-                    "lines": tokenize(info.file_path, lines)}  # fmt: skip
-
-        return run.cached(("source", process, info.index), compute)
-
-
-def source_files_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    with run.lock:
-        reader = _open(run)
-        process = q.process(reader)
-        procs = range(len(reader.processes)) if process is None else [process]
-        return {
-            "files": [
-                f.to_json()
-                for p in procs
-                for f in reader.source_files(p)
-                if f.num_lines  # only files whose text the dump holds
-            ]
-        }
-
-
-def tensor_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    run = _run(runs, q)
-    kind = q.kind()
-    with run.lock:
-        reader = _open(run)
-        index = _event_index(reader, kind, {"index": q.integer("index", lo=0)})
-        slot = q.integer("slot", 0, lo=0)
-        limit = q.integer("limit", 1000, lo=1, hi=MAX_TENSOR_VALUES)
+    def compute() -> dict[str, Any]:
         try:
-            if kind == EXECUTIONS:
-                vals = reader.execution(index).tensor_values or ()
-                value = vals[slot] if slot < len(vals) else None
-            else:
-                value = reader.trace(index).tensor_value
-        except UNREADABLE as exc:
-            raise ApiError(404, f"{kind} #{index} cannot be decoded: {exc}") from None
-        if value is None:
-            raise ApiError(404, "no values recorded for this tensor (record in FULL_TENSOR mode)")
-        return {"kind": kind, "index": index, "slot": slot, **values_json(value, limit)}
+            lines = reader.source_lines(info.index, process)
+        except (OSError, *UNREADABLE) as exc:
+            raise ApiError(
+                404, f"the recorded copy of {info.file_path} cannot be read: {exc}"
+            ) from None
+        if not lines:
+            raise ApiError(404, f"the dump did not record the text of {info.file_path}")
+        return {"process": process, "file_index": info.index, "path": info.file_path,
+                "host": info.host_name, "num_lines": len(lines),
+                "lines": tokenize(info.file_path, lines)}  # fmt: skip
+
+    return run.cached(("source", process, info.index), compute)
+
+
+@_reading
+def source_files_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    process = q.process(reader)
+    procs = range(len(reader.processes)) if process is None else [process]
+    return {
+        "files": [
+            f.to_json()
+            for p in procs
+            for f in reader.source_files(p)
+            if f.num_lines  # only files whose text the dump holds
+        ]
+    }
+
+
+@_reading
+def tensor_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    kind = q.kind()
+    index = _event_index(reader, kind, {"index": q.integer("index", lo=0)})
+    slot = q.integer("slot", 0, lo=0)
+    limit = q.integer("limit", 1000, lo=1, hi=MAX_TENSOR_VALUES)
+    try:
+        if kind == EXECUTIONS:
+            vals = reader.execution(index).tensor_values or ()
+            value = vals[slot] if slot < len(vals) else None
+        else:
+            value = reader.trace(index).tensor_value
+    except UNREADABLE as exc:
+        raise ApiError(404, f"{kind} #{index} cannot be decoded: {exc}") from None
+    if value is None:
+        raise ApiError(404, "no values recorded for this tensor (record in FULL_TENSOR mode)")
+    return {"kind": kind, "index": index, "slot": slot, **values_json(value, limit)}
 
 
 # Path (werkzeug rule syntax) -> handler; the server serves exactly these, read-only.

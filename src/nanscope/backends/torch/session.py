@@ -12,7 +12,7 @@ import torch
 
 from nanscope.backends.torch.compiled.rewrite import GraphRewriter
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.recorders.base import Recorder, dtype_filter_from
+from nanscope.backends.torch.recorders.base import Recorder, Setup, dtype_filter_from
 from nanscope.backends.torch.recorders.native import NativeRecorder
 from nanscope.backends.torch.recorders.python import PythonRecorder
 from nanscope.backends.torch.suspension import never_record_this_thread
@@ -53,13 +53,12 @@ class TorchDumpSession:
         )
         self.context = RunContext()
         self.context.install()
-        self.eager: Recorder
-        if lib is not None:
-            self.eager = NativeRecorder(lib, self.writer, self.context, pattern, dtype_filter)
-        else:
-            self.eager = PythonRecorder(self.writer, self.context, pattern, dtype_filter)
+        setup = Setup(self.writer, self.context, pattern, dtype_filter)
+        self.eager: Recorder = (
+            NativeRecorder(lib, setup) if lib is not None else PythonRecorder(setup)
+        )
         # torch.compile'd code: graphs recorded, summaries computed inside them.
-        self.compiled = GraphRewriter(self.eager, self.writer, self.context, pattern, dtype_filter)
+        self.compiled = GraphRewriter(self.eager, setup)
         self.compiled.install()
         self._closed = False
 

@@ -43,12 +43,11 @@ from nanscope.backends.torch.compiled.plan import (
     drop_output_strides,
     numel,
 )
-from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.ops import SAME_ELEMENT_VIEWS, UNINITIALISED
-from nanscope.backends.torch.recorders.base import DtypeFilter, Recorder
+from nanscope.backends.torch.recorders.base import Recorder, Setup
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES
 from nanscope.backends.torch.suspension import SUSPENDED
-from nanscope.events import DumpWriter, Graph, GraphOp
+from nanscope.events import Graph, GraphOp
 from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
@@ -97,21 +96,14 @@ class GraphRewriter:
     devices of ``eager``, the eager-op recorder.
     """
 
-    def __init__(
-        self,
-        eager: Recorder,
-        writer: DumpWriter,
-        context: RunContext,
-        op_regex: re.Pattern[str] | None,
-        dtype_filter: DtypeFilter | None,
-    ) -> None:
+    def __init__(self, eager: Recorder, setup: Setup) -> None:
         self.eager = eager
-        self.writer = writer
-        self.mode = writer.mode
-        self.context = context
-        self.op_regex = op_regex
-        self.dtype_filter = dtype_filter
-        self.calls = GraphCalls(eager, writer, context)
+        self.writer = setup.writer
+        self.mode = setup.writer.mode
+        self.context = setup.context
+        self.op_regex = setup.op_regex
+        self.dtype_filter = setup.dtype_filter
+        self.calls = GraphCalls(eager, self.writer, self.context)
         self._stacks: dict[str, int] = {}
         self._original: Any = None
         self._callbacks: list[Any] = []

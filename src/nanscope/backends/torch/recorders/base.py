@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,21 +78,25 @@ class Recorder(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every recorder of a session is made with: where events go and what to record."""
+
+    writer: DumpWriter
+    context: RunContext
+    op_regex: re.Pattern[str] | None
+    dtype_filter: DtypeFilter | None
+
+
 class RecorderBase:
     """The state and the behaviour both recorders share."""
 
-    def __init__(
-        self,
-        writer: DumpWriter,
-        context: RunContext,
-        op_regex: re.Pattern[str] | None,
-        dtype_filter: DtypeFilter | None,
-    ) -> None:
-        self.writer = writer
-        self.mode = writer.mode
-        self.context = context
-        self.op_regex = op_regex
-        self.dtype_filter = dtype_filter
+    def __init__(self, setup: Setup) -> None:
+        self.writer = setup.writer
+        self.mode = setup.writer.mode
+        self.context = setup.context
+        self.op_regex = setup.op_regex
+        self.dtype_filter = setup.dtype_filter
         self.device_buffer = DeviceBuffer()
         self._warned = False
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from collections.abc import Sequence
 from types import CodeType, ModuleType
@@ -21,17 +20,17 @@ from typing import Any
 
 import torch
 
-from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.device_buffer import PendingSummaries
 from nanscope.backends.torch.ops import OpInfo, describe
 from nanscope.backends.torch.recorders.base import (
     DtypeFilter,
     RecorderBase,
+    Setup,
     wait_for_collective,
 )
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, summarize_host
 from nanscope.backends.torch.suspension import never_record_this_thread
-from nanscope.events import DumpWriter, ExecutionEvent, Phase, register_source, unregister
+from nanscope.events import ExecutionEvent, Phase, register_source, unregister
 from nanscope.format.modes import SUMMARY_LENGTH
 
 _PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
@@ -87,30 +86,23 @@ class NativeRecorder(RecorderBase):
 
     kind = "native"
 
-    def __init__(
-        self,
-        lib: ModuleType,
-        writer: DumpWriter,
-        context: RunContext,
-        op_regex: re.Pattern[str] | None,
-        dtype_filter: DtypeFilter | None,
-    ) -> None:
-        super().__init__(writer, context, op_regex, dtype_filter)
+    def __init__(self, lib: ModuleType, setup: Setup) -> None:
+        super().__init__(setup)
         self.lib = lib
         self.ids = NativeIds(lib)
         self.ops: list[OpInfo] = []
         self._devices: list[int] = []
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
-        table = _dtype_table(dtype_filter)
-        context.mirror = lib
-        context.on_step = self.submit_device_summaries
+        table = _dtype_table(self.dtype_filter)
+        self.context.mirror = lib
+        self.context.on_step = self.submit_device_summaries
         global _fork_hook
         if not _fork_hook and hasattr(os, "register_at_fork"):
             _fork_hook = True
             os.register_at_fork(after_in_child=lib.forget_in_child)
         width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
-        lib.start(self, int(self.mode), table, *writer.encoder.execution_pieces(width))
+        lib.start(self, int(self.mode), table, *self.writer.encoder.execution_pieces(width))
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
         self._closed = False

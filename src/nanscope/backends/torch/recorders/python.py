@@ -6,7 +6,6 @@ the one chosen by ``NANSCOPE_TORCH_RECORDER=python``.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from typing import Any
@@ -16,18 +15,17 @@ import torch
 from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.device_buffer import PendingSummaries
 from nanscope.backends.torch.dispatch import InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
 from nanscope.backends.torch.recorders.base import (
-    DtypeFilter,
     RecorderBase,
+    Setup,
     wait_for_collective,
 )
 from nanscope.backends.torch.summaries import summarize_host
 from nanscope.backends.torch.suspension import SUSPENDED
-from nanscope.events import DumpWriter, ExecutionEvent, Phase
+from nanscope.events import ExecutionEvent, Phase
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 
 _FORWARD_LINKS_MAX = 1 << 20
@@ -46,15 +44,9 @@ class PythonRecorder(RecorderBase, TorchDispatchMode):
 
     kind = "python"
 
-    def __init__(
-        self,
-        writer: DumpWriter,
-        context: RunContext,
-        op_regex: re.Pattern[str] | None,
-        dtype_filter: DtypeFilter | None,
-    ) -> None:
+    def __init__(self, setup: Setup) -> None:
         TorchDispatchMode.__init__(self)
-        RecorderBase.__init__(self, writer, context, op_regex, dtype_filter)
+        RecorderBase.__init__(self, setup)
         self.ids = TensorIds()
         self._ops = OpCache(self.op_regex)
         self._devices: dict[str, int] = {}
@@ -70,8 +62,8 @@ class PythonRecorder(RecorderBase, TorchDispatchMode):
         # gradient buckets are viewed right after allocation). A write gives the
         # written tensor a fresh id, so a tensor leaves the set by being written.
         self._blank: dict[int, None] = {}
-        self._health = writer.mode in HEALTH_MODES
-        self._reads_values = self._health or writer.mode == TensorDebugMode.FULL_TENSOR
+        self._health = self.mode in HEALTH_MODES
+        self._reads_values = self._health or self.mode == TensorDebugMode.FULL_TENSOR
         self._installed = InstalledMode(self)
 
     def __torch_dispatch__(
