@@ -6,7 +6,14 @@ these functions return; none of them reads a dump or decodes a summary itself.
 
 from nanscope.analysis._dataflow import consumers, graph_op_edges, nearest_trace, producers
 from nanscope.analysis._explain import explain, op_family
-from nanscope.analysis._rootcause import SCHEMA, Alerts, Analysis, analyze, count_alerts
+from nanscope.analysis._rootcause import (
+    SCHEMA,
+    Alerts,
+    Analysis,
+    LineageGroup,
+    analyze,
+    count_alerts,
+)
 from nanscope.analysis._tensors import values_json
 from nanscope.analysis._views import EventView, InputView, Producer, Source, ViewBuilder
 
@@ -16,6 +23,7 @@ __all__ = [
     "Analysis",
     "EventView",
     "InputView",
+    "LineageGroup",
     "Producer",
     "Source",
     "ViewBuilder",

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nanscope.analysis._explain import born_from_output
+from nanscope.analysis._lineages import Lineage, find_lineages
 from nanscope.analysis._views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 
-SCHEMA = "nanscope.report/1"
+SCHEMA = "nanscope.report/2"
 CHAIN_LIMIT = 50
 
 
@@ -27,6 +29,24 @@ class Alerts:
         default_factory=list
     )  # op_type, kind, count, first_index
     by_step: list[dict[str, Any]] = field(default_factory=list)  # step, count, first
+
+
+@dataclass
+class LineageGroup:
+    """Lineages whose births are the same op at the same place, with the same verdict."""
+
+    kind: str  # "harmful", "benign" or "handled"
+    birth: EventView  # the first birth of the group
+    count: int
+    reaches: list[str]
+    absorbed_at: dict[str, Any] | None  # {"kind", "index"}: where the first one was absorbed
+    handled_at: dict[str, Any] | None  # where GradScaler's inf check saw the first one
+    skipped_steps: list[int] = field(default_factory=list)  # handled: the steps skipped
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "birth": self.birth.to_json(), "count": self.count,
+                "reaches": self.reaches, "absorbed_at": self.absorbed_at,
+                "handled_at": self.handled_at, "skipped_steps": self.skipped_steps}  # fmt: skip
 
 
 @dataclass
@@ -46,20 +66,32 @@ class Analysis:
     origin_kind: str | None = None  # "born" or "entered"
     first_inf: EventView | None = None
     first_nan: EventView | None = None
+    # The birth to fix: of the harmful lineage that made the first NaN, else of the first
+    # harmful lineage; None when every Inf/NaN was benign or handled.
+    cause: EventView | None = None
+    found_harmful: bool = False
+    lineages: list[LineageGroup] = field(default_factory=list)
+    evicted: dict[str, int] = field(default_factory=dict)
     chain: list[EventView] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def found(self) -> bool:
+        """Whether any Inf/NaN was recorded, harmful or not."""
         return self.alerts.total > 0
 
     @property
     def headline(self) -> str | None:
-        """One sentence on the origin: ``aten.log.default produced -inf at step 3: log of zero...``."""
-        o = self.origin
+        """One sentence on the cause: ``aten.log.default produced -inf at step 3: log of zero...``;
+        for a run whose Inf/NaN were all benign or handled, says so."""
+        o = self.cause
         if o is None:
-            return None
+            if not self.found or self.found_harmful:
+                return None
+            kinds = Counter(g.kind for g in self.lineages for _ in range(g.count))
+            told = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            return f"no harmful Inf/NaN: every lineage was absorbed or handled ({told})"
         c = o.counts
         if c.nan:
             what = "NaN"
@@ -101,10 +133,14 @@ class Analysis:
                 "by_op_type": self.alerts.by_op_type,
                 "by_step": self.alerts.by_step,
             },
+            "found_harmful": self.found_harmful,
             "origin": ev(self.origin),
             "origin_kind": self.origin_kind,
+            "cause": ev(self.cause),
             "first_inf": ev(self.first_inf),
             "first_nan": ev(self.first_nan),
+            "lineages": [g.to_json() for g in self.lineages],
+            "evicted": self.evicted,
             "chain": [c.to_json() for c in self.chain],
             "notes": self.notes,
             "problems": self.problems,
@@ -249,19 +285,112 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     nan_at = reader.first_where("nan")[1]
     result.first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
     result.first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
-    if result.first_nan is not None:
-        result.chain = _chain(reader, origin, result.first_nan, view)
-    for v in (result.origin, result.first_inf, result.first_nan):
+    _judge(reader, result, view)
+    for v in (result.origin, result.cause, result.first_inf, result.first_nan):
         if v is not None:
             views.add_context(v)
     return result
 
 
+def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
+    """Lineages, the cause, whether any Inf/NaN was harmful, and the chain to the first NaN."""
+    lineages, complete = find_lineages(reader)
+    if not complete:
+        result.notes.append(
+            "Lineages were followed through the first "
+            "events after the first Inf/NaN only (the dump is very long); later events may "
+            "change their verdict."
+        )
+    # Lineages first seen after events the circular buffer dropped: their births are gone.
+    cut = [lin for lin in lineages if lin.after_gap]
+    if cut:
+        result.notes.append(
+            f"{len(cut)} Inf/NaN value{'s' if len(cut) != 1 else ''} came from events the "
+            "circular buffer dropped; record with circular_buffer_size=-1 to see their births."
+        )
+    # Where no lineage could be built (undecodable events), stay on the safe side.
+    result.found_harmful = any(lin.verdict == "harmful" for lin in lineages) or (
+        result.found and not lineages
+    )
+    lineages = [lin for lin in lineages if not lin.after_gap]
+    harmful = [lin for lin in lineages if lin.verdict == "harmful"]
+    result.lineages = _groups(reader, lineages, view)
+    first_nan = result.first_nan
+    cause: Lineage | None = None
+    if first_nan is not None:
+        cause = next(
+            (lin for lin in harmful
+             if lin.kind == first_nan.kind and first_nan.index in lin.members),
+            None,
+        )  # fmt: skip
+    if cause is None:
+        with_nan = [lin for lin in harmful if lin.first_nan is not None]
+        cause = (min(with_nan, key=lambda lin: (lin.kind, lin.first_nan or 0)) if with_nan
+                 else harmful[0] if harmful else None)  # fmt: skip
+    if cause is not None:
+        result.cause = view(cause.kind, cause.birth)
+        end_index = (
+            first_nan.index
+            if first_nan is not None and first_nan.kind == cause.kind
+            and first_nan.index in cause.members
+            else cause.first_nan
+        )  # fmt: skip
+        end = view(cause.kind, end_index) if end_index is not None else None
+        if result.cause is not None:
+            result.chain = _chain(reader, result.cause, end, view) if end else [result.cause]
+        origin = result.origin
+        if (
+            origin is not None
+            and result.first_nan is not None
+            and (origin.kind, origin.index) != (cause.kind, cause.birth)
+        ):
+            result.notes.append(
+                f"The first Inf/NaN ({origin.op_name} #{origin.index}) is not what made the "
+                f"harmful values: the cause is {result.cause.op_name if result.cause else '?'} "
+                f"#{cause.birth}, born separately."
+            )
+    elif result.found:
+        result.notes.append(
+            "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
+            "(see the lineages): nothing harmful."
+        )
+
+
+def _groups(reader: DumpReader, lineages: list[Lineage], view: Any) -> list[LineageGroup]:
+    """Lineages grouped by verdict and birth place, in order of their first birth."""
+    groups: dict[tuple[Any, ...], LineageGroup] = {}
+    for lin in lineages:
+        key = (lin.verdict, lin.kind, lin.process, lin.signature)
+        g = groups.get(key)
+        if g is None:
+            birth = view(lin.kind, lin.birth)
+            if birth is None:
+                continue
+            g = groups[key] = LineageGroup(
+                kind=lin.verdict,
+                birth=birth,
+                count=0,
+                reaches=list(lin.reaches),
+                absorbed_at=_ref(lin.kind, lin.absorbed_at),
+                handled_at=_ref(lin.kind, lin.handled_at),
+            )
+        g.count += 1
+        g.reaches.extend(r for r in lin.reaches if r not in g.reaches)
+        if lin.verdict == "handled" and lin.handled_at is not None:
+            step = int(reader.index(lin.kind)["step"][lin.handled_at])
+            if step not in g.skipped_steps:
+                g.skipped_steps.append(step)
+    return list(groups.values())
+
+
+def _ref(kind: str, index: int | None) -> dict[str, Any] | None:
+    return None if index is None else {"kind": kind, "index": index}
+
+
 def _chain(reader: DumpReader, origin: EventView, end: EventView, view: Any) -> list[EventView]:
     """The non-finite events that carry the origin's values to ``end`` (data edges only)."""
-    if origin.kind != end.kind or origin.process != end.process or end.index < origin.index:
-        return [origin, end] if (origin.kind, origin.index) != (end.kind, end.index) else [origin]
-    if origin.index == end.index:
+    # Only real data edges: across kinds or processes, or backwards, there is none to follow.
+    if origin.kind != end.kind or origin.process != end.process or end.index <= origin.index:
         return [origin]
     kind = origin.kind
     rows = reader.index(kind)
@@ -298,6 +427,4 @@ def _chain(reader: DumpReader, origin: EventView, end: EventView, view: Any) -> 
                 chain.append(v)
                 if i == end.index or len(chain) >= CHAIN_LIMIT:
                     break
-    if chain[-1].index != end.index:
-        chain.append(end)
     return chain

@@ -1,7 +1,8 @@
 """Where the first Inf/NaN was born, and why: the report of a dump.
 
-Exit status: 0 when no Inf/NaN was recorded, 1 when some was (so the command
-can gate a CI job), 2 when the dump cannot be read.
+Exit status: 1 when a harmful Inf/NaN was recorded (so the command can gate a CI
+job), 0 when none was or every one was benign (an absorbed mask) or handled (an
+overflow GradScaler skipped), 2 when the dump cannot be read.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from nanscope.analysis import analyze
 from nanscope.reader import DumpReader
 from nanscope.report import console_for, render_text
 
-HELP = "report where the first Inf/NaN was born, and why (exit 1 if any was found)"
+HELP = "report where the harmful Inf/NaN was born, and why (exit 1 if one was found)"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("logdir", help="the dump root (the directory the program wrote to)")
     p.add_argument(
-        "--json", action="store_true", help="print the report as JSON (schema nanscope.report/1)"
+        "--json", action="store_true", help="print the report as JSON (schema nanscope.report/2)"
     )
 
 
@@ -30,4 +31,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(analysis.to_json(), indent=2, allow_nan=False, default=str))
     else:
         render_text(analysis, console_for())
-    return 1 if analysis.found else 0
+    return 1 if analysis.found_harmful else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -10,7 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.analysis import Analysis, EventView, InputView, Source
+from nanscope.analysis import Analysis, EventView, InputView, LineageGroup, Source
 from nanscope.format.health import Health
 
 
@@ -84,6 +85,25 @@ def event_panel(title: str, v: EventView, style: str) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left", border_style=style)  # type: ignore[arg-type]
 
 
+_VERDICT_STYLE = {"harmful": "red", "handled": "cyan", "benign": "green"}
+
+
+def _lineage_line(g: LineageGroup) -> Text:
+    b = g.birth
+    where = f"{Path(b.source.file).name}:{b.source.line}" if b.source else b.module_path or "?"
+    times = f" ×{g.count}" if g.count > 1 else ""
+    t = Text(f"  {g.kind:<8}", style=_VERDICT_STYLE.get(g.kind, ""))
+    t.append(f" {b.op_name} #{b.index}{times} at {where}, step {b.step}")
+    if g.kind == "handled":
+        steps = ", ".join(str(s) for s in g.skipped_steps)
+        t.append(f": GradScaler's inf check saw it; step {steps} skipped", style="dim")
+    elif g.kind == "benign" and g.absorbed_at is not None:
+        t.append(f": absorbed at #{g.absorbed_at['index']}", style="dim")
+    elif g.reaches:
+        t.append(f": reaches {'; '.join(g.reaches)}", style="dim")
+    return t
+
+
 def render_text(a: Analysis, console: Console) -> None:
     """Print the report for ``a``."""
     console.print(Text(f"nanscope report: {a.logdir}", style="bold"))
@@ -101,7 +121,9 @@ def render_text(a: Analysis, console: Console) -> None:
         console.print(Text(f"note: {note}", style="yellow"))
     if not a.found:
         console.print(Text("✓ no Inf/NaN recorded", style="bold green"))
-    else:
+    elif not a.found_harmful:
+        console.print(Text(f"✓ {a.headline}", style="bold green"))
+    if a.found:
         al = a.alerts
         console.print(
             Text(f"✗ Inf/NaN in {al.total:,} event{'s' if al.total != 1 else ''} "
@@ -121,21 +143,40 @@ def render_text(a: Analysis, console: Console) -> None:
         if al.by_step:
             first = al.by_step[0]
             console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
+    if a.cause is not None:
+        console.print(event_panel("Cause: where the harmful Inf/NaN was born", a.cause, "red"))
     if a.origin is not None:
         kind = "entered from outside" if a.origin_kind == "entered" else "born"
-        console.print(event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, "red"))
-    seen = {(a.origin.kind, a.origin.index)} if a.origin else set()
+        same = a.cause is not None and (a.cause.kind, a.cause.index) == (
+            a.origin.kind,
+            a.origin.index,
+        )
+        if same:
+            console.print(Text(f"Origin (the first Inf/NaN {kind}): the cause above", style="dim"))
+        else:
+            style = "red" if a.cause is None and a.found_harmful else "yellow"
+            console.print(
+                event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style)
+            )
+    seen = {(v.kind, v.index) for v in (a.cause, a.origin) if v is not None}
     for title, v in (("First -inf/+inf", a.first_inf), ("First NaN", a.first_nan)):
         if v is None:
             continue
         if (v.kind, v.index) in seen:
-            console.print(Text(f"{title}: the origin above", style="dim"))
+            console.print(Text(f"{title}: the event above", style="dim"))
             continue
         seen.add((v.kind, v.index))
         console.print(event_panel(title, v, "magenta"))
     if len(a.chain) > 1:
         chain = " → ".join(f"{c.op_name} #{c.index}" for c in a.chain)
         console.print(Text(f"chain: {chain}"))
+    if a.lineages:
+        console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
+        for g in a.lineages:
+            console.print(_lineage_line(g))
+    if any(a.evicted.values()):
+        dropped = ", ".join(f"{n:,} {k.replace('_', ' ')}s" for k, n in a.evicted.items() if n)
+        console.print(Text(f"note: the circular buffer dropped {dropped}", style="yellow"))
     for p in a.problems:
         console.print(Text(f"{p['severity']}: {p['message']}", style="yellow"))
 

@@ -1,0 +1,309 @@
+"""Lineages: births of Inf/NaN followed along real data edges, and what became of them.
+
+A *birth* is an event whose output holds Inf/NaN while none of its inputs did
+(by the recorded data edges, or by the input summaries recorded with it). Its
+*lineage* is every later event that received those values through a data
+edge (tensor ids for eager ops, ``producer:slot`` inputs in graphs). Each
+lineage is then classified (docs/ROOT_CAUSE.md has the rules and what each
+mode can tell):
+
+* ``harmful``: its values reach the loss and the gradients (born in the forward
+  pass, seen in the backward pass), a later training step (a parameter or an
+  optimizer state kept them), an in-place update inside the optimizer phase,
+  or the end of the recording unread (for graphs: a graph output);
+* ``handled``: GradScaler's inf check (``_amp_foreach_non_finite_check_and_unscale_``)
+  saw them and nothing harmful followed: the step was skipped;
+* ``benign``: every value was absorbed by a later op whose output was finite
+  (a softmax, ``where``, a masked reduction), as intended masks are.
+
+Where several lineages meet in one op, a lineage is passed on only if it can
+explain the output: NaN is passed on by the lineages that already carried NaN
+(when none did, the op made it, from infinities: all are passed on), and
+infinities by those that carried infinities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nanscope.format.health import Health
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
+
+# Events decoded per process after its first Inf/NaN; beyond this, lineages are not followed.
+DECODE_LIMIT = 200_000
+# Non-finite graph traces followed per process (each costs a few index scans).
+TRACE_LIMIT = 500
+UNSCALE_OP = "aten._amp_foreach_non_finite_check_and_unscale_"
+
+FORWARD, BACKWARD, OPTIMIZER = 1, 2, 3
+
+
+@dataclass
+class Lineage:
+    """One birth and what became of its values."""
+
+    kind: str  # "execution" or "graph_execution_trace" (the events' kind)
+    process: int
+    birth: int  # index of the birth event
+    birth_step: int
+    birth_phase: int
+    wall_time: float
+    # What groups births "of the same kind" in a report: op and where it was created.
+    signature: tuple[object, ...] = ()
+    entered: bool = False  # the values came in from outside the recorded ops
+    after_gap: bool = False  # ... after events the circular buffer dropped
+    members: list[int] = field(default_factory=list)  # events holding its values, birth first
+    carries: set[str] = field(default_factory=set)  # "inf", "nan"
+    first_nan: int | None = None
+    absorbed_at: int | None = None
+    handled_at: int | None = None
+    reaches: list[str] = field(default_factory=list)
+    verdict: str = "benign"  # "harmful", "benign" or "handled"
+
+    def reach(self, what: str) -> None:
+        if what not in self.reaches:
+            self.reaches.append(what)
+
+
+def _kinds(h: Health | None) -> set[str]:
+    """What non-finite values a health says are there ("inf", "nan"; both when not counted)."""
+    if h is None or not h.any_nonfinite:
+        return set()
+    if not h.known:
+        return {"inf", "nan"}
+    out = set()
+    if (h.neg_inf or 0) + (h.pos_inf or 0):
+        out.add("inf")
+    if h.nan:
+        out.add("nan")
+    return out
+
+
+def _in_place(op_type: str) -> bool:
+    """``aten.addcdiv_.default``, ``aten._foreach_add_.List``: ops that write an input."""
+    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    return name.endswith("_") and not name.startswith("_amp_")
+
+
+def _passed_on(contributors: set[int], out: set[str], lineages: list[Lineage]) -> set[int]:
+    """The lineages among ``contributors`` that explain an output holding ``out``."""
+    passed: set[int] = set()
+    if "nan" in out:
+        carriers = {i for i in contributors if "nan" in lineages[i].carries}
+        passed |= carriers or contributors
+    if "inf" in out:
+        passed |= {i for i in contributors if "inf" in lineages[i].carries}
+    return passed or contributors
+
+
+def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage], bool]:
+    """The lineages of one process's executions, and whether they were followed to the end
+    (False when the decode limit was reached)."""
+    rows = reader.index(EXECUTIONS)
+    procs = reader.processes_of(EXECUTIONS)
+    mine = np.flatnonzero(procs == process)
+    flags = rows["nonfinite"][mine]
+    hits = np.flatnonzero(flags == 1)
+    if not hits.size:
+        return [], True
+    order = mine[hits[0] :]
+    complete = len(order) <= DECODE_LIMIT
+    order = order[:DECODE_LIMIT]
+    # Where the circular buffer dropped events: a jump in sequence numbers.
+    seq = rows["sequence"][order].astype(np.int64)
+    gaps = order[:-1][np.diff(seq) > 1]
+    last_gap = int(gaps[-1]) if gaps.size else -1
+
+    gap_set = set(gaps.tolist())
+    lineages: list[Lineage] = []
+    bad: dict[int, set[int]] = {}  # tensor id -> lineages whose values it holds
+    unread: dict[int, set[int]] = {}  # bad tensor ids no later event has read yet
+    # Lineages with values nothing had read yet when events were dropped: what comes after
+    # the gap with non-finite inputs but no recorded producer most likely continues them
+    # (values already read, like a mask that its softmax absorbed, are not followed).
+    alive_at_gap: set[int] = set()
+    seen: set[int] = set()  # tensor ids some decoded event produced
+    first_gap = int(gaps[0]) if gaps.size else -1
+    previous = -1
+    for i in order.tolist():
+        if previous in gap_set:
+            alive_at_gap = set().union(*unread.values()) if unread else set()
+        previous = i
+        try:
+            ex = reader.execution(i)
+        except UNREADABLE:
+            continue
+        contributors: set[int] = set()
+        for t in ex.input_tensor_ids:
+            held = bad.get(t)
+            if held:
+                contributors |= held
+                unread.pop(t, None)
+        if ex.op_type.startswith(UNSCALE_OP):
+            for li in contributors:
+                lin = lineages[li]
+                if lin.handled_at is None:
+                    lin.handled_at = i
+        if not ex.health.any_nonfinite:
+            for li in contributors:
+                if lineages[li].absorbed_at is None:
+                    lineages[li].absorbed_at = i
+            for t in ex.output_tensor_ids:
+                bad.pop(t, None)
+                unread.pop(t, None)
+                seen.add(t)
+            continue
+        out = _kinds(ex.health)
+        # The inputs' own summaries (recorded with every op that made Inf/NaN) tell
+        # whether non-finite values came in, even when their producer is not in the dump.
+        came_in = any(_kinds(h) for h in ex.input_health)
+        # An in-place op's written input has no summary of its own (the op overwrote it):
+        # after dropped events, an unknown producer may have put Inf/NaN there.
+        if not came_in and 0 <= first_gap < i and _in_place(ex.op_type):
+            came_in = any(t and t not in seen for t in ex.input_tensor_ids)
+        if not contributors and came_in and alive_at_gap:
+            contributors = set(alive_at_gap)
+        if contributors:
+            passed = _passed_on(contributors, out, lineages)
+            for li in contributors - passed:
+                if lineages[li].absorbed_at is None:
+                    lineages[li].absorbed_at = i
+        else:
+            lineages.append(
+                Lineage(EXECUTIONS, process, i, ex.step, ex.phase, ex.wall_time,
+                        (ex.op_type, ex.stack_frame_ids, ex.module_path), came_in,
+                        after_gap=came_in and 0 <= first_gap < i)
+            )  # fmt: skip
+            passed = {len(lineages) - 1}
+        for li in passed:
+            _note_member(lineages[li], ex, out)
+        for slot, t in enumerate(ex.output_tensor_ids):
+            seen.add(t)
+            h = ex.output_health[slot] if slot < len(ex.output_health) else ex.health
+            if t and _kinds(h):
+                bad[t] = set(passed)
+                unread[t] = set(passed)
+            elif t:
+                bad.pop(t, None)
+                unread.pop(t, None)
+    # Values nothing read by the end of the recording, unless events after the lineage's
+    # last one were dropped (what read them may have been evicted) or not decoded.
+    for held in unread.values():
+        for li in held:
+            lin = lineages[li]
+            if complete and lin.members[-1] > last_gap:
+                lin.reach("the end of the recording, still non-finite")
+    for lin in lineages:
+        lin.verdict = _verdict(lin)
+    return lineages, complete
+
+
+def _note_member(lin: Lineage, ex: Execution, out: set[str]) -> None:
+    lin.members.append(ex.index)
+    lin.carries |= out
+    if "nan" in out and lin.first_nan is None:
+        lin.first_nan = ex.index
+    if lin.birth_phase != BACKWARD and lin.birth_phase != OPTIMIZER and ex.phase == BACKWARD:
+        lin.reach("the loss and the gradients")
+    if ex.step > lin.birth_step:
+        lin.reach("a later step (kept in a parameter or an optimizer state)")
+    if ex.phase == OPTIMIZER and _in_place(ex.op_type) and lin.handled_at is None:
+        lin.reach("an in-place update in the optimizer step (a parameter or its state)")
+
+
+def _verdict(lin: Lineage) -> str:
+    harmful = [r for r in lin.reaches if not r.startswith("the end")]
+    if lin.handled_at is not None and not harmful:
+        return "handled"
+    if lin.reaches:
+        return "harmful"
+    return "benign"
+
+
+def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
+    """Lineages of one process's graph traces, along the graphs' ``producer:slot`` edges.
+
+    A lineage that reaches a graph output (an op nothing in the graph consumes) is
+    harmful: it leaves the graph (as a loss, a gradient or an update); one whose
+    every value meets a consumer with a finite output is benign.
+    """
+    rows = reader.index(TRACES)
+    procs = reader.processes_of(TRACES)
+    hits = np.flatnonzero((rows["nonfinite"] == 1) & (procs == process))[:TRACE_LIMIT]
+    lineages: list[Lineage] = []
+    member_of: dict[int, set[int]] = {}  # trace index -> lineages
+    for i in hits.tolist():
+        try:
+            tr = reader.trace(i)
+        except UNREADABLE:
+            continue
+        graph = reader.graph(tr.graph_id, process)
+        op = graph.ops.get(tr.op_name) if graph else None
+        contributors: set[int] = set()
+        if op is not None:
+            for src, slot in op.inputs:
+                j = _nearest(reader, process, tr.graph_id, src, slot, i - 1, later=False)
+                if j is not None:
+                    contributors |= member_of.get(j, set())
+        out = _kinds(tr.health)
+        if contributors:
+            passed = _passed_on(contributors, out, lineages)
+        else:
+            lineages.append(
+                Lineage(TRACES, process, i, tr.step, 0, tr.wall_time, (tr.graph_id, tr.op_name))
+            )
+            passed = {len(lineages) - 1}
+        member_of[i] = passed
+        for li in passed:
+            lin = lineages[li]
+            lin.members.append(i)
+            lin.carries |= out
+            if "nan" in out and lin.first_nan is None:
+                lin.first_nan = i
+        consumers = graph.consumers(tr.op_name) if graph else []
+        if op is None or not consumers:
+            for li in passed:
+                lineages[li].reach("a graph output, still non-finite")
+            continue
+        for _, dst, _ in consumers:
+            j = _nearest(reader, process, tr.graph_id, dst, None, i, later=True)
+            if j is None or rows["nonfinite"][j] == 1:
+                continue
+            for li in passed:
+                if lineages[li].absorbed_at is None:
+                    lineages[li].absorbed_at = j
+    for lin in lineages:
+        if lin.absorbed_at is None and not lin.reaches:
+            lin.reach("a graph output, still non-finite")
+        lin.verdict = _verdict(lin)
+    return lineages
+
+
+def _nearest(
+    reader: DumpReader,
+    process: int,
+    graph_id: str,
+    op_name: str,
+    slot: int | None,
+    near: int,
+    later: bool,
+) -> int | None:
+    from nanscope.analysis._dataflow import nearest_trace
+
+    return nearest_trace(reader, process, graph_id, op_name, slot, near, later)
+
+
+def find_lineages(reader: DumpReader) -> tuple[list[Lineage], bool]:
+    """Every lineage of the dump, births in order of wall time, and whether all were
+    followed to the end."""
+    out: list[Lineage] = []
+    complete = True
+    for p in range(len(reader.processes)):
+        lins, done = execution_lineages(reader, p)
+        out.extend(lins)
+        complete &= done
+        out.extend(trace_lineages(reader, p))
+    out.sort(key=lambda lin: (lin.wall_time, lin.kind, lin.birth))
+    return out, complete
