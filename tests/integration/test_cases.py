@@ -377,7 +377,7 @@ def test_case(case: Case, runner: Runner) -> None:
     assert out.run.returncode == 0, out.context()
     assert out.report is not None and out.data is not None, out.context()
     assert out.report.returncode == (1 if case.expects_nonfinite else 0), out.context()
-    assert out.data["schema"] == "nanscope.report/1"
+    assert out.data["schema"] == "nanscope.report/2"
     assert out.data["found_nonfinite"] is case.expects_nonfinite, out.context()
     assert out.data["framework"].startswith(case.framework), out.context()
     problems = check_report(case, out.data)

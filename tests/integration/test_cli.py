@@ -18,7 +18,7 @@ def test_report_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     write_small_dump(tmp_path, n=6, bad=(4,))
     assert main(["report", str(tmp_path), "--json"]) == 1  # 1: non-finite values found
     data = json.loads(capsys.readouterr().out)
-    assert data["schema"] == "nanscope.report/1"
+    assert data["schema"] == "nanscope.report/2"
     assert data["num_executions"] == 6 and data["alerts"]["executions"] == 1
     origin = data["origin"]
     assert origin["op_type"] in {"op1", "Log"} and origin["counts"]["neg_inf"] == 2

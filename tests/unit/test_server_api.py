@@ -80,7 +80,7 @@ def test_runs_alerts_and_headline(demo: RunSet) -> None:
     assert cats["nan"]["first"]["index"] > alerts["first"]["index"]
     assert alerts["total"] == sum(r["count"] for r in alerts["by_op_type"])
     analysis = call(demo, "/api/analysis")
-    assert analysis["schema"] == "nanscope.report/1"
+    assert analysis["schema"] == "nanscope.report/2"
     assert re.match(
         r"aten\.log\.default produced -inf at step \d+: log of zero", analysis["headline"]
     )
