@@ -117,12 +117,6 @@ KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {
     ("gpt2_fp32", None, "exit_status"): "the causal mask's benign -inf makes the report exit 1",
     ("amp", None, "exit_status"): "GradScaler's handled overflow makes the report exit 1",
     ("amp", None, "steps"): "steps skipped by GradScaler are not counted",
-    ("gpt2_fp16", "default", "first_nan"): (
-        "the circular buffer evicts the first NaN (it keeps only the first Inf's window)"
-    ),
-    ("nanogpt", "default", "first_nan"): (
-        "the circular buffer evicts the first NaN (it keeps only the first Inf's window)"
-    ),
 }
 CHECK_NUMERICS_FAILURES = {
     "gpt2_fp32": "--check-numerics stops at SDPA's scalar_tensor(-inf), a benign mask",

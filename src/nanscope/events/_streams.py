@@ -3,16 +3,20 @@
 ``.execution`` and ``.graph_execution_traces`` are written through an
 :class:`EventStream`, which also maintains the sidecar index. With a positive
 ``capacity`` it keeps, like TensorFlow, only the most recent events, but it
-never lets go of the first non-finite event and the ``window`` events on each
-side of it (the origin users are looking for is usually early, and a plain
-ring buffer would have evicted it by the time training has filled with NaN).
+never lets go of a few *anchors* and the ``window`` events on each side of
+them: the first non-finite event of each (op type, has NaN) pair, up to
+:data:`MAX_ANCHORS`, and the first event with NaN in any case. The origin users
+are looking for is usually early, and a plain ring buffer would have evicted
+it by the time training has filled with NaN; and the first Inf is often a
+benign mask repeated every step, while the birth that matters (an overflow,
+the first NaN) comes later, from another op.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +31,14 @@ from nanscope.format.strings import StringTable
 # (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf, nan,
 #  nonfinite, phase, device).
 RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
+_NAN = 9  # the position of the NaN count in a RowTuple
+
+MAX_ANCHORS = 32
+"""At most this many (op type, has NaN) pairs per circular stream get a window
+kept around their first non-finite event; the first event with NaN gets one
+even past the bound. Each window holds at most ``2 * window + 1`` events, so a
+circular stream holds at most ``capacity + (MAX_ANCHORS + 1) * (2 * window + 1)``
+events, however long the run."""
 
 
 class AppendFile:
@@ -74,27 +86,50 @@ class EventStream:
     Events arrive as *specs* that ``encode`` turns into payload bytes. Encoding
     is deferred to flush time: in a circular buffer most events are evicted
     before any flush, and are then never encoded at all.
+
+    ``op_kind(row)`` names the op type of a non-finite event for the anchor
+    rule (see :data:`MAX_ANCHORS`); by default the row's ``name`` column,
+    which is the op type of an execution.
+
+    A circular stream holds, in order, *parts* and then ``_ring``: a part is a
+    protected window (a list, never evicted) or an unprotected run that an
+    anchor cut off from the ring (a deque). The unprotected runs and the ring
+    share the ``capacity``, and the oldest of their events is evicted first,
+    so the unprotected events kept are always the most recent ones.
     """
 
     def __init__(
-        self, path: Path, capacity: int, window: int, encode: Callable[[Any], bytes]
+        self,
+        path: Path,
+        capacity: int,
+        window: int,
+        encode: Callable[[Any], bytes],
+        op_kind: Callable[[RowTuple], Hashable] | None = None,
     ) -> None:
         self.path = path
         self.index_path = Path(str(path) + INDEX_SUFFIX)
         self.capacity = capacity
         self.window = max(0, window)
         self.encode = encode
+        self.op_kind = op_kind
         self.strings = StringTable()
-        self.origin_seen = False
         self.dirty = False
-        self.dropped = 0
+        self.evicted = 0  # events the circular buffer let go of
         # Items are [spec or framed record (bytes), row], or (framed record, row)
         # for events framed before they were added: a tuple of bytes and numbers
         # that the garbage collector stops tracking, however long it waits here.
         self._ring: deque[list[Any]] = deque()
-        self._before: deque[list[Any]] = deque()
-        self._protected: list[list[Any]] = []
+        self._parts: list[list[list[Any]] | deque[list[Any]]] = []
+        # The unprotected runs that still hold events, oldest first.
+        self._runs: deque[deque[list[Any]]] = deque()
+        self._runs_len = 0  # events in them
+        self._open: list[list[Any]] = []  # the window that takes the events after an anchor
         self._after_left = 0
+        # The anchor rule's state: (op kind, has NaN) pairs anchored so far.
+        self._anchors: set[tuple[Hashable, bool]] = set()
+        self._nan_seen = False
+        # False once no event can become an anchor: then non-finite events cost nothing more.
+        self._anchoring = capacity > 0
         if capacity > 0:
             # Circular: the files are rewritten whole at each flush.
             for p in (self.path, self.index_path):
@@ -114,33 +149,73 @@ class EventStream:
         if not self.circular:
             self._ring.append(item)
             return
-        if not self.origin_seen and nonfinite:
-            self.origin_seen = True
-            keep = min(self.window, len(self._ring))
-            tail = [self._ring.pop() for _ in range(keep)]
-            tail.reverse()
-            self._before = self._ring
-            self._ring = deque()
-            self._protected = [*tail, item]
-            self._after_left = self.window
-            return
+        if nonfinite and self._anchoring:
+            # Inline up to the one set lookup: in a run full of NaN, every event comes here.
+            op_kind = self.op_kind
+            key = (row[0] if op_kind is None else op_kind(row), row[_NAN] > 0)
+            if key not in self._anchors and self._new_anchor(key):
+                self._anchor(item)
+                return
         if self._after_left > 0:
-            self._protected.append(item)
+            self._open.append(item)
             self._after_left -= 1
             return
-        self._ring.append(item)
-        if len(self._ring) > self.capacity:
-            self._ring.popleft()
-            self.dropped += 1
-        # Pre-origin events beyond what the capacity allows are dropped too.
-        while self._before and len(self._before) + len(self._ring) > self.capacity:
-            self._before.popleft()
-            self.dropped += 1
+        ring = self._ring
+        ring.append(item)
+        if len(ring) + self._runs_len > self.capacity:
+            self.evicted += 1
+            if self._runs_len:
+                run = self._runs[0]
+                run.popleft()
+                self._runs_len -= 1
+                if not run:
+                    self._runs.popleft()
+            else:
+                ring.popleft()
+
+    def _new_anchor(self, key: tuple[Hashable, bool]) -> bool:
+        """Whether the first non-finite event of ``key`` (op kind, has NaN) gets a window."""
+        anchors = self._anchors
+        has_nan = key[1]
+        if len(anchors) >= MAX_ANCHORS and (self._nan_seen or not has_nan):
+            return False
+        anchors.add(key)
+        self._nan_seen |= has_nan
+        if len(anchors) >= MAX_ANCHORS and self._nan_seen:
+            self._anchoring = False
+        return True
+
+    def _anchor(self, item: Any) -> None:
+        """Protect ``item``, up to ``window`` events before it and the ``window`` after it."""
+        if self._after_left > 0:
+            # Inside the previous anchor's window: the windows merge.
+            self._open.append(item)
+            self._after_left = self.window
+            return
+        ring = self._ring
+        keep = min(self.window, len(ring))
+        tail = [ring.pop() for _ in range(keep)]
+        tail.reverse()
+        if ring:
+            # What stays unprotected before the window is evicted oldest first, as before.
+            self._parts.append(ring)
+            self._runs.append(ring)
+            self._runs_len += len(ring)
+            self._ring = deque()
+        if self._parts and self._parts[-1] is self._open:
+            # Nothing unprotected between this window and the previous one: one part.
+            self._open.extend(tail)
+            self._open.append(item)
+        else:
+            self._open = [*tail, item]
+            self._parts.append(self._open)
+        self._after_left = self.window
 
     def kept(self) -> int:
+        """Events a circular stream holds now (0 for an unbounded one)."""
         if not self.circular:
             return 0
-        return len(self._before) + len(self._protected) + len(self._ring)
+        return sum(map(len, self._parts)) + len(self._ring)
 
     def flush(self, sync: bool = False) -> None:
         if not self.dirty:
@@ -210,7 +285,9 @@ class EventStream:
         self._index.flush(sync)
 
     def _rewrite(self, sync: bool) -> None:
-        data, rows = self._records([*self._before, *self._protected, *self._ring], 0)
+        items = [item for part in self._parts for item in part]
+        items.extend(self._ring)
+        data, rows = self._records(items, 0)
         index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + b"".join(
             frame(chunk) for chunk in sidecar.rows_chunks(rows)
         )

@@ -45,7 +45,7 @@ from nanscope.events._queue import (
     QueueItem,
 )
 from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
-from nanscope.events._streams import AppendFile, EventStream
+from nanscope.events._streams import AppendFile, EventStream, RowTuple
 from nanscope.format import files, sidecar
 from nanscope.format.health import UNKNOWN_ROW, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
@@ -96,6 +96,8 @@ class WriterStats:
     traces: int = 0
     executions_kept: int = 0
     traces_kept: int = 0
+    executions_evicted: int = 0  # events the circular buffers let go of
+    traces_evicted: int = 0
     errors: int = 0
     waits: int = 0  # times a producer waited for the writer (backpressure)
     max_backlog: int = 0  # most events ever waiting for the background thread
@@ -111,8 +113,10 @@ class DumpWriter:
       or its name or number; summaries handed to the writer must use its layout.
     - ``circular_buffer_size``: as in TensorFlow, the number of most recent
       ``.execution`` and ``.graph_execution_traces`` events kept; ``<= 0`` keeps
-      all. In addition, the first event with a non-finite value and
-      ``origin_window`` events on each side of it are always kept.
+      all. In addition, ``origin_window`` events on each side of a few
+      *anchors* are always kept: the first non-finite event of each (op type,
+      has NaN) pair, up to :data:`~nanscope.events._streams.MAX_ANCHORS` per
+      file, and the first event with NaN (docs/FORMAT.md).
     - ``framework``: e.g. ``"torch 2.13.0"``, recorded in the metadata.
     - ``run_id``, ``rank``, ``world_size``: identity in a multi-process run
       (defaults: :func:`default_run_id`, ``NANSCOPE_RANK``/``RANK``,
@@ -171,6 +175,9 @@ class DumpWriter:
         self._exec_next = 1  # the next execution's sequence number
         self._trace_seq = 1
         self._devices: dict[str, int] = {}
+        # (graph id, op name) -> op type, from the graph ops written: the traces'
+        # anchor rule groups non-finite traces by op type, like executions.
+        self._graph_op_types: dict[tuple[str, str], str] = {}
         self.stacks = StackInterner(self._queue.append, source_snapshots)
         self._encoder = Encoder(self.mode, self.host_name, self.stacks.stacks)
         self._closed = False
@@ -194,6 +201,7 @@ class DumpWriter:
             self.circular_buffer_size,
             origin_window,
             self._encode_trace,
+            self._trace_op_type,
         )
         meta = pb.DebugEvent(wall_time=self.start_time)
         md = meta.debug_metadata
@@ -521,6 +529,8 @@ class DumpWriter:
         self._traces.flush(sync)
         self.stats.executions_kept = self._executions.kept()
         self.stats.traces_kept = self._traces.kept()
+        self.stats.executions_evicted = self._executions.evicted
+        self.stats.traces_evicted = self._traces.evicted
 
     def _close_files(self) -> None:
         self._flush_files(sync=True)
@@ -535,6 +545,14 @@ class DumpWriter:
     def _encode_execution(self, spec: tuple[ExecutionEvent, int, float, Any]) -> bytes:
         ev, seq, wall, summaries = spec
         return self._encoder.execution(ev, seq, wall, summaries)[0]
+
+    def _trace_op_type(self, row: RowTuple) -> str | None:
+        """The op type of a trace's op (``None`` when its graph op was not written).
+
+        Asked only for non-finite traces while anchors are still being chosen.
+        """
+        strings = self._traces.strings.strings
+        return self._graph_op_types.get((strings[row[1]], strings[row[0]]))
 
     def _encode_trace(self, spec: Any) -> bytes:
         if len(spec) == 1:  # encoded already, by a batch
@@ -659,6 +677,8 @@ class DumpWriter:
         self._graphs.write(ev.SerializeToString())
 
     def _on_graph_op(self, op: GraphOp, wall: float) -> None:
+        if self._traces.circular:  # only the anchor rule asks
+            self._graph_op_types[(op.graph_id, op.op_name)] = op.op_type
         ev = pb.DebugEvent(wall_time=wall)
         goc = ev.graph_op_creation
         goc.op_type = op.op_type

@@ -516,6 +516,43 @@ class DumpReader:
         """The first event with Inf or NaN (see :meth:`first_where`)."""
         return self.first_where("nonfinite", kind)[1]
 
+    def gaps(self, kind: str) -> list[tuple[int, int, int]]:
+        """Where events of ``kind`` are missing: ``(process, after, missing)``, in index order.
+
+        nanscope's writer numbers each process's executions, and its traces, 1, 2, 3, ...
+        as they happen (the ``sequence`` column), before a circular buffer evicts any;
+        so ``missing`` events happened between index ``after`` and the next event of
+        the same ``process`` (index ``after + 1``), or before the process's first event
+        when ``after`` is -1, and are not in the dump. A circular buffer evicted them
+        (or, rarely, the writer could not write them, and warned). Events after the
+        last one in the dump are not counted: a circular buffer keeps the most recent
+        ones. Events without a number (TensorFlow's dumps: 0) count as no gap.
+        """
+        procs, after, missing = self._gap_arrays(kind)
+        return list(zip(procs.tolist(), after.tolist(), missing.tolist(), strict=True))
+
+    def evicted(self, kind: str) -> int:
+        """How many events of ``kind`` are missing from the dump (all :meth:`gaps`, summed)."""
+        return sum(self._gap_arrays(kind)[2].tolist())
+
+    def _gap_arrays(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`gaps` as three arrays: process, index before the gap (-1: none), missing."""
+        numbered = np.flatnonzero(self.index(kind)["sequence"] > 0)
+        seq = self.index(kind)["sequence"][numbered]
+        procs = self.processes_of(kind)[numbered]
+        # The previous numbered event of the same process, if any: its number and index.
+        first_of_proc = np.ones(len(numbered), dtype=bool)
+        first_of_proc[1:] = procs[1:] != procs[:-1]
+        prev_seq = np.zeros_like(seq)
+        prev_seq[1:] = seq[:-1]
+        prev_seq[first_of_proc] = 0
+        after = np.full(len(numbered), -1, dtype=np.int64)
+        after[1:] = numbered[:-1]
+        after[first_of_proc] = -1
+        missing = seq - prev_seq - 1
+        hits = np.flatnonzero(missing > 0)  # out of order (never from nanscope): no gap
+        return procs[hits].astype(np.int64), after[hits], missing[hits]
+
     def index_json(self, kind: str, index: int) -> dict[str, Any]:
         """What the index alone says of an event, as its list row (``counts`` unknown)."""
         row = self.index(kind)[index]
