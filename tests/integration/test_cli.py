@@ -15,16 +15,38 @@ from ..helpers import write_small_dump
 
 
 def test_report_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # op1 (#4) makes -inf and op2 (#5) reads it into a finite value: absorbed, so benign.
     write_small_dump(tmp_path, n=6, bad=(4,))
-    assert main(["report", str(tmp_path), "--json"]) == 1  # 1: non-finite values found
+    assert main(["report", str(tmp_path), "--json"]) == 0  # 0: nothing harmful
     data = json.loads(capsys.readouterr().out)
     assert data["schema"] == "nanscope.report/2"
     assert data["num_executions"] == 6 and data["alerts"]["executions"] == 1
     origin = data["origin"]
     assert origin["op_type"] in {"op1", "Log"} and origin["counts"]["neg_inf"] == 2
     assert origin["source"]["file"].endswith("helpers.py")
+    assert data["found_nonfinite"] is True and data["found_harmful"] is False
+    assert data["cause"] is None
+    execution = [g for g in data["lineages"] if g["birth"]["kind"] == "execution"]
+    assert [(g["kind"], g["birth"]["index"], g["absorbed_at"]) for g in execution] == [
+        ("benign", 4, {"kind": "execution", "index": 5})
+    ]
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Origin" in out and "no harmful Inf/NaN" in out
+
+
+def test_report_exits_one_for_harmful_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The last op's -inf is read by nothing: it is still there when the recording ends.
+    write_small_dump(tmp_path, n=6, bad=(5,))
+    assert main(["report", str(tmp_path), "--json"]) == 1  # 1: harmful non-finite values
+    data = json.loads(capsys.readouterr().out)
+    assert data["found_harmful"] is True
+    assert data["cause"]["op_type"] in {"op2", "Log"} and data["cause"]["counts"]["neg_inf"] == 2
+    assert {g["kind"] for g in data["lineages"]} == {"harmful"}
     assert main(["report", str(tmp_path)]) == 1
-    assert "Origin" in capsys.readouterr().out
+    assert "Cause" in capsys.readouterr().out
 
 
 def test_report_clean_dump_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

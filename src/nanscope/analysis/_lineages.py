@@ -36,6 +36,7 @@ DECODE_LIMIT = 200_000
 # Non-finite graph traces followed per process (each costs a few index scans).
 TRACE_LIMIT = 500
 UNSCALE_OP = "aten._amp_foreach_non_finite_check_and_unscale_"
+SEED_OP = "aten.ones_like"
 
 FORWARD, BACKWARD, OPTIMIZER = 1, 2, 3
 
@@ -79,6 +80,29 @@ def _kinds(h: Health | None) -> set[str]:
     if h.nan:
         out.add("nan")
     return out
+
+
+def _shape_only(op_type: str) -> bool:
+    """Ops that read a tensor's shape and dtype but not its values (``ones_like``,
+    ``new_zeros``, ``empty_like``): they neither absorb nor pass on Inf/NaN."""
+    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    return name.endswith("_like") or name.startswith(("new_", "empty", "sym_size", "sym_stride"))
+
+
+def _next_is_backward(reader: DumpReader, order: np.ndarray, i: int) -> bool:
+    """Whether the event after ``i`` (in its process) ran in the backward pass."""
+    rows = reader.index(EXECUTIONS)
+    j = int(np.searchsorted(order, i)) + 1
+    return j < len(order) and int(rows["phase"][order[j]]) == BACKWARD
+
+
+def _absorbs(ex: Execution) -> bool:
+    """Whether a finite op's output is made from its inputs' values (a float tensor), rather
+    than a test of them (bool or integer outputs, or a Python number: ``.item()``)."""
+    if not ex.output_tensor_ids or not ex.recorded:
+        return False
+    dtype = ex.health.dtype
+    return not dtype or dtype.startswith(("float", "bfloat", "complex"))
 
 
 def _in_place(op_type: str) -> bool:
@@ -135,26 +159,43 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             ex = reader.execution(i)
         except UNREADABLE:
             continue
-        contributors: set[int] = set()
-        for t in ex.input_tensor_ids:
-            held = bad.get(t)
-            if held:
-                contributors |= held
+        if _shape_only(ex.op_type):
+            # ones_like(loss) seeds loss.backward(): the values it was given are the loss.
+            if ex.op_type.startswith(SEED_OP) and _next_is_backward(reader, order, i):
+                for t in ex.input_tensor_ids:
+                    for li in bad.get(t, ()):
+                        lineages[li].reach("the loss (backward() was called on it)")
+                        unread.pop(t, None)
+            for t in ex.output_tensor_ids:
+                bad.pop(t, None)
                 unread.pop(t, None)
+                seen.add(t)
+            continue
+        contributors: set[int] = set()
+        read = [t for t in ex.input_tensor_ids if bad.get(t)]
+        for t in read:
+            contributors |= bad[t]
         if ex.op_type.startswith(UNSCALE_OP):
             for li in contributors:
                 lin = lineages[li]
                 if lin.handled_at is None:
                     lin.handled_at = i
         if not ex.health.any_nonfinite:
-            for li in contributors:
-                if lineages[li].absorbed_at is None:
-                    lineages[li].absorbed_at = i
+            # Only an op that turns the values into finite numbers absorbs them; a check
+            # (isnan, eq, .item(): booleans, integers, Python numbers) leaves them as they were.
+            if _absorbs(ex):
+                for t in read:
+                    unread.pop(t, None)
+                for li in contributors:
+                    if lineages[li].absorbed_at is None:
+                        lineages[li].absorbed_at = i
             for t in ex.output_tensor_ids:
                 bad.pop(t, None)
                 unread.pop(t, None)
                 seen.add(t)
             continue
+        for t in read:
+            unread.pop(t, None)
         out = _kinds(ex.health)
         # The inputs' own summaries (recorded with every op that made Inf/NaN) tell
         # whether non-finite values came in, even when their producer is not in the dump.
