@@ -246,6 +246,7 @@ def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
             "CURT_HEALTH records only whether each tensor had any Inf/NaN: counts, the first "
             "-inf/+inf versus the first NaN, and most explanations need CONCISE_HEALTH or FULL_HEALTH."
         )
+    _eviction(reader, result)
     first = reader.first_nonfinite()
     if first is None:
         return result
@@ -353,6 +354,22 @@ def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
         result.notes.append(
             "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
             "(see the lineages): nothing harmful."
+        )
+
+
+def _eviction(reader: DumpReader, result: Analysis) -> None:
+    """How many events the circular buffers dropped, and a note where the recording has gaps."""
+    result.evicted = {kind: reader.evicted(kind) for kind in (EXECUTIONS, TRACES)}
+    for kind, n in result.evicted.items():
+        if not n:
+            continue
+        gaps = reader.gaps(kind)
+        kept = reader.num(kind)
+        result.notes.append(
+            f"The circular buffer dropped {n:,} {kind.replace('_', ' ')}s of {n + kept:,} "
+            f"({len(gaps)} gap{'s' if len(gaps) != 1 else ''}; windows around each new kind of "
+            "Inf/NaN and the first NaN are kept). Record with circular_buffer_size=-1 to keep "
+            "everything."
         )
 
 
