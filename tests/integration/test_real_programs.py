@@ -107,15 +107,7 @@ CASES: dict[str, Case] = {
 BUFFERS: dict[str, tuple[str, ...]] = {"default": (), "full": ("--circular-buffer-size", "-1")}
 
 # (case, buffer or None for both, test) -> why nanscope fails it today.
-NO_CAUSE = "the report has no `cause` field yet"
-NO_HARMFUL = "the report has no `found_harmful` field yet"
-NO_LINEAGES = "the report has no `lineages` field yet"
 KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {
-    **{(c, None, "cause"): NO_CAUSE for c in CASES},
-    **{(c, None, "found_harmful"): NO_HARMFUL for c in CASES},
-    **{(c, None, "lineages"): NO_LINEAGES for c in CASES},
-    ("gpt2_fp32", None, "exit_status"): "the causal mask's benign -inf makes the report exit 1",
-    ("amp", None, "exit_status"): "GradScaler's handled overflow makes the report exit 1",
     ("amp", None, "steps"): "steps skipped by GradScaler are not counted",
 }
 CHECK_NUMERICS_FAILURES = {
