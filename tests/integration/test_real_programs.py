@@ -16,11 +16,10 @@ failures"): a healthy run (every lineage benign or handled) makes the report exi
 ``first_nan`` is the oracle's first NaN; ``cause`` is the oracle's cause;
 ``found_harmful`` says whether a harmful lineage exists; ``lineages`` classify
 births as the oracle does; ``steps`` counts training iterations (GradScaler's
-skipped steps included). The report fields ``cause``, ``found_harmful`` and
-``lineages`` do not exist yet; the tests assume ``cause`` is an Event (like
-``origin``, null when there is none), ``found_harmful`` a bool, and
-``lineages`` a list of objects with ``kind`` ("harmful", "benign", "handled")
-and ``birth`` (an Event).
+skipped steps included). ``cause`` is an Event (like ``origin``, null when
+there is none), ``found_harmful`` a bool, and ``lineages`` a list of objects
+with ``kind`` ("harmful", "benign", "handled") and ``birth`` (an Event)
+(docs/REPORT_JSON.md).
 
 An event matches the oracle's when op type, source file name, source line and the
 -inf/+inf/NaN counts agree. What nanscope gets wrong today is marked
