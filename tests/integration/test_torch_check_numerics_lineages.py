@@ -57,6 +57,8 @@ class Attention(nn.Module):
         self.mask = mask
         self.qkv = nn.Linear(8, 24)
         self.head = nn.Linear(8, 3)
+        if mask == "buffer":  # made once, sliced on each forward
+            self.register_buffer("neg", torch.full((8, 8), float("-inf")).triu(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
@@ -76,13 +78,16 @@ class Attention(nn.Module):
                 scores = scores + torch.log(torch.tril(torch.ones(t, t)))  # 0 or -inf
             elif self.mask == "float_mask":
                 scores = scores + torch.full((t, t), float("-inf")).triu(1)
+            elif self.mask == "buffer":
+                neg: torch.Tensor = self.get_buffer("neg")
+                scores = scores + neg[:t, :t]
             y = F.softmax(scores, dim=-1) @ v
         out: torch.Tensor = self.head(y.mean(dim=1))
         return out
 
 
 @pytest.mark.parametrize(
-    "mask", ["masked_fill", "log_tril", "float_mask", "sdpa_bool_mask", "sdpa"]
+    "mask", ["masked_fill", "log_tril", "float_mask", "buffer", "sdpa_bool_mask", "sdpa"]
 )
 def test_causal_mask_absorbed_by_softmax_trains_on(checking: TorchCheckNumerics, mask: str) -> None:
     torch.manual_seed(0)
@@ -186,6 +191,46 @@ def test_float16_adamw_eps_names_addcdiv_in_the_step(checking: TorchCheckNumeric
     assert birth is not None and birth.op_type == "aten.addcdiv_.default"
     assert birth.source == err.source and birth.phase == "optimizer"
     assert "it wrote them into a parameter" in str(err)
+
+
+def test_foreach_write_into_parameters_is_checked(checking: TorchCheckNumerics) -> None:
+    # _foreach_*_ ops (the optimizers' path on accelerators) return nothing: what they
+    # wrote is looked at.
+    params: list[torch.Tensor] = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.zeros(2))]
+    with torch.no_grad(), pytest.raises(nanscope.NonFiniteError) as info:
+        torch._foreach_div_(params, 0.0)  # @foreach-div
+        checking.flush()
+    err = info.value
+    assert err.op_type == "aten._foreach_div_.Scalar" and err.reason == "parameter"
+    assert err.source is not None and err.source[1] == line_of("@foreach-div")
+    assert err.birth is not None and err.birth.counts["pos_inf"] == 2
+
+
+class LogStateSGD(torch.optim.Optimizer):
+    """Keeps log(|grad|) as new state each step (assigned, not written in place)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["log_grad"] = torch.log(p.grad.abs())  # @log-state
+                p.sub_(group["lr"] * p.grad)
+
+
+def test_inf_assigned_as_optimizer_state_is_found_after_the_step(
+    checking: TorchCheckNumerics,
+) -> None:
+    w = nn.Parameter(torch.tensor([1.0, 0.0]))
+    opt = LogStateSGD([w])
+    (w * w).sum().backward()  # the gradient of the 0 is 0: its log is -inf
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        opt.step()
+    err = info.value
+    assert err.reason == "optimizer state" and err.op_type == "aten.log.default"
+    assert err.source is not None and err.source[1] == line_of("@log-state")
 
 
 def test_inf_that_nothing_reads_is_reported_when_checking_ends() -> None:

@@ -110,9 +110,9 @@ def describe_tensor(t: torch.Tensor) -> str:
     if t.dtype not in FLOAT_DTYPES:
         return head
     ni, pi, nn, neg, zero, pos = counts(host_view(_host(t)))
-    parts = [f"{n} {k}" for n, k in ((ni, "-inf"), (pi, "+inf"), (nn, "NaN")) if n]
+    nonfinite = _counted(ni, pi, nn)
     finite = f"{neg} negative, {zero} zero, {pos} positive"
-    return f"{head}: {', '.join(parts) + '; ' if parts else ''}{finite}"
+    return f"{head}: {nonfinite + '; ' if nonfinite else ''}{finite}"
 
 
 def _nonfinite_counts(t: torch.Tensor) -> tuple[int, int, int]:
@@ -122,6 +122,11 @@ def _nonfinite_counts(t: torch.Tensor) -> tuple[int, int, int]:
 
 def _kinds(ni: int, pi: int, nn: int) -> list[str]:
     return [k for n, k in ((ni, "-inf"), (pi, "+inf"), (nn, "NaN")) if n]
+
+
+def _counted(ni: int, pi: int, nn: int) -> str:
+    """``2 -inf, 1 NaN``."""
+    return ", ".join(f"{n} {k}" for n, k in ((ni, "-inf"), (pi, "+inf"), (nn, "NaN")) if n)
 
 
 def _has_nan(t: torch.Tensor) -> bool:
@@ -340,7 +345,7 @@ class CheckNumericsMode(TorchDispatchMode):
                 op.ctx = self._ctx(node, sys._getframe(1))
             self._queue.append(op)
         else:
-            if self._unread:
+            if self._unread and not info.view:
                 self._mark_read(args, kwargs)
             if bad is not None:
                 op = _Op(func, info, args, kwargs, outs, ctx=self._ctx(node, sys._getframe(1)))
@@ -424,7 +429,7 @@ class CheckNumericsMode(TorchDispatchMode):
             flags = [f for op in queue for _, f in op.flags if isinstance(f, torch.Tensor)]
             answers = iter(torch.stack(flags).cpu().tolist() if flags else ())
             for n, op in enumerate(queue):
-                if self._unread:
+                if self._unread and not op.info.view:
                     self._mark_read(op.args, op.kwargs)
                 bad = sorted(
                     i
@@ -456,7 +461,10 @@ class CheckNumericsMode(TorchDispatchMode):
             lineages = _merge(lineages, old.lineages)
         held = _Held(weakref.ref(storage, functools.partial(self._freed, ptr)), lineages, by)
         self._holds[ptr] = held
-        self._unread[ptr] = held
+        if _active(lineages):
+            self._unread[ptr] = held  # deferred or handled Inf/NaN may stay unread
+        else:
+            self._unread.pop(ptr, None)
 
     def _freed(self, ptr: int, ref: weakref.ref[Any]) -> None:
         """A storage holding Inf/NaN was freed; if no op read them, remember it for the end."""
@@ -510,6 +518,8 @@ class CheckNumericsMode(TorchDispatchMode):
                 if held is not None:
                     for lineage in held.lineages:
                         found.setdefault(lineage.seq, lineage)
+        if found and op.info.view:
+            return  # a view (slice, expand...) of Inf/NaN already followed: nothing new
         wrote = _Wrote(
             op.info.name, bad[0], ctx,
             [(weakref.ref(x), x._version) for x in ins[:_MAX_INPUTS]],
@@ -722,6 +732,8 @@ class CheckNumericsMode(TorchDispatchMode):
         # The Inf/NaN involved are explained by this error: the end need not report them.
         self._unread = {}
         self._freed_unread = []
+        # Raised inside optimizer.step(), the error ends the step: its post hook will not run.
+        self._stepping = []
         module_path, phase, step, source, forward = ctx.where
         if t is not None:
             host = _host(t)
@@ -730,8 +742,9 @@ class CheckNumericsMode(TorchDispatchMode):
             output = f"  output {index}: {describe_tensor(host)}"
         else:
             ni, pi, nn, size = wrote.counts or (0, 0, 0, 0)
-            what = ", ".join(f"{n} {k}" for n, k in zip((ni, pi, nn), _kinds(1, 1, 1)) if n)
-            output = f"  output {index} ({wrote.dtype}) as written: {what or 'Inf/NaN'}"
+            output = (
+                f"  output {index} ({wrote.dtype}) as written: {_counted(ni, pi, nn) or 'Inf/NaN'}"
+            )
         where = f"{phase.name.lower()} pass, step {step}" + (
             f", module {module_path}" if module_path else ""
         )
@@ -857,8 +870,7 @@ def _born(lineage: _Lineage, inputs: bool = True) -> list[str]:
     b = lineage.birth
     module_path, phase, step, source, forward = b.ctx.where
     ni, pi, nn, size = b.counts or (0, 0, 0, 0)
-    parts = [f"{n} {k}" for n, k in ((ni, "-inf"), (pi, "+inf"), (nn, "NaN")) if n]
-    what = f"{', '.join(parts)} of {size} {b.dtype}".strip()
+    what = f"{_counted(ni, pi, nn)} of {size} {b.dtype}".strip()
     head = f"  born at {b.op or 'a tensor no checked op wrote'}"
     if module_path:
         head += f" ({module_path})"
