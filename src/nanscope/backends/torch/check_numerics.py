@@ -594,16 +594,20 @@ class CheckNumericsMode(TorchDispatchMode):
 
     # -- backward(), GradScaler, optimizer.step() -----------------------------------------------
 
-    @_outside_modes
     def before_backward(self, tensors: Any) -> bool:
         """Check the loss ``backward()`` was called on; True when the backward is scaled."""
         self.check_queue()
         roots = tensors_of(tensors, [])
-        call = user_frame(sys._getframe(2))
+        call = user_frame(sys._getframe(1))
         for t in roots:
             if t.dtype not in FLOAT_DTYPES or t.numel() == 0 or t.device.type == "meta":
                 continue
-            if _all_finite(t.detach()):
+            if t.device.type == "cpu":
+                finite = _all_finite(t.detach())
+            else:
+                with _disable_current_modes():  # the check is not the program's op
+                    finite = _all_finite(t)
+            if finite:
                 continue
             held = self._held(t)
             if held is not None and not _active(held.lineages):
@@ -619,7 +623,6 @@ class CheckNumericsMode(TorchDispatchMode):
         if opened:
             self._scaler_open = True
 
-    @_outside_modes
     def _close_scaler_iteration(self) -> None:
         """GradScaler's update(): its inf check's answer settles the deferred Inf/NaN."""
         if not self._scaler_open:
@@ -641,15 +644,17 @@ class CheckNumericsMode(TorchDispatchMode):
     def before_step(self, optimizer: Any) -> None:
         self._stepping.append(optimizer)
 
-    @_outside_modes
     def after_step(self, optimizer: Any) -> None:
         if optimizer in self._stepping:
             self._stepping.remove(optimizer)
         self.check_queue()
-        if not self._step_wrote:
-            return
-        self._step_wrote = bool(self._stepping)
-        # Inf/NaN assigned as new state (not written in place) are found here.
+        if self._step_wrote:
+            self._step_wrote = bool(self._stepping)
+            self._check_new_state(optimizer)
+
+    @_outside_modes
+    def _check_new_state(self, optimizer: Any) -> None:
+        """Inf/NaN assigned as new optimizer state (not written in place) are found here."""
         for ptr, kind in _optimizer_storages((optimizer,)).items():
             held = self._holds.get(ptr)
             if held is None or held.storage() is None:
@@ -699,6 +704,7 @@ class CheckNumericsMode(TorchDispatchMode):
             op.info.name, index, op.outs[index], inputs, op.ctx, reason, lineages, wrote, late
         )
 
+    @_outside_modes
     def _raise_held(
         self, held: _Held | None, t: torch.Tensor | None, reason: str, call: Frame | None
     ) -> None:
@@ -718,6 +724,7 @@ class CheckNumericsMode(TorchDispatchMode):
             by.op, by.index, t, _describe_inputs(by), by.ctx, reason, held.lineages, by, 0, call
         )
 
+    @_outside_modes
     def _raise_birth(self, lineage: _Lineage, lineages: tuple[_Lineage, ...], reason: str) -> None:
         by = lineage.birth
         raise self._error(
