@@ -191,7 +191,8 @@ def disable_check_numerics() -> None:
     """Turn :func:`enable_check_numerics` off.
 
     PyTorch: raises :class:`nanscope.NonFiniteError` (after turning checking off)
-    when Inf/NaN were written that no op has read since: checking ends here.
+    when Inf/NaN were written that no op has read since: checking ends here. Not
+    while an exception is on its way out (called in a ``finally`` block).
     """
     global _checking
     with _lock:

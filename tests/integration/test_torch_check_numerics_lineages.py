@@ -252,6 +252,16 @@ def test_inf_that_nothing_reads_is_reported_when_checking_ends() -> None:
     assert kept.isinf().any()
 
 
+def test_checking_turned_off_while_an_exception_leaves_reports_nothing() -> None:
+    session = TorchCheckNumerics()
+    with pytest.raises(KeyError):
+        try:
+            torch.log(torch.tensor([0.0, 1.0]))  # unread, but the run failed anyway
+            raise KeyError("the program's own error")
+        finally:
+            session.close()
+
+
 # -- GradScaler ----------------------------------------------------------------------------------
 
 

@@ -665,8 +665,15 @@ class CheckNumericsMode(TorchDispatchMode):
 
     @_outside_modes
     def finish(self) -> None:
-        """Checking ends: Inf/NaN that no op read are reported."""
+        """Checking ends: Inf/NaN that no op read are reported.
+
+        Not while an exception is on its way out (checking turned off in a ``finally``):
+        a run that failed already did not reach its end.
+        """
         self.check_queue()
+        if sys.exc_info()[1] is not None:
+            self._freed_unread, self._unread = [], {}
+            return
         pending: list[tuple[_Held, torch.Tensor | None]] = [
             (h, None) for h in self._freed_unread if _active(h.lineages)
         ]
