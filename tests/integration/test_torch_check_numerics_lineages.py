@@ -105,6 +105,32 @@ def test_causal_mask_absorbed_by_softmax_trains_on(checking: TorchCheckNumerics,
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_transformer_encoder_with_padding_trains_and_evaluates(
+    checking: TorchCheckNumerics,
+) -> None:
+    # Bool masks become -inf float masks (masked_fill_ on zeros); in eval, the fast path
+    # packs the padded batch into a nested tensor, whose values are not looked at.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    opt = torch.optim.Adam(encoder.parameters(), lr=1e-3)
+    x = torch.randn(3, 7, 16)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 4:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(7)
+    for _ in range(2):
+        padding = torch.zeros(3, 7).masked_fill(pad, -math.inf)
+        loss = encoder(x, mask=causal, src_key_padding_mask=padding).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    encoder.eval()
+    with torch.no_grad():
+        assert encoder(x, src_key_padding_mask=pad).isfinite().all()
+    checking.close()
+
+
 def test_dead_end_infinity_raises_nothing(checking: TorchCheckNumerics) -> None:
     # clip_grad_norm_'s overflowed norm: 1/inf = 0, nothing non-finite goes on.
     big = torch.tensor([1e30, 1.0])

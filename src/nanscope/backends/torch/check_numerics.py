@@ -329,14 +329,18 @@ class CheckNumericsMode(TorchDispatchMode):
         for i, t in enumerate(outs):
             if t.dtype not in FLOAT_DTYPES or t.numel() == 0:
                 continue
-            if t.device.type == "cpu" and not self.queue_cpu:
-                if any_nonfinite(host_view(t)):
-                    bad = [i] if bad is None else [*bad, i]
-            elif t.device.type != "meta":
-                queue = True
-                if flags is None:
-                    flags = []
-                flags.append((i, torch.isfinite(t).all()))
+            try:
+                if t.device.type == "cpu" and not self.queue_cpu:
+                    if any_nonfinite(host_view(t)):
+                        bad = [i] if bad is None else [*bad, i]
+                elif t.device.type != "meta":
+                    flag = torch.isfinite(t).all()
+                    queue = True
+                    if flags is None:
+                        flags = []
+                    flags.append((i, flag))
+            except (RuntimeError, TypeError):  # nested or sparse: no values to look at here
+                continue
         if queue:
             # Ops are looked at in order: while one is queued, every op is.
             op = _Op(func, info, args, kwargs, outs, flags or [])
