@@ -158,12 +158,16 @@ _checking: _Session | None = None
 
 
 def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> None:
-    """Raise at the first op whose output holds Inf or NaN; keeps no history.
+    """Raise at the first NaN or harmful Inf; keeps no history.
 
-    PyTorch: raises :class:`nanscope.NonFiniteError` naming the op, its module
-    path, the counts, the inputs and the user's source line (for a backward op,
-    also the forward op and line that created it). On accelerators checks are
-    looked at every ``sync_every`` ops. TensorFlow: turns on
+    PyTorch: raises :class:`nanscope.NonFiniteError` at the first NaN, or when an
+    Inf reaches the loss, a gradient, a parameter or optimizer state, or is unread
+    when checking ends (so at :func:`disable_check_numerics`); intended masks that
+    softmax absorbs and overflow that ``torch.amp.GradScaler`` handles run on
+    (docs/CHECK_NUMERICS.md). The error names the op, its module path, the counts,
+    the inputs and the user's source line (for a backward op, also the forward op
+    and line that created it), and where the Inf/NaN were born. On accelerators
+    checks are looked at every ``sync_every`` ops. TensorFlow: turns on
     ``tf.debugging.enable_check_numerics()``. Idempotent.
     """
     global _checking
@@ -184,7 +188,12 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
 
 
 def disable_check_numerics() -> None:
-    """Turn :func:`enable_check_numerics` off."""
+    """Turn :func:`enable_check_numerics` off.
+
+    PyTorch: raises :class:`nanscope.NonFiniteError` (after turning checking off)
+    when Inf/NaN were written that no op has read since: checking ends here. Not
+    while an exception is on its way out (called in a ``finally`` block).
+    """
     global _checking
     with _lock:
         session, _checking = _checking, None

@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op-regex", help="summarise only ops whose type matches this regex")
     p.add_argument(
         "--check-numerics", action="store_true",
-        help="raise at the first op that makes Inf/NaN instead of recording a dump",
+        help="raise at the first NaN or harmful Inf instead of recording a dump",
     )  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace a dump already in --logdir")
     p.add_argument("-m", dest="module", help="run a library module as a script (like python -m)")
