@@ -27,7 +27,8 @@ with atheris.instrument_imports(include=["nanscope"]):
     from nanscope.analysis import analyze
     from nanscope.format import files
     from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
-    from nanscope.server.api import ROUTES, ApiError, Query
+    from nanscope.server.api import ROUTES
+    from nanscope.server.query import ApiError, Query
     from nanscope.server.runs import RunSet
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
