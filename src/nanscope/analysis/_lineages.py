@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanscope.analysis._dataflow import nearest_trace
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
 
@@ -285,7 +286,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         contributors: set[int] = set()
         if op is not None:
             for src, slot in op.inputs:
-                j = _nearest(reader, process, tr.graph_id, src, slot, i - 1, later=False)
+                j = nearest_trace(reader, process, tr.graph_id, src, slot, i - 1, later=False)
                 if j is not None:
                     contributors |= member_of.get(j, set())
         out = _kinds(tr.health)
@@ -309,7 +310,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 lineages[li].reach("a graph output, still non-finite")
             continue
         for _, dst, _ in consumers:
-            j = _nearest(reader, process, tr.graph_id, dst, None, i, later=True)
+            j = nearest_trace(reader, process, tr.graph_id, dst, None, i, later=True)
             if j is None or rows["nonfinite"][j] == 1:
                 continue
             for li in passed:
@@ -320,20 +321,6 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
             lin.reach("a graph output, still non-finite")
         lin.verdict = _verdict(lin)
     return lineages
-
-
-def _nearest(
-    reader: DumpReader,
-    process: int,
-    graph_id: str,
-    op_name: str,
-    slot: int | None,
-    near: int,
-    later: bool,
-) -> int | None:
-    from nanscope.analysis._dataflow import nearest_trace
-
-    return nearest_trace(reader, process, graph_id, op_name, slot, near, later)
 
 
 def find_lineages(reader: DumpReader) -> tuple[list[Lineage], bool]:
