@@ -54,7 +54,7 @@ def is_launcher_file(path: str) -> bool:
     are Python's own launcher).
     """
     if not path or path.startswith("<"):
-        return False
+        return path == "<frozen runpy>"  # Python 3.11+ freezes runpy
     p = os.path.abspath(path)
     return p == _RUNPY or bool(_LAUNCHER_SHAPE.search(p))
 
@@ -68,7 +68,7 @@ def is_nanscope_file(path: str) -> bool:
     p = os.path.abspath(path)
     return (
         p.startswith(PACKAGE_DIR + os.sep) and not p.startswith(USER_CODE_IN_PACKAGE)
-    ) or is_launcher_file(p)
+    ) or is_launcher_file(path)
 
 
 def is_user_file(path: str) -> bool:

@@ -76,39 +76,35 @@ class ModuleNames:
     out of the names.
     """
 
-    __slots__ = ("base", "built", "inner", "labels", "prefix")
+    __slots__ = ("base", "inner", "intern", "labels", "loose", "prefix")
 
-    def __init__(self, base: torch.nn.Module, prefix: str | None) -> None:
+    def __init__(
+        self, base: torch.nn.Module, prefix: str | None, intern: Callable[[str], int]
+    ) -> None:
         self.base = weakref.ref(base)
         self.prefix = prefix  # None: the outermost module, named by its class
+        self.intern = intern
         # id(module) -> its label. Keyed by id, not weakly by module: a
         # WeakKeyDictionary lookup makes a weak reference each time, and this
         # is read at every module call. The label holds a weak reference
         # that tells a module from a later one at the same address.
         self.labels: dict[int, _Label] = {}
-        self.built = -1  # the step at the last build: a miss rebuilds once per step
-        # Modules called under these that the base does not hold, by (id, caller's path).
+        self.add(base, prefix or "")
+        # Modules called under these that the base does not hold: id -> (module, the
+        # step when it was found missing); and their own names, by (id, caller's path).
+        self.loose: dict[int, tuple[weakref.ref[torch.nn.Module], int]] = {}
         self.inner: dict[tuple[int, str], ModuleNames] = {}
 
-    def build(self, intern: Callable[[str], int], step: int) -> None:
-        """(Re)read the base's modules: it may have gained some since."""
-        self.built = step
-        base = self.base()
-        if base is None:
-            return
-        model = _model_of(base)
-        labels: dict[int, _Label] = {}
-        for name, m in model.named_modules():
-            name = ".".join(part for part in name.split(".") if part != "_orig_mod")
-            cls = type(_model_of(m)).__name__
-            if self.prefix is None:
-                label = module_label(name, cls)
-            else:
-                label = module_label(join_names(self.prefix, name), cls)
-            labels.setdefault(id(m), (weakref.ref(m), label, intern(label)))
+    def add(self, root: torch.nn.Module, name: str) -> None:
+        """Name ``root`` (its qualified name: ``name``) and the modules under it."""
+        for sub, m in _model_of(root).named_modules():
+            qualified = ".".join(p for p in join_names(name, sub).split(".") if p != "_orig_mod")
+            label = module_label(qualified, type(_model_of(m)).__name__)
+            if id(m) not in self.labels or self.labels[id(m)][0]() is not m:
+                self.labels[id(m)] = (weakref.ref(m), label, self.intern(label))
         # torch.compile(model) runs as the model: both have the model's path.
-        labels[id(base)] = (self.base, labels[id(model)][1], labels[id(model)][2])
-        self.labels = labels
+        model = self.labels[id(_model_of(root))]
+        self.labels[id(root)] = (weakref.ref(root), model[1], model[2])
 
 
 # (module, path, path's index, the names its submodules are looked up in)
@@ -262,26 +258,30 @@ class RunContext:
     def _outermost(self, module: torch.nn.Module) -> _Running:
         names = self._roots.get(module)
         if names is None:
-            names = self._roots[module] = ModuleNames(module, None)
-            names.build(self.module_index, self.step)
+            names = self._roots[module] = ModuleNames(module, None, self.module_index)
         _, path, index = names.labels[id(module)]
         return (module, path, index, names)
 
     def _lookup(self, module: torch.nn.Module, caller: _Running) -> _Running:
-        """A module that the caller's names do not hold (yet): rebuilt, or a base of its own."""
+        """A module that the caller's names do not hold: one added since they were
+        read (looked for among the caller's modules), or one its base does not hold."""
         names = caller[3]
-        if names.built != self.step:
-            names.build(self.module_index, self.step)
-            hit = names.labels.get(id(module))
-            if hit is not None and hit[0]() is module:
-                return (module, hit[1], hit[2], names)
-        key = (id(module), caller[1])
-        inner = names.inner.get(key)
+        key = id(module)
+        loose = names.loose.get(key)
+        # Known to be loose in this step: not looked for again until the next one.
+        if loose is None or loose[0]() is not module or loose[1] != self.step:
+            for sub, m in caller[0].named_modules():
+                if m is module:
+                    names.add(module, join_names(qualified_name(caller[1]), sub))
+                    _, path, index = names.labels[key]
+                    return (module, path, index, names)
+            names.loose[key] = (weakref.ref(module), self.step)
+        inner = names.inner.get((key, caller[1]))
         if inner is None or inner.base() is not module:
-            prefix = join_names(qualified_name(caller[1]), f"<{type(_model_of(module)).__name__}>")
-            inner = names.inner[key] = ModuleNames(module, prefix)
-            inner.build(self.module_index, self.step)
-        _, path, index = inner.labels[id(module)]
+            cls = type(_model_of(module)).__name__
+            prefix = join_names(qualified_name(caller[1]), f"<{cls}>")
+            inner = names.inner[(key, caller[1])] = ModuleNames(module, prefix, self.module_index)
+        _, path, index = inner.labels[key]
         return (module, path, index, inner)
 
     def _exit_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
