@@ -116,7 +116,6 @@ KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {
     **{(c, None, "lineages"): NO_LINEAGES for c in CASES},
     ("gpt2_fp32", None, "exit_status"): "the causal mask's benign -inf makes the report exit 1",
     ("amp", None, "exit_status"): "GradScaler's handled overflow makes the report exit 1",
-    ("amp", None, "steps"): "steps skipped by GradScaler are not counted",
     ("gpt2_fp16", "default", "first_nan"): (
         "the circular buffer evicts the first NaN (it keeps only the first Inf's window)"
     ),
