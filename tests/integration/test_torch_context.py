@@ -109,6 +109,33 @@ def test_module_paths_name_each_instance_with_its_class(tmp_path: Path) -> None:
     assert {"transformer.h.0.ln_1 (LayerNorm)", "transformer.h.1.ln_1 (LayerNorm)"} <= backward
 
 
+def test_compiled_graphs_name_modules_the_same_way(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = LMHeadModel()
+    compiled = torch.compile(model)
+    with nanscope.enable_dump_debug_info(tmp_path, circular_buffer_size=-1):
+        compiled(torch.randn(2, 4)).sum().backward()
+    with nanscope.open_dump(tmp_path) as dump:
+        calls = [e for e in dump.executions() if e.graph_id]
+        assert [c.op_type.rsplit(" ", 1)[-1] for c in calls] == ["forward", "backward"]
+        assert calls[0].module_path == "LMHeadModel"  # the model, not its OptimizedModule
+        graph = dump.graph(calls[0].graph_id)
+        assert graph is not None
+        ops = list(graph.ops.values())
+        # LayerNorm is decomposed by now: one var_mean each.
+        layer_norms = [op.module_path for op in ops if op.op_type == "aten.var_mean.correction"]
+        assert layer_norms == [
+            "transformer.h.0.ln_1 (LayerNorm)",
+            "transformer.h.1.ln_1 (LayerNorm)",
+            "transformer.ln_f (LayerNorm)",
+        ]
+        assert {op.module_path for op in ops if op.op_type == "aten.addmm.default"} == {
+            "transformer.h.0.mlp (Linear)",
+            "transformer.h.1.mlp (Linear)",
+            "heads.lm (Linear)",
+        }
+
+
 def test_the_outermost_module_is_named_by_its_class(tmp_path: Path) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
