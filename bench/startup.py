@@ -65,6 +65,9 @@ def main() -> int:
         os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
     )
     env["NANSCOPE_TORCH_RECORDER"] = args.recorder
+    # Bytecode cached, as an installed package has it (PyTorch's is): without, every run
+    # would compile nanscope's sources again.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         (cwd / "trivial.py").write_text(TRIVIAL)
@@ -74,7 +77,7 @@ def main() -> int:
                 *launcher(), "run", "--force", "--logdir", "dump", "trivial.py",
             ],
         }  # fmt: skip
-        # Once each first: the native recorder's build, the page cache.
+        # Once each first: the native recorder's build, the bytecode cache, the page cache.
         for cmd in variants.values():
             timed(cmd, cwd, env)
         walls: dict[str, list[float]] = {name: [] for name in variants}
