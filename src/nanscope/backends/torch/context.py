@@ -76,20 +76,19 @@ class ModuleNames:
     out of the names.
     """
 
-    __slots__ = ("base", "inner", "intern", "labels", "loose", "prefix")
+    __slots__ = ("base", "inner", "intern", "labels", "loose")
 
     def __init__(
         self, base: torch.nn.Module, prefix: str | None, intern: Callable[[str], int]
     ) -> None:
         self.base = weakref.ref(base)
-        self.prefix = prefix  # None: the outermost module, named by its class
         self.intern = intern
         # id(module) -> its label. Keyed by id, not weakly by module: a
         # WeakKeyDictionary lookup makes a weak reference each time, and this
         # is read at every module call. The label holds a weak reference
         # that tells a module from a later one at the same address.
         self.labels: dict[int, _Label] = {}
-        self.add(base, prefix or "")
+        self.add(base, prefix or "")  # no prefix: the outermost module, named by its class
         # Modules called under these that the base does not hold: id -> (module, the
         # step when it was found missing); and their own names, by (id, caller's path).
         self.loose: dict[int, tuple[weakref.ref[torch.nn.Module], int]] = {}
