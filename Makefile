@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q \
 		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
-		tests/integration/test_torch_compile.py
+		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py
 
 check: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/check

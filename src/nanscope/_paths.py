@@ -36,10 +36,39 @@ def is_library_file(path: str) -> bool:
     return bool(_LIBRARY_SHAPE.search(p)) or p.startswith(_LIBRARY_DIRS)
 
 
-def is_nanscope_file(path: str) -> bool:
-    """True for nanscope's own machinery, whose frames are left out of recorded stacks."""
+# What starts a program and is no part of it: nanscope's console script (``bin/nanscope``;
+# on Windows the ``__main__.py`` inside ``Scripts\nanscope.exe``) and the standard library's
+# runpy, through which ``nanscope run`` and ``python -m`` run the program.
+_LAUNCHER_SHAPE = re.compile(
+    r"[\\/](bin|Scripts)[\\/]nanscope(\.exe[\\/]__main__\.py|-script\.pyw?)?$"
+    r"|[\\/]lib[\\/]python\d+(\.\d+)?[\\/]runpy\.py$"
+)
+_RUNPY = os.path.join(sysconfig.get_paths().get("stdlib", ""), "runpy.py")
+
+
+def is_launcher_file(path: str) -> bool:
+    """True for what starts a program under nanscope: its console script, and runpy.
+
+    Their frames sit under every frame of a program run by ``nanscope run``
+    (with ``python script.py`` they are not there; with ``python -m`` runpy's
+    are Python's own launcher).
+    """
+    if not path or path.startswith("<"):
+        return path == "<frozen runpy>"  # Python 3.11+ freezes runpy
     p = os.path.abspath(path)
-    return p.startswith(PACKAGE_DIR + os.sep) and not p.startswith(USER_CODE_IN_PACKAGE)
+    return p == _RUNPY or bool(_LAUNCHER_SHAPE.search(p))
+
+
+def is_nanscope_file(path: str) -> bool:
+    """True for nanscope's own machinery, whose frames are left out of recorded stacks.
+
+    The launchers are part of it (:func:`is_launcher_file`): never the
+    program's source, never a frame of its stacks.
+    """
+    p = os.path.abspath(path)
+    return (
+        p.startswith(PACKAGE_DIR + os.sep) and not p.startswith(USER_CODE_IN_PACKAGE)
+    ) or is_launcher_file(path)
 
 
 def is_user_file(path: str) -> bool:

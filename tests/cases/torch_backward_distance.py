@@ -2,12 +2,12 @@
 
 Forward is finite (sqrt(0) = 0). Backward, sqrt's gradient 1/(2*sqrt(0)) is
 +inf, and pow's gradient 2*d multiplies it by d = 0: NaN. Both backward ops
-belong to the forward ops of the `Net.dist` layer.
+belong to the forward ops of the `dist (Distance)` layer.
 """
 # EXPECT origin.phase=backward origin_kind=born origin.forward_op=aten.sqrt.default
-# EXPECT origin.module_path=Net.dist origin.counts.pos_inf=1
+# EXPECT origin.module_path="dist (Distance)" origin.counts.pos_inf=1
 # EXPECT first_nan.phase=backward first_nan.forward_op=aten.pow.Tensor_Scalar
-# EXPECT first_nan.module_path=Net.dist first_nan.explanation~="0 * inf"
+# EXPECT first_nan.module_path="dist (Distance)" first_nan.explanation~="0 * inf"
 
 import torch
 

@@ -1,5 +1,5 @@
 """The bug inside an nn.Module layer: an L2 normalisation without eps, fed an all-zero row."""
-# EXPECT origin.op_type=aten.div.Tensor origin_kind=born origin.module_path=Net.norm
+# EXPECT origin.op_type=aten.div.Tensor origin_kind=born origin.module_path="norm (L2Norm)"
 # EXPECT origin.phase=forward origin.explanation~="0/0"
 
 import torch

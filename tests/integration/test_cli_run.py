@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+
+from nanscope import open_dump
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM = """
 import json, os, sys
@@ -131,3 +136,44 @@ def test_tensorflow_program_is_dumped_by_tensorflow(tmp_path: Path) -> None:
     data = json.loads(nanscope("report", "dump", "--json", cwd=tmp_path).stdout)
     assert data["framework"].startswith("tensorflow")
     assert data["origin"]["op_type"] == "Log" and data["origin"]["source"]["line"] == 3
+
+
+# pip's console-script template, as in a virtual environment's bin/nanscope.
+CONSOLE_SCRIPT = """#!{python}
+import sys
+from nanscope.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_the_launcher_is_not_the_programs_source(
+    tmp_path: Path, program: Path, recorder: str
+) -> None:
+    """Under the console script, stacks begin at the program's first frame, and only the
+    program's files are its sources: neither bin/nanscope nor runpy shows."""
+    launcher = tmp_path / "venv" / "bin" / "nanscope"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text(CONSOLE_SCRIPT.format(python=sys.executable))
+    launcher.chmod(0o755)
+    env = dict(os.environ, NANSCOPE_TORCH_RECORDER=recorder)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [str(launcher), "run", "--logdir", "dump", "--circular-buffer-size", "-1", "pkg/train.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    with open_dump(tmp_path / "dump") as dump:
+        sources = {f.file_path: f.to_json()["user"] for f in dump.source_files()}
+        user = {path for path, is_user in sources.items() if is_user}
+        assert user == {str(program)}
+        assert not any(p.endswith(("/bin/nanscope", "/runpy.py")) for p in sources)
+        execs = dump.executions()
+        log = [e for e in execs if e.op_type == "aten.log.default"]
+        assert log
+        for e in execs:
+            frames = dump.stack(e)
+            assert frames and frames[0].file_path == str(program), [f.file_path for f in frames]
+        assert dump.stack(log[0])[-1].lineno == 6

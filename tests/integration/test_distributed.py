@@ -241,7 +241,7 @@ def test_origin_is_the_rank_and_step_where_it_was_born(ddp: DdpRun, reader: Dump
     assert o is not None and a.origin_kind == "born"
     born = (EXECUTIONS, "aten.log.default", ddp.bad_rank, ddp.bad_step)
     assert (o.kind, o.op_type, o.rank, o.step) == born
-    assert (o.phase, o.module_path) == ("forward", "DistributedDataParallel.module")
+    assert (o.phase, o.module_path) == ("forward", "module (LogFeatures)")
     assert (o.counts.neg_inf, o.counts.pos_inf, o.counts.nan) == (1, 0, 0)
     assert "log of zero" in o.explanation
     assert o.source is not None and o.source.file == str(DDP_PROGRAM)

@@ -106,9 +106,7 @@ CASES: dict[str, Case] = {
 BUFFERS: dict[str, tuple[str, ...]] = {"default": (), "full": ("--circular-buffer-size", "-1")}
 
 # (case, buffer or None for both, test) -> why nanscope fails it today.
-KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {
-    ("amp", None, "steps"): "steps skipped by GradScaler are not counted",
-}
+KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {}
 CHECK_NUMERICS_FAILURES: dict[str, str] = {}
 
 

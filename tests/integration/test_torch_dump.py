@@ -735,7 +735,7 @@ def test_backward_ops_take_the_module_path_of_their_forward_op(tmp_path: Path) -
     _, execs, _ = record(tmp_path, run)
     seq = {e.sequence: e for e in execs}
     fwd_paths = {e.module_path for e in execs if e.phase == 1}
-    assert {"Net", "Net.fc1", "Net.fc2"} <= fwd_paths
+    assert {"Net", "fc1 (Linear)", "fc2 (Linear)"} <= fwd_paths
     assert by_op(execs, "aten.relu.default").module_path == "Net"
     (th,) = [e for e in execs if e.op_type == "aten.threshold_backward.default"]
     assert th.phase == 2 and seq[th.forward_sequence].op_type == "aten.relu.default"
@@ -744,7 +744,7 @@ def test_backward_ops_take_the_module_path_of_their_forward_op(tmp_path: Path) -
     assert linked
     for e in linked:
         assert e.module_path == seq[e.forward_sequence].module_path
-    assert {e.module_path for e in linked} >= {"Net.fc1", "Net.fc2"}
+    assert {e.module_path for e in linked} >= {"fc1 (Linear)", "fc2 (Linear)"}
 
 
 def _two_layer_net() -> Any:
@@ -768,7 +768,9 @@ def test_module_paths_of_a_reused_module(tmp_path: Path) -> None:
         net(x)
 
     _, execs, _ = record(tmp_path, run)
-    assert [e.module_path for e in execs] == ["Net.fc1", "Net.fc1", "Net.fc2", "Net.fc2"] * 2
+    assert [e.module_path for e in execs] == [
+        "fc1 (Linear)", "fc1 (Linear)", "fc2 (Linear)", "fc2 (Linear)",
+    ] * 2  # fmt: skip
 
 
 def test_module_path_after_calling_a_submodule_on_its_own(tmp_path: Path) -> None:
@@ -780,7 +782,9 @@ def test_module_path_after_calling_a_submodule_on_its_own(tmp_path: Path) -> Non
 
     _, execs, _ = record(tmp_path, run)
     assert [e.module_path for e in execs[:2]] == ["Linear", "Linear"]
-    assert [e.module_path for e in execs[2:]] == ["Net.fc1", "Net.fc1", "Net.fc2", "Net.fc2"]
+    assert [e.module_path for e in execs[2:]] == [
+        "fc1 (Linear)", "fc1 (Linear)", "fc2 (Linear)", "fc2 (Linear)",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "Adam"])

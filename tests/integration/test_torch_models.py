@@ -156,9 +156,10 @@ def record_checked(
     assert r.problems == []
     execs = r.executions()
     # Every op the program ran was recorded, once, in order: nothing failed to record
-    # (profiler bookkeeping, e.g. around optimizer.step(), is left out on purpose).
+    # (profiler bookkeeping, e.g. around optimizer.step(), is left out on purpose; a step
+    # that ended says that an optimizer step ran).
     ops = [(name, snaps) for name, snaps in cap.ops if not name.startswith("profiler.")]
-    assert len(ops) < len(cap.ops) or not any(e.phase == 3 for e in execs)
+    assert len(ops) < len(cap.ops) or not any(e.step > 0 for e in execs)
     aligned: list[tuple[str, list[Snapshot]] | None] = list(ops)
     assert isinstance(s._session, TorchDumpSession)
     if s._session.recorder == "native":
@@ -358,10 +359,10 @@ def test_mlp(tmp_path: Path) -> None:
     ):
         assert compared.get(op), op
     paths = {e.module_path for e in execs}
-    assert {"MLP", "MLP.fc1", "MLP.fc2", ""} <= paths
+    assert {"MLP", "fc1 (Linear)", "fc2 (Linear)", ""} <= paths
     assert {e.module_path for e in execs if e.op_type == "aten.addmm.default"} == {
-        "MLP.fc1",
-        "MLP.fc2",
+        "fc1 (Linear)",
+        "fc2 (Linear)",
     }
     check_links(execs)
     pairs = linked_pairs(execs)
@@ -381,26 +382,42 @@ def test_cnn(tmp_path: Path) -> None:
     ops = {e.op_type for e in execs}
     assert {"aten.convolution.default", "aten.max_pool2d_with_indices.default"} <= ops
     bn = [e for e in execs if "batch_norm" in e.op_type and e.phase == 1]
-    assert bn and all(e.module_path == "CNN.bn1" for e in bn)
+    assert bn and all(e.module_path == "bn1 (BatchNorm2d)" for e in bn)
     # max_pool2d returns values and int64 indices: only the values have a summary.
     pool = [e for e in execs if e.op_type == "aten.max_pool2d_with_indices.default"]
-    assert {e.module_path for e in pool} == {"CNN.pool", "CNN"}
+    assert {e.module_path for e in pool} == {"pool (MaxPool2d)", "CNN"}
     for e in pool:
         assert summaries_of(e)[0] is not None and summaries_of(e)[1] is None
     assert compared["aten.convolution.default"] == 4 and compared["aten.relu.default"] == 4
     paths = {e.module_path for e in execs}
-    assert {"CNN", "CNN.conv1", "CNN.bn1", "CNN.pool", "CNN.conv2", "CNN.fc"} <= paths
+    assert {
+        "CNN",
+        "conv1 (Conv2d)",
+        "bn1 (BatchNorm2d)",
+        "pool (MaxPool2d)",
+        "conv2 (Conv2d)",
+        "fc (Linear)",
+    } <= paths
     check_links(execs)
     pairs = linked_pairs(execs)
-    assert ("aten.convolution_backward.default", "aten.convolution.default", "CNN.conv1") in pairs
-    assert ("aten.convolution_backward.default", "aten.convolution.default", "CNN.conv2") in pairs
+    assert (
+        "aten.convolution_backward.default",
+        "aten.convolution.default",
+        "conv1 (Conv2d)",
+    ) in pairs
+    assert (
+        "aten.convolution_backward.default",
+        "aten.convolution.default",
+        "conv2 (Conv2d)",
+    ) in pairs
     assert (
         "aten.max_pool2d_with_indices_backward.default",
         "aten.max_pool2d_with_indices.default",
-        "CNN.pool",
+        "pool (MaxPool2d)",
     ) in pairs
     assert any(
-        b.startswith("aten.native_batch_norm_backward") and m == "CNN.bn1" for b, _, m in pairs
+        b.startswith("aten.native_batch_norm_backward") and m == "bn1 (BatchNorm2d)"
+        for b, _, m in pairs
     )
 
 
@@ -418,18 +435,18 @@ def test_transformer_block(tmp_path: Path) -> None:
     assert all(np.isfinite(losses))
     paths = {e.module_path for e in execs}
     assert {
-        "TinyTransformer.emb",
-        "TinyTransformer.enc.self_attn",
-        "TinyTransformer.enc.norm1",
-        "TinyTransformer.enc.linear1",
-        "TinyTransformer.attn.norm",
-        "TinyTransformer.attn.qkv",
-        "TinyTransformer.head",
+        "emb (Embedding)",
+        "enc.self_attn (MultiheadAttention)",
+        "enc.norm1 (LayerNorm)",
+        "enc.linear1 (Linear)",
+        "attn.norm (LayerNorm)",
+        "attn.qkv (Linear)",
+        "head (Linear)",
     } <= paths
     assert compared.get("aten.native_layer_norm.default", 0) >= 6
     # The causal mask puts -inf in the scores on purpose: recorded, and counted exactly.
     (mask, *_) = [e for e in execs if e.op_type == "aten.masked_fill.Scalar"]
-    assert mask.module_path == "TinyTransformer.attn" and mask.health.neg_inf == 2 * 15
+    assert mask.module_path == "attn (HandAttention)" and mask.health.neg_inf == 2 * 15
     first = r.first_nonfinite(EXECUTIONS)
     assert first is not None and first.index == mask.index
     assert mask.input_debug_tensor_values[0] is not None  # the finite scores that went in
@@ -446,17 +463,17 @@ def test_transformer_block(tmp_path: Path) -> None:
     )
     # Integer tensors: the embedding's indices go in, nothing is summarised for them.
     emb = [e for e in execs if e.op_type == "aten.embedding.default"]
-    assert len(emb) == 2 and all(e.module_path == "TinyTransformer.emb" for e in emb)
+    assert len(emb) == 2 and all(e.module_path == "emb (Embedding)" for e in emb)
     check_links(execs)
     pairs = linked_pairs(execs)
     assert (
         "aten.embedding_dense_backward.default",
         "aten.embedding.default",
-        "TinyTransformer.emb",
+        "emb (Embedding)",
     ) in pairs
-    assert any(m == "TinyTransformer.enc.self_attn" for _, _, m in pairs)
+    assert any(m == "enc.self_attn (MultiheadAttention)" for _, _, m in pairs)
     assert any(
-        b == "aten.native_layer_norm_backward.default" and m == "TinyTransformer.attn.norm"
+        b == "aten.native_layer_norm_backward.default" and m == "attn.norm (LayerNorm)"
         for b, _, m in pairs
     )
     assert {e.phase for e in execs} == {1, 2, 3}
@@ -525,7 +542,7 @@ def test_checkpoint_non_reentrant(tmp_path: Path) -> None:
     if not native:
         np.testing.assert_array_equal(summary_of(again[0]), summary_of(fwd_tanh[0]))
     assert compared["aten.sigmoid.default"] == 2
-    assert {"Checkpointed", "Checkpointed.a", "Checkpointed.b", "Checkpointed.c"} <= {
+    assert {"Checkpointed", "a (Linear)", "b (Linear)", "c (Linear)"} <= {
         e.module_path for e in execs
     }
     check_links(execs)
@@ -554,7 +571,7 @@ def test_custom_autograd_function(tmp_path: Path) -> None:
     linked = check_links(execs)
     # Ops of the built-in backward formulas around it are linked as usual; the custom
     # backward's own ops belong to no ATen forward op (the node is the Function's).
-    assert any(e.module_path == "CustomNet.fc1" for e in linked)
+    assert any(e.module_path == "fc1 (Linear)" for e in linked)
     assert all(e.forward_sequence == 0 for e in cosh)
     assert [e.step for e in sinh] == [0, 1] and [e.step for e in cosh] == [0, 1]
 

@@ -155,4 +155,4 @@ def test_records_encoded_in_cpp_are_canonical_protobuf(tmp_path: Path, mode: str
     execs = nanscope.open_dump(tmp_path).executions()
     assert [e.sequence for e in execs] == list(range(1, len(execs) + 1))
     assert {e.phase for e in execs} == {1, 2, 3} and any(e.forward_sequence for e in execs)
-    assert any(e.module_path == "Sequential.0" for e in execs)
+    assert any(e.module_path == "0 (Linear)" for e in execs)

@@ -10,18 +10,14 @@ same logdir).
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
 import os
 import runpy
 import shutil
 import sys
 import traceback
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
+from nanscope._imports import AfterImport
 from nanscope.backends import RECORDED
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import PREFIX
@@ -46,42 +42,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace a dump already in --logdir")
     p.add_argument("-m", dest="module", help="run a library module as a script (like python -m)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...], or args of -m")
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Calls ``callback(name)`` right after the top-level package ``name`` finished importing."""
-
-    def __init__(self, names: Sequence[str], callback: Callable[[str], None]) -> None:
-        self.names = set(names)
-        self.callback = callback
-        self._busy: set[str] = set()
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.names or fullname in self._busy:
-            return None
-        self._busy.add(fullname)
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            for finder in sys.meta_path:
-                if spec is not None:
-                    break
-                if finder is not self and hasattr(finder, "find_spec"):
-                    spec = finder.find_spec(fullname, path, target)
-        finally:
-            self._busy.discard(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-        hook = self
-
-        def exec_module(module: ModuleType) -> None:
-            original(module)
-            hook.names.discard(fullname)
-            hook.callback(fullname)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
 
 
 def _default_logdir(args: argparse.Namespace) -> Path:
@@ -138,11 +98,9 @@ def run(args: argparse.Namespace) -> int:
     already = [f for f in RECORDED if f in sys.modules]
     if already:
         start(already[0])
-    hook = _PostImportHook(RECORDED, start)
-    sys.meta_path.insert(0, hook)
+    hook = AfterImport(RECORDED, start)
     code = _run_program(args)
-    if hook in sys.meta_path:
-        sys.meta_path.remove(hook)
+    hook.remove()
     if args.check_numerics:
         nanscope.disable_check_numerics()
     else:

@@ -46,11 +46,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch._C._autograd import _get_sequence_nr
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.context import RunContext
-from nanscope.backends.torch.dispatch import InstalledMode
+from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
 from nanscope.errors import Birth, Frame, NonFiniteError
@@ -274,7 +274,7 @@ class _Local(threading.local):
 # -- the mode ---------------------------------------------------------------------------------
 
 
-class CheckNumericsMode(TorchDispatchMode):
+class CheckNumericsMode(DynamoFreeMode):
     """Raises :class:`NonFiniteError` at the first NaN or harmful Inf (see the module doc)."""
 
     def __init__(self, context: RunContext, sync_every: int = 64, queue_cpu: bool = False) -> None:
@@ -307,12 +307,8 @@ class CheckNumericsMode(TorchDispatchMode):
 
     # -- every op ----------------------------------------------------------------------------
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+    def handle(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
         info = self._ops[func]

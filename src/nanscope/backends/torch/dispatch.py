@@ -1,4 +1,5 @@
-"""Installing a dispatch mode on the calling thread and on the threads started later."""
+"""Dispatch modes: kept from Dynamo without importing it, and installed on the calling
+thread and on the threads started later."""
 
 from __future__ import annotations
 
@@ -9,6 +10,48 @@ from collections.abc import Callable
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
+
+_WITHOUT_DYNAMO: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+class DynamoFreeMode(TorchDispatchMode):
+    """A dispatch mode whose handler Dynamo never traces, without importing Dynamo for it.
+
+    PyTorch wraps every mode's ``__torch_dispatch__`` in ``torch._disable_dynamo``,
+    which imports Dynamo (seconds) at the mode's first op, and then goes through
+    Dynamo's disabling at every op. Dynamo can trace a frame only once it is
+    imported: until then the handler runs as it is, afterwards with Dynamo
+    disabled. Subclasses implement :meth:`handle`.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # PyTorch's wrapper: this class disables Dynamo itself, lazily
+
+    def handle(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+    ) -> Any:
+        """What ``__torch_dispatch__`` does."""
+        raise NotImplementedError
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return self.handle(func, types, args, kwargs)
+        handle = type(self).handle
+        disabled = _WITHOUT_DYNAMO.get(handle)
+        if disabled is None:
+            import torch._dynamo
+
+            disabled = _WITHOUT_DYNAMO[handle] = torch._dynamo.disable(
+                handle, recursive=True, wrapping=False
+            )
+        return disabled(self, func, types, args, kwargs)
 
 
 def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:

@@ -30,11 +30,13 @@ import functools
 import itertools
 import operator
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from nanscope._imports import AfterImport
 from nanscope.backends.torch.compiled.calls import GraphCalls
 from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
@@ -43,6 +45,7 @@ from nanscope.backends.torch.compiled.plan import (
     drop_output_strides,
     numel,
 )
+from nanscope.backends.torch.context import join_names, module_label, qualified_name
 from nanscope.backends.torch.ops import SAME_ELEMENT_VIEWS, UNINITIALISED
 from nanscope.backends.torch.recorders.base import Recorder, Setup
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES
@@ -71,22 +74,30 @@ def _op_type(node: torch.fx.Node) -> str:
 
 
 def _module_path(node: torch.fx.Node, root: str) -> str:
-    """The eager recorder's path (``MLP.fc1``) from a node's ``nn_module_stack``.
+    """The eager recorder's path (``h.1.ln_1 (LayerNorm)``) from a node's ``nn_module_stack``.
 
-    ``root`` is the path of the module whose forward Dynamo compiled (the
-    eager recorder's path when compilation started); the stack holds the
-    access paths of submodules under it: ``L['self'].layers[0].attn``.
+    ``root`` is the path of the module running when compilation started (the
+    eager recorder's: the compiled module's own, or "" for a compiled
+    function); the stack holds the access paths of the modules under it,
+    with their classes: ``("L['self'].h[1].ln_1", LayerNorm)``.
     """
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return root
-    path, _ = list(stack.values())[-1]
-    path = re.sub(r"^L\[['\"][^'\"]*['\"]\]\.?|^L__self__\.?", "", str(path))
+    path, cls = list(stack.values())[-1]
+    path = re.sub(r"^[LG]\[['\"][^'\"]*['\"]\]\.?|^L__self__\.?", "", str(path))
     path = re.sub(r"\._modules\[['\"]([^'\"]*)['\"]\]", r".\1", path)
     path = re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", path).strip(".")
-    if not root:
-        return path
-    return f"{root}.{path}" if path else root
+    path = ".".join(part for part in path.split(".") if part != "_orig_mod")
+    if not path:
+        # The module compiled, or (a compiled function) a module it was given.
+        return root or _class_name(cls)
+    return module_label(join_names(qualified_name(root), path), _class_name(cls))
+
+
+def _class_name(cls: Any) -> str:
+    """A class's name from ``nn_module_stack`` (a class, or its qualified name as a string)."""
+    return cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
 
 
 class GraphRewriter:
@@ -106,7 +117,9 @@ class GraphRewriter:
         self.calls = GraphCalls(eager, self.writer, self.context)
         self._stacks: dict[str, int] = {}
         self._original: Any = None
+        self._patched: Any = None
         self._callbacks: list[Any] = []
+        self._after_import: AfterImport | None = None
 
     @property
     def active(self) -> bool:
@@ -116,10 +129,37 @@ class GraphRewriter:
     # -- installation ------------------------------------------------------------------------
 
     def install(self) -> None:
-        from torch._inductor import compile_fx as cfx
+        """Instrument the compilations from now on.
 
-        # Code compiled before (plainly, or for another session) would run as it is.
-        torch._dynamo.reset()
+        Dynamo and inductor cost seconds to import: a program that never
+        compiles must not pay for them. Those already imported are
+        instrumented now; the others the moment the program imports them
+        (``torch.compile``'s first call imports Dynamo, its first compilation
+        inductor's ``compile_fx``).
+        """
+        self.calls.active = True
+        if "torch._dynamo" in sys.modules:
+            # Code compiled before (plainly, or for another session) would run as it is.
+            torch._dynamo.reset()
+        pending = []
+        for name, instrument in self._modules.items():
+            if name in sys.modules:
+                instrument()
+            else:
+                pending.append(name)
+        if pending:
+            self._after_import = AfterImport(pending, lambda name: self._modules[name]())
+
+    @property
+    def _modules(self) -> dict[str, Callable[[], None]]:
+        """The modules instrumented, and how."""
+        return {
+            "torch._dynamo.callback": self._register_callbacks,
+            "torch._inductor.compile_fx": self._patch_compile_fx,
+        }
+
+    def _patch_compile_fx(self) -> None:
+        from torch._inductor import compile_fx as cfx
 
         original = cfx.compile_fx
         inner_default = cfx.compile_fx_inner
@@ -138,28 +178,34 @@ class GraphRewriter:
         self._original = original
         cfx.compile_fx = compile_fx
         self._patched = compile_fx
+
+    def _register_callbacks(self) -> None:
         from torch._dynamo.callback import callback_handler
 
         # Dynamo's own tracing (fake tensors) is not the user's computation either.
-        self._on_start, self._on_end = SUSPENDED.compile_started, SUSPENDED.compile_ended
-        callback_handler.register_start_callback(self._on_start)
-        callback_handler.register_end_callback(self._on_end)
+        callback_handler.register_start_callback(SUSPENDED.compile_started)
+        callback_handler.register_end_callback(SUSPENDED.compile_ended)
         self._callbacks = [callback_handler]
-        self.calls.active = True
 
     def uninstall(self) -> None:
         self.calls.active = False
-        # Our graphs would go on computing summaries that nobody records.
-        torch._dynamo.reset()
-        from torch._inductor import compile_fx as cfx
+        if self._after_import is not None:
+            self._after_import.remove()
+            self._after_import = None
+        if "torch._dynamo" in sys.modules:
+            # Our graphs would go on computing summaries that nobody records.
+            torch._dynamo.reset()
+        if self._original is not None:
+            from torch._inductor import compile_fx as cfx
 
-        if self._original is not None and cfx.compile_fx is self._patched:
-            cfx.compile_fx = self._original
+            if cfx.compile_fx is self._patched:
+                cfx.compile_fx = self._original
+            self._original = None
         for handler in self._callbacks:
             with contextlib.suppress(ValueError):
-                handler.remove_start_callback(self._on_start)
+                handler.remove_start_callback(SUSPENDED.compile_started)
             with contextlib.suppress(ValueError):
-                handler.remove_end_callback(self._on_end)
+                handler.remove_end_callback(SUSPENDED.compile_ended)
         self._callbacks = []
 
     # -- compile time ------------------------------------------------------------------------

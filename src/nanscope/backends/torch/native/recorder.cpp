@@ -160,7 +160,10 @@ thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
 thread_local int tl_suspended = 0;   // > 0 inside a compiled graph call (compiled.py)
 thread_local bool tl_excluded = false;
 thread_local int tl_module = 0;
-thread_local int tl_optimizer = 0;
+thread_local int tl_optimizer = 0;      // optimizer.step() or GradScaler calls running
+// After backward() returned: the autograd sequence number then, until the step
+// ends or a forward pass begins (-1 otherwise); see context.py's RunContext.
+thread_local int64_t tl_between = -1;
 thread_local int64_t tl_last_seq = -1;
 
 struct Busy {
@@ -626,7 +629,16 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   }
 
   auto node = torch::autograd::get_current_node();
-  ev.phase = tl_optimizer ? kPhaseOptimizer : (node ? kPhaseBackward : kPhaseForward);
+  if (tl_between >= 0 && !tl_optimizer && !node &&
+      static_cast<int64_t>(at::sequence_number::peek()) != tl_between) {
+    // The first op that autograd recorded since backward() returned: a forward
+    // pass began. Python ends the update phase (and the step, for updates made
+    // by hand) and sets tl_between and the step through the mirror.
+    py::gil_scoped_acquire gil;
+    S->host.attr("forward_began")();
+  }
+  ev.phase = (tl_optimizer || tl_between >= 0) ? kPhaseOptimizer
+                                               : (node ? kPhaseBackward : kPhaseForward);
   if (node) {
     std::lock_guard<std::mutex> g(S->links_mu);
     auto it = S->links.find(static_cast<int64_t>(node->sequence_nr()));
@@ -931,7 +943,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_names", &device_names);
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
   m.def("set_module", [](int m) { tl_module = m; });
-  m.def("set_optimizer", [](int n) { tl_optimizer = n; });
+  m.def("set_optimizer", [](int n, int64_t between) {
+    tl_optimizer = n;
+    tl_between = between;
+  });
   m.def("set_step", [](int64_t s) {
     if (S != nullptr) S->step = s;
   });

@@ -103,6 +103,7 @@ class NativeRecorder(RecorderBase):
             os.register_at_fork(after_in_child=lib.forget_in_child)
         width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
         lib.start(self, int(self.mode), table, *self.writer.encoder.execution_pieces(width))
+        self.context.sync_mirror()
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
         self._closed = False
@@ -180,6 +181,10 @@ class NativeRecorder(RecorderBase):
 
     def wait_collective(self, out: Any) -> None:
         wait_for_collective(out)
+
+    def forward_began(self) -> None:
+        """An op that autograd recorded ran after ``backward()`` returned (see RunContext)."""
+        self.context.forward_began()
 
     # -- the drain thread --------------------------------------------------------------------
 
@@ -284,6 +289,9 @@ class NativeRecorder(RecorderBase):
         self.submit_device_summaries()
         self.sync()
         self.lib.release()
+        # This thread's copy must not carry into a later session.
+        self.lib.set_module(0)
+        self.lib.set_optimizer(0, -1)
         self.context.mirror = None
         self.context.on_step = None
 

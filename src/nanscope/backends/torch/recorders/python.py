@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch._C._autograd import _get_sequence_nr
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope.backends.torch.device_buffer import PendingSummaries
-from nanscope.backends.torch.dispatch import InstalledMode
+from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
 from nanscope.backends.torch.recorders.base import (
     RecorderBase,
@@ -36,7 +35,7 @@ class _Local(threading.local):
         self.last_seq_nr = -1
 
 
-class PythonRecorder(RecorderBase, TorchDispatchMode):
+class PythonRecorder(RecorderBase, DynamoFreeMode):
     """Records each op it sees into a :class:`DumpWriter` (a :class:`~.base.Recorder`).
 
     Pushed on the calling thread, and on threads started later, when made.
@@ -45,7 +44,7 @@ class PythonRecorder(RecorderBase, TorchDispatchMode):
     kind = "python"
 
     def __init__(self, setup: Setup) -> None:
-        TorchDispatchMode.__init__(self)
+        DynamoFreeMode.__init__(self)
         RecorderBase.__init__(self, setup)
         self.ids = TensorIds()
         self._ops = OpCache(self.op_regex)
@@ -66,12 +65,8 @@ class PythonRecorder(RecorderBase, TorchDispatchMode):
         self._reads_values = self._health or self.mode == TensorDebugMode.FULL_TENSOR
         self._installed = InstalledMode(self)
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+    def handle(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
         if SUSPENDED.depth:
@@ -226,7 +221,7 @@ class PythonRecorder(RecorderBase, TorchDispatchMode):
                 module_path = ""
         else:
             module_path = ctx.module_path()
-        stack = self.writer.capture_stack(sys._getframe(2))
+        stack = self.writer.capture_stack(sys._getframe(3))  # the op's caller
         step = ctx.step
         if step != self._last_step:
             self._last_step = step
