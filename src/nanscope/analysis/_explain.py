@@ -58,7 +58,7 @@ _EXP2_ABOVE = {"float16": "16", "bfloat16": "128", "float32": "128", "float64": 
 _HALF = ("float16", "bfloat16")
 
 
-def _short(op_type: str) -> str:
+def short_name(op_type: str) -> str:
     """``aten.masked_fill.Scalar`` -> ``masked_fill``; other names unchanged."""
     return op_type.split(".")[1] if op_type.startswith("aten.") else op_type
 
@@ -95,7 +95,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def _is_sub(op_type: str) -> bool:
-    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    name = short_name(op_type)
     return name.lower().rstrip("_") in ("sub", "subtract", "rsub")
 
 
@@ -176,7 +176,7 @@ def explain(
     bad_inputs = [c for c in counted if c is not None and c.nonfinite]
     if fam == "fill" and all(c.size == 1 for c in bad_inputs):
         # The Inf/NaN is the value given (masked_fill(mask, -inf), scalar_tensor(-inf)).
-        return f"{_short(op_type)} wrote {made} given as a value (an intentional mask?)"
+        return f"{short_name(op_type)} wrote {made} given as a value (an intentional mask?)"
     if bad_inputs:
         return _carried(op_type, fam, output, counted, bad_inputs, external)
     op = _op(op_type, fam, output, counted)
@@ -250,7 +250,7 @@ def _carried(
 
 def _op(op_type: str, fam: str, output: Health, inputs: list[Health | None]) -> _Op:
     """The op's operands: a ``_foreach_`` op's tensor lists each summed into one health."""
-    short = _short(op_type)
+    short = short_name(op_type)
     name = short if op_type.startswith("aten.") else fam
     if not short.startswith("_foreach_"):
         return _Op(op_type, fam, name, output, inputs, list(inputs), 0)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.analysis._dataflow import nearest_trace
+from nanscope.analysis._explain import short_name
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
 
@@ -64,6 +65,13 @@ class Lineage:
     reaches: list[str] = field(default_factory=list)
     verdict: str = "benign"  # "harmful", "benign" or "handled"
 
+    def add(self, index: int, out: set[str]) -> None:
+        """Event ``index`` holds this lineage's values, of the kinds in ``out``."""
+        self.members.append(index)
+        self.carries |= out
+        if "nan" in out and self.first_nan is None:
+            self.first_nan = index
+
     def reach(self, what: str) -> None:
         if what not in self.reaches:
             self.reaches.append(what)
@@ -86,7 +94,7 @@ def _kinds(h: Health | None) -> set[str]:
 def _shape_only(op_type: str) -> bool:
     """Ops that read a tensor's shape and dtype but not its values (``ones_like``,
     ``new_zeros``, ``empty_like``): they neither absorb nor pass on Inf/NaN."""
-    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    name = short_name(op_type)
     return name.endswith("_like") or name.startswith(("new_", "empty", "sym_size", "sym_stride"))
 
 
@@ -108,7 +116,7 @@ def _absorbs(ex: Execution) -> bool:
 
 def _in_place(op_type: str) -> bool:
     """``aten.addcdiv_.default``, ``aten._foreach_add_.List``: ops that write an input."""
-    name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
+    name = short_name(op_type)
     return name.endswith("_") and not name.startswith("_amp_")
 
 
@@ -136,12 +144,11 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     order = mine[hits[0] :]
     complete = len(order) <= DECODE_LIMIT
     order = order[:DECODE_LIMIT]
-    # Where the circular buffer dropped events: a jump in sequence numbers.
-    seq = rows["sequence"][order].astype(np.int64)
-    gaps = order[:-1][np.diff(seq) > 1]
-    last_gap = int(gaps[-1]) if gaps.size else -1
-
-    gap_set = set(gaps.tolist())
+    # Where the circular buffer dropped events, after the first Inf/NaN: the event after
+    # which each gap opens.
+    gaps = [after for p, after, _ in reader.gaps(EXECUTIONS) if p == process and after >= order[0]]
+    first_gap, last_gap = (gaps[0], gaps[-1]) if gaps else (-1, -1)
+    gap_set = set(gaps)
     lineages: list[Lineage] = []
     bad: dict[int, set[int]] = {}  # tensor id -> lineages whose values it holds
     unread: dict[int, set[int]] = {}  # bad tensor ids no later event has read yet
@@ -150,7 +157,6 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     # (values already read, like a mask that its softmax absorbed, are not followed).
     alive_at_gap: set[int] = set()
     seen: set[int] = set()  # tensor ids some decoded event produced
-    first_gap = int(gaps[0]) if gaps.size else -1
     previous = -1
     for i in order.tolist():
         if previous in gap_set:
@@ -243,10 +249,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
 
 
 def _note_member(lin: Lineage, ex: Execution, out: set[str]) -> None:
-    lin.members.append(ex.index)
-    lin.carries |= out
-    if "nan" in out and lin.first_nan is None:
-        lin.first_nan = ex.index
+    lin.add(ex.index, out)
     if lin.birth_phase != BACKWARD and lin.birth_phase != OPTIMIZER and ex.phase == BACKWARD:
         lin.reach("the loss and the gradients")
     if ex.step > lin.birth_step:
@@ -299,11 +302,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
             passed = {len(lineages) - 1}
         member_of[i] = passed
         for li in passed:
-            lin = lineages[li]
-            lin.members.append(i)
-            lin.carries |= out
-            if "nan" in out and lin.first_nan is None:
-                lin.first_nan = i
+            lineages[li].add(i, out)
         consumers = graph.consumers(tr.op_name) if graph else []
         if op is None or not consumers:
             for li in passed:

@@ -330,13 +330,8 @@ def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
                  else harmful[0] if harmful else None)  # fmt: skip
     if cause is not None:
         result.cause = view(cause.kind, cause.birth)
-        end_index = (
-            first_nan.index
-            if first_nan is not None and first_nan.kind == cause.kind
-            and first_nan.index in cause.members
-            else cause.first_nan
-        )  # fmt: skip
-        end = view(cause.kind, end_index) if end_index is not None else None
+        # The lineage's own first NaN (the first NaN of all when it is in this lineage).
+        end = view(cause.kind, cause.first_nan) if cause.first_nan is not None else None
         if result.cause is not None:
             result.chain = _chain(reader, result.cause, end, view) if end else [result.cause]
         origin = result.origin

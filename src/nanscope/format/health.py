@@ -166,9 +166,14 @@ def per_output(
     return tuple([None if v is None else of_summary(mode, v) for v in values])
 
 
+def combined(outputs: Iterable[Health | None]) -> Health:
+    """Each output's health (from :func:`per_output`) together, malformed summaries left out."""
+    return total([h for h in outputs if h is not None and h != UNKNOWN])
+
+
 def of_outputs(mode: TensorDebugMode | int, values: Iterable[np.ndarray | None]) -> Health:
     """The health of an event's recorded outputs together (malformed summaries left out)."""
-    return total([h for h in per_output(mode, values) if h is not None and h != UNKNOWN])
+    return combined(per_output(mode, values))
 
 
 def index_row(mode: TensorDebugMode | int, values: Sequence[np.ndarray | None]) -> IndexRow:

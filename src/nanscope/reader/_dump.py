@@ -628,7 +628,7 @@ class DumpReader:
             debug_tensor_values=summaries,
             host_name=ex.code_location.host_name,
             stack_frame_ids=tuple(ex.code_location.stack_frame_ids),
-            health=health.total([h for h in outputs if h is not None and h != health.UNKNOWN]),
+            health=health.combined(outputs),
             output_health=outputs,
             module_path=ex.module_path,
             phase=ex.phase,
