@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test check install clean
+.PHONY: demo test check install clean stress
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ test: $(STAMP)
 	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q \
 		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
 		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py
+
+# The recorder's switch-on-and-off test, 20 runs per recorder pinned to one core, then
+# 20 more with the native recorder built with AddressSanitizer (docs/RELIABILITY.md).
+ASAN = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
+stress: $(STAMP)
+	$(BIN)/python -m nanscope.backends.torch.native
+	NANSCOPE_STRESS_RUNS=20 $(BIN)/python -m pytest -q \
+		tests/integration/test_torch_recorder_lifecycle.py -k switching
+	NANSCOPE_NATIVE_SANITIZE=address $(ASAN) $(BIN)/python -m nanscope.backends.torch.native
+	NANSCOPE_NATIVE_SANITIZE=address NANSCOPE_STRESS_RUNS=20 $(ASAN) $(BIN)/python -m pytest -q \
+		-p no:cacheprovider tests/integration/test_torch_recorder_lifecycle.py -k "switching and native"
 
 check: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/check

@@ -52,7 +52,13 @@ from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
-from nanscope.backends.torch.summaries import FLOAT_DTYPES, any_nonfinite, counts, host_view
+from nanscope.backends.torch.summaries import (
+    FLOAT_DTYPES,
+    host_arrays,
+    tensor_all_finite,
+    tensor_counts,
+    without_broadcast,
+)
 from nanscope.errors import Birth, Frame, NonFiniteError
 from nanscope.events import Phase
 
@@ -109,14 +115,14 @@ def describe_tensor(t: torch.Tensor) -> str:
     head = f"{str(t.dtype).replace('torch.', '')}[{shape}] on {t.device}"
     if t.dtype not in FLOAT_DTYPES:
         return head
-    ni, pi, nn, neg, zero, pos = counts(host_view(_host(t)))
+    ni, pi, nn, neg, zero, pos = tensor_counts(_host(t))
     nonfinite = _counted(ni, pi, nn)
     finite = f"{neg} negative, {zero} zero, {pos} positive"
     return f"{head}: {nonfinite + '; ' if nonfinite else ''}{finite}"
 
 
 def _nonfinite_counts(t: torch.Tensor) -> tuple[int, int, int]:
-    ni, pi, nn, _, _, _ = counts(host_view(_host(t)))
+    ni, pi, nn, _, _, _ = tensor_counts(_host(t))
     return ni, pi, nn
 
 
@@ -131,7 +137,7 @@ def _counted(ni: int, pi: int, nn: int) -> str:
 
 def _has_nan(t: torch.Tensor) -> bool:
     if t.device.type == "cpu":
-        return bool(np.isnan(host_view(t)).any())
+        return any(bool(np.isnan(a).any()) for a in host_arrays(without_broadcast(t)[0]))
     return bool(torch.isnan(t).any())
 
 
@@ -139,7 +145,7 @@ def _all_finite(t: torch.Tensor) -> bool:
     """Whether ``t`` holds no Inf/NaN (True for a tensor whose values cannot be looked at)."""
     try:
         if t.device.type == "cpu":
-            return not any_nonfinite(host_view(t))
+            return tensor_all_finite(t)
         return bool(torch.isfinite(t).all())
     except (RuntimeError, TypeError, NotImplementedError):
         return True
@@ -327,7 +333,7 @@ class CheckNumericsMode(DynamoFreeMode):
                 continue
             try:
                 if t.device.type == "cpu" and not self.queue_cpu:
-                    if any_nonfinite(host_view(t)):
+                    if not tensor_all_finite(t):
                         bad = [i] if bad is None else [*bad, i]
                 elif t.device.type != "meta":
                     flag = torch.isfinite(t).all()

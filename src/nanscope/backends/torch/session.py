@@ -54,13 +54,23 @@ class TorchDumpSession:
         self.context = RunContext()
         self.context.install()
         setup = Setup(self.writer, self.context, pattern, dtype_filter)
-        self.eager: Recorder = (
-            NativeRecorder(lib, setup) if lib is not None else PythonRecorder(setup)
-        )
+        self.eager: Recorder = self._recorder(lib, setup)
         # torch.compile'd code: graphs recorded, summaries computed inside them.
         self.compiled = GraphRewriter(self.eager, setup)
         self.compiled.install()
         self._closed = False
+
+    @staticmethod
+    def _recorder(lib: ModuleType | None, setup: Setup) -> Recorder:
+        if lib is not None:
+            try:
+                return NativeRecorder(lib, setup)
+            except RuntimeError as exc:
+                # The previous session's last op is still being recorded on
+                # another thread (a collective waiting for its peers?): its
+                # tables are not free yet.
+                print(f"nanscope: recording with the Python dispatch mode: {exc}", file=sys.stderr)
+        return PythonRecorder(setup)
 
     @property
     def recorder(self) -> str:

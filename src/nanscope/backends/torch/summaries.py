@@ -10,6 +10,7 @@ without blocking (see :mod:`nanscope.backends.torch.device_buffer`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,10 @@ DTYPE_ENUM[torch.complex64] = 8
 DTYPE_ENUM[torch.complex128] = 18
 
 
+# Elements copied at once from a layout numpy cannot walk in place.
+_CHUNK = 1 << 22
+
+
 def host_view(t: torch.Tensor) -> np.ndarray:
     """A flat numpy view (or, for bfloat16, a float32 copy) of a CPU tensor's values."""
     if t.dtype == torch.bfloat16:
@@ -44,6 +49,51 @@ def host_view(t: torch.Tensor) -> np.ndarray:
     # Counting does not care about order: ravel in memory order never copies a
     # transposed view, where reshape(-1) would.
     return a.ravel(order="K")
+
+
+def without_broadcast(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``t`` with its broadcast (stride-0) dimensions cut to one, and how often each element repeats.
+
+    An ``expand``ed view costs no memory; counting one copy of it and
+    multiplying keeps its summary free too.
+    """
+    repeats = 1
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.size(d) > 1:
+            repeats *= t.size(d)
+            t = t.narrow(d, 0, 1)
+    return t, repeats
+
+
+def _walkable(t: torch.Tensor) -> bool:
+    """Whether each element of ``t`` is in its memory once, with no gaps (any dimension order)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(
+        (d for d in zip(t.shape, t.stride(), strict=True) if d[0] != 1), key=lambda d: d[1]
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def host_arrays(t: torch.Tensor) -> Iterator[np.ndarray]:
+    """Flat arrays that together hold each element of a CPU tensor once.
+
+    A layout with overlapping elements (a sliding window) is copied a slab of
+    its first dimension at a time, never whole.
+    """
+    if t.numel() <= _CHUNK or t.dim() == 0 or _walkable(t):
+        yield host_view(t)
+        return
+    if t.size(0) == 1:
+        yield from host_arrays(t.select(0, 0))
+        return
+    step = max(1, _CHUNK // (t.numel() // t.size(0)))
+    for i in range(0, t.size(0), step):
+        yield from host_arrays(t.narrow(0, i, min(step, t.size(0) - i)))
 
 
 def all_finite(a: np.ndarray) -> bool:
@@ -67,6 +117,21 @@ def counts(a: np.ndarray) -> tuple[int, int, int, int, int, int]:
     pos_inf = int(np.count_nonzero(a == np.inf))
     nan = int(np.count_nonzero(np.isnan(a)))
     return neg_inf, pos_inf, nan, negative - neg_inf, zero, n - negative - zero - nan - pos_inf
+
+
+def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
+    """:func:`counts` over a CPU float tensor of any layout, without materialising views."""
+    base, repeats = without_broadcast(t)
+    total = np.zeros(6, dtype=np.int64)
+    for a in host_arrays(base):
+        total += counts(a)
+    ni, pi, nn, neg, zero, pos = (int(v) * repeats for v in total)
+    return ni, pi, nn, neg, zero, pos
+
+
+def tensor_all_finite(t: torch.Tensor) -> bool:
+    """True when a CPU float tensor of any layout holds no Inf and no NaN."""
+    return all(all_finite(a) for a in host_arrays(without_broadcast(t)[0]))
 
 
 def any_nonfinite(a: np.ndarray) -> bool:
@@ -93,18 +158,18 @@ def summarize_host(
         return full_value(t)
     if dtype not in FLOAT_DTYPES:
         return None
-    a = host_view(t)
     if mode == TensorDebugMode.CURT_HEALTH:
-        return np.array([tensor_id, float(any_nonfinite(a))], dtype=np.float64)
+        return np.array([tensor_id, float(not tensor_all_finite(t))], dtype=np.float64)
+    size = t.numel()
     if mode == TensorDebugMode.CONCISE_HEALTH:
         # No sign counts in this mode: one finiteness pass is enough when it holds.
-        if all_finite(a):
-            return np.array([tensor_id, a.size, 0, 0, 0], dtype=np.float64)
-        ni, pi, nn, _, _, _ = counts(a)
-        return np.array([tensor_id, a.size, ni, pi, nn], dtype=np.float64)
-    ni, pi, nn, neg, zero, pos = counts(a)
+        if tensor_all_finite(t):
+            return np.array([tensor_id, size, 0, 0, 0], dtype=np.float64)
+        ni, pi, nn, _, _, _ = tensor_counts(t)
+        return np.array([tensor_id, size, ni, pi, nn], dtype=np.float64)
+    ni, pi, nn, neg, zero, pos = tensor_counts(t)
     return np.array(
-        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), a.size, ni, pi, nn, neg, zero, pos],
+        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos],
         dtype=np.float64,
     )
 
@@ -131,19 +196,20 @@ def summarize_device(t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1
         ).to(t.device, non_blocking=True)
     if dtype not in FLOAT_DTYPES:
         return None
-    x = t.detach().reshape(-1)
-    nan = torch.isnan(x).sum()
+    base, repeats = without_broadcast(t.detach())
+    x = base.reshape(-1)
+    nan = torch.isnan(x).sum() * repeats
     if mode == TensorDebugMode.CURT_HEALTH:
         flag = (~torch.isfinite(x)).any().to(torch.float64)
         return torch.stack([torch.full_like(flag, tensor_id), flag])
-    neg_inf = (x == float("-inf")).sum()
-    pos_inf = (x == float("inf")).sum()
-    size = torch.full_like(nan, x.numel())
+    neg_inf = (x == float("-inf")).sum() * repeats
+    pos_inf = (x == float("inf")).sum() * repeats
+    size = torch.full_like(nan, t.numel())
     if mode == TensorDebugMode.CONCISE_HEALTH:
         return torch.stack([torch.full_like(nan, tensor_id), size, neg_inf, pos_inf, nan]).double()
-    neg = (x < 0).sum() - neg_inf
-    zero = (x == 0).sum()
-    pos = (x > 0).sum() - pos_inf
+    neg = (x < 0).sum() * repeats - neg_inf
+    zero = (x == 0).sum() * repeats
+    pos = (x > 0).sum() * repeats - pos_inf
     head = torch.tensor(
         [tensor_id, -1, DTYPE_ENUM[dtype], t.dim()], dtype=torch.int64, device=x.device
     )

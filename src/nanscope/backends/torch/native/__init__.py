@@ -34,6 +34,21 @@ SOURCES = (
 )
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
 CFLAGS = ["-O3", "-DNDEBUG"]
+# NANSCOPE_NATIVE_SANITIZE=address builds a separate AddressSanitizer copy
+# (`make stress`; Python must then run with libasan preloaded).
+SANITIZE_ENV = "NANSCOPE_NATIVE_SANITIZE"
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags for this build."""
+    sanitize = os.environ.get(SANITIZE_ENV, "")
+    if not sanitize:
+        return CFLAGS, []
+    if sanitize != "address":
+        raise ValueError(f"{SANITIZE_ENV}={sanitize!r}: the one sanitizer supported is 'address'")
+    extra = ["-fsanitize=address", "-fno-omit-frame-pointer"]
+    return ["-O1", "-g", "-DNDEBUG", *extra], extra
+
 
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
@@ -56,7 +71,7 @@ def build_key() -> str:
         h.update((_HERE / name).read_bytes())
     h.update(torch.__version__.encode())
     h.update(sys.version.encode())
-    h.update(" ".join(CFLAGS).encode())
+    h.update(" ".join(_flags()[0]).encode())
     return f"nanscope_native_{h.hexdigest()[:16]}"
 
 
@@ -104,10 +119,12 @@ def _build(verbose: bool) -> ModuleType:
             "nanscope: building the native recorder (once per PyTorch version, ~30 s)",
             file=sys.stderr,
         )
+    cflags, ldflags = _flags()
     return cpp_load(  # type: ignore[no-any-return]
         name,
         [str(_HERE / source) for source in SOURCES if source.endswith(".cpp")],
-        extra_cflags=CFLAGS,
+        extra_cflags=cflags,
+        extra_ldflags=ldflags,
         build_directory=str(build),
         verbose=verbose,
     )

@@ -68,30 +68,28 @@ void count_special(const T* p, int64_t n, Special* s) {
 
 }  // namespace
 
-bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special) {
-  at::Tensor t = t0;
-  bool dense = t.is_non_overlapping_and_dense() && !t.is_neg() && !t.is_conj();
-  if (dense) {
-    for (auto st : t.strides()) {
-      if (st < 0) dense = false;
-    }
-  }
-  if (!dense) {
-    at::DisableRecordFunctionGuard no_record;
-    t = t.resolve_neg().contiguous();
-  }
+namespace {
+
+constexpr int64_t kChunk = int64_t{1} << 22;  // elements copied at once from a layout we cannot walk
+
+// Counts over a tensor whose memory it can walk directly.
+bool count_dense(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
   int64_t n = t.numel();
-  const void* data = t.const_data_ptr();
   if (n == 0) return true;
+  const void* data = t.const_data_ptr();
   if (data == nullptr) return false;
   auto run = [&](auto* p) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    Counts mine;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      count_plain<T>(p, n, c);
+      count_plain<T>(p, n, &mine);
     } else {
-      count_widened<T>(p, n, c);
+      count_widened<T>(p, n, &mine);
     }
-    if (want_special && c->bad > 0) count_special<T>(p, n, s);
+    if (want_special && mine.bad > 0) count_special<T>(p, n, s);
+    c->neg += mine.neg;
+    c->zero += mine.zero;
+    c->bad += mine.bad;
   };
   switch (t.scalar_type()) {
     case at::kFloat: run(static_cast<const float*>(data)); break;
@@ -100,6 +98,60 @@ bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special
     case at::kBFloat16: run(static_cast<const at::BFloat16*>(data)); break;
     default: return false;
   }
+  return true;
+}
+
+bool walkable(const at::Tensor& t) {
+  if (!t.is_non_overlapping_and_dense() || t.is_neg() || t.is_conj()) return false;
+  for (auto st : t.strides()) {
+    if (st < 0) return false;
+  }
+  return true;
+}
+
+// Counts over any layout, copying at most kChunk elements at a time: a view
+// whose elements overlap (a sliding window) or run backwards is counted a
+// slab of its first dimension at a time, never materialised whole.
+bool count_any(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
+  if (walkable(t)) return count_dense(t, c, s, want_special);
+  if (t.numel() <= kChunk || t.dim() == 0) {
+    at::Tensor copy = t.resolve_neg().contiguous();
+    return count_dense(copy, c, s, want_special);
+  }
+  if (t.size(0) == 1) return count_any(t.select(0, 0), c, s, want_special);
+  const int64_t row = t.numel() / t.size(0);
+  const int64_t step = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, row));
+  for (int64_t i = 0; i < t.size(0); i += step) {
+    if (!count_any(t.narrow(0, i, std::min(step, t.size(0) - i)), c, s, want_special)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special) {
+  if (t0.numel() == 0) return true;
+  if (walkable(t0)) return count_dense(t0, c, s, want_special);
+  at::DisableRecordFunctionGuard no_record;
+  // A broadcast (expand) repeats each element along its stride-0 dimensions:
+  // count one copy and multiply, as a free view must stay free to summarise.
+  at::Tensor t = t0;
+  int64_t repeats = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) {
+      repeats *= t.size(d);
+      t = t.narrow(d, 0, 1);
+    }
+  }
+  Counts once;
+  Special special;
+  if (!count_any(t, &once, &special, want_special)) return false;
+  c->neg += once.neg * repeats;
+  c->zero += once.zero * repeats;
+  c->bad += once.bad * repeats;
+  s->ninf += special.ninf * repeats;
+  s->pinf += special.pinf * repeats;
+  s->nan += special.nan * repeats;
   return true;
 }
 

@@ -43,6 +43,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <array>
+#include <thread>
 #include <vector>
 
 #include "counts.h"
@@ -93,6 +94,7 @@ struct Ctx : at::ObserverContext, Pooled {
   using Pooled::operator new;
   using Pooled::operator delete;
   bool record = false;
+  uint64_t session = 0;  // the session it started in: an op may end in a later one
   const OpFlags* op = nullptr;
   Tensors ins;
   c10::SmallVector<double, 2> values;
@@ -100,6 +102,12 @@ struct Ctx : at::ObserverContext, Pooled {
 
 struct State {
   std::atomic<bool> active{false};
+  // Callbacks running now, on any thread. stop() waits for them to leave, and
+  // the tables and the Python host are reset only while none runs: an op that
+  // began before stop() may still be inside record().
+  std::atomic<int64_t> inflight{0};
+  std::atomic<uint64_t> session{0};  // one per start()
+  std::atomic<int64_t> dropped{0};   // events let go when the buffer stayed full
   int mode = kFull;
   int width = 11;
   at::CallbackHandle handle = 0;
@@ -109,6 +117,9 @@ struct State {
   std::array<bool, 64> dtype_ok{};
   std::array<bool, 64> dtype_float{};
 
+  // Keyed by the address of the op's name, which the dispatcher keeps for as
+  // long as the op is registered; a listener (OpsForgetter) empties the map
+  // when any op is removed, as the address may then name another op.
   std::mutex ops_mu;
   std::unordered_map<const char*, const OpFlags*> ops;
   std::deque<OpFlags> op_store;
@@ -153,9 +164,12 @@ struct State {
   std::atomic<bool> warned{false};
 };
 
+// The recorder's state lives for the process once made (callbacks may still be
+// running when a session ends) and is reset by the next start().
 State* S = nullptr;
 
 thread_local int tl_depth = 0;       // recorded-op calls open on this thread
+thread_local int tl_inflight = 0;    // this thread's callbacks counted in S->inflight
 thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
 thread_local int tl_suspended = 0;   // > 0 inside a compiled graph call (compiled.py)
 thread_local bool tl_excluded = false;
@@ -171,10 +185,78 @@ struct Busy {
   ~Busy() { --tl_busy; }
 };
 
+// A callback at work: counted, so that a session is not torn down under it.
+// The count goes up before the callback reads `active` (both sequentially
+// consistent), so stop() either sees the callback or the callback sees that
+// recording stopped.
+struct InFlight {
+  InFlight() {
+    S->inflight.fetch_add(1);
+    ++tl_inflight;
+  }
+  ~InFlight() {
+    --tl_inflight;
+    S->inflight.fetch_sub(1);
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+};
+
+// Until no callback runs on another thread, for at most `seconds`, without
+// the GIL (a callback may be waiting for it); false on timeout.
+bool wait_quiet(double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto quiet = [] { return S->inflight.load() <= tl_inflight; };
+  if (quiet()) return true;
+  py::gil_scoped_release nogil;
+  while (!quiet()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
 void warn(const char* what) {
   if (!S->warned.exchange(true)) {
     std::fprintf(stderr, "nanscope: could not record an op (%s); recording goes on\n", what);
   }
+}
+
+// -- errors from the Python side ------------------------------------------------------------
+
+PyObject* g_pending = nullptr;  // an exception to raise again in the main thread (GIL)
+unsigned long g_main_thread = 0;  // Python's main thread (set by start())
+
+int raise_pending(void*) {
+  PyObject* exc = g_pending;
+  g_pending = nullptr;
+  if (exc == nullptr) return 0;
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+  Py_DECREF(exc);
+  return -1;
+}
+
+// An error raised by the Python side of a callback (with the GIL). The
+// dispatcher ignores what a callback throws, so an error is reported and
+// recording goes on; but KeyboardInterrupt (Ctrl+C) and SystemExit (a signal
+// handler calling sys.exit that ran inside the callback) belong to the
+// program: they are raised again in its main thread, as soon as it runs
+// Python again, instead of being lost.
+void swallow(py::error_already_set& e, const char* where) {
+  if (!e.matches(PyExc_Exception) && PyThread_get_thread_ident() == g_main_thread) {
+    if (g_pending == nullptr) {
+      g_pending = e.value().inc_ref().ptr();
+      // Raised where the program is, not inside nanscope's frames.
+      PyException_SetTraceback(g_pending, Py_None);
+      if (Py_AddPendingCall(raise_pending, nullptr) != 0) {
+        Py_CLEAR(g_pending);
+        PyErr_SetInterrupt();
+      }
+    }
+    return;
+  }
+  warn(e.what());
+  e.discard_as_unraisable(where);
 }
 
 // -- ops ------------------------------------------------------------------------------------
@@ -213,7 +295,7 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
       f.value_args = d[7].cast<std::vector<int>>();
       f.name = d[8].cast<std::string>();
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("nanscope: describing an op");
+      swallow(e, "nanscope: describing an op");
       f.skip = true;
     }
   }
@@ -365,7 +447,7 @@ int capture_stack() {
     }
     id = S->host.attr("new_stack")(frames).cast<int>();
   } catch (py::error_already_set& e) {
-    e.discard_as_unraisable("nanscope: interning a stack");
+    swallow(e, "nanscope: interning a stack");
     return -1;
   }
   std::lock_guard<std::mutex> g(S->stacks_mu);
@@ -517,14 +599,38 @@ py::list py_tensors(const Tensors& ts) {
   return l;
 }
 
-void push(Event&& ev) {
+// How long an op waits for room in a full buffer before its event is let go.
+constexpr auto kFullWait = std::chrono::milliseconds(200);
+
+// Drops an event that will not be buffered, with the Python objects it owns.
+void drop(Event& ev) {
+  S->dropped.fetch_add(1);
+  if (ev.parts == nullptr && ev.inputs == nullptr) return;
+  py::gil_scoped_acquire gil;
+  Py_CLEAR(ev.parts);
+  Py_CLEAR(ev.inputs);
+}
+
+// Buffers an event for the drain thread. Memory stays bounded and the
+// program never waits long: past the capacity an op waits up to kFullWait
+// for the drain thread (not at all while holding the GIL, which the drain
+// thread needs), then its event is dropped and counted. An event with
+// Inf/NaN (`keep`) may use a second capacity's worth of room, so the origin
+// survives a slow drain.
+void push(Event&& ev, bool keep) {
   std::unique_lock<std::mutex> lk(S->ev_mu);
-  // Bounded memory: past the capacity, wait for the drain thread (never while
-  // holding the GIL, which the drain thread needs).
-  if (S->events.size() >= S->capacity && !S->stopping && !PyGILState_Check()) {
+  const size_t limit = keep ? 2 * S->capacity : S->capacity;
+  if (S->events.size() >= S->capacity && !S->stopping) {
     S->ev_cv.notify_all();
-    S->space_cv.wait_for(lk, std::chrono::seconds(5),
-                         [] { return S->events.size() < S->capacity || S->stopping; });
+    if (!PyGILState_Check()) {
+      S->space_cv.wait_for(lk, kFullWait,
+                           [] { return S->events.size() < S->capacity || S->stopping; });
+    }
+    if (S->events.size() >= limit && !S->stopping) {
+      lk.unlock();
+      drop(ev);
+      return;
+    }
   }
   S->events.push_back(std::move(ev));
   if (S->events.size() >= S->wake_at) S->ev_cv.notify_all();
@@ -670,7 +776,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
       }
     }
   }
-  push(std::move(ev));
+  push(std::move(ev), bad);
 }
 
 // A wrapped number's value, read from memory: an op (item()) here would pass
@@ -692,14 +798,17 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (tl_busy || tl_excluded || S == nullptr || !S->active.load(std::memory_order_relaxed)) {
     return nullptr;
   }
+  InFlight counted;
+  if (!S->active.load()) return nullptr;
   try {
     return start_op(fn);
   } catch (py::error_already_set& e) {
     py::gil_scoped_acquire gil;
-    warn(e.what());
-    e.discard_as_unraisable("nanscope: recording an op");
+    swallow(e, "nanscope: recording an op");
   } catch (const std::exception& e) {
     warn(e.what());
+  } catch (...) {
+    warn("unknown error");
   }
   return nullptr;
 }
@@ -710,6 +819,7 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
   auto c = std::make_unique<Ctx>();
   if (tl_depth++ > 0 || tl_suspended > 0 || op->skip || !S->active.load()) return c;
   c->record = true;
+  c->session = S->session.load(std::memory_order_relaxed);
   c->op = op;
   auto inputs = fn.inputs();
   size_t vi = 0;
@@ -746,7 +856,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
   --tl_depth;
   Ctx* c = static_cast<Ctx*>(ctx);
-  if (!c->record || S == nullptr || !S->active.load()) return;
+  if (!c->record || S == nullptr || !S->active.load(std::memory_order_relaxed)) return;
+  InFlight counted;
+  if (!S->active.load() || S->session.load() != c->session) return;
   // The op threw (the guard's destructor runs while unwinding): it produced
   // nothing, and Python must not run while its error is on its way up.
   if (std::uncaught_exceptions() > 0) return;
@@ -754,8 +866,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     record(fn, *c);
   } catch (py::error_already_set& e) {
     py::gil_scoped_acquire gil;
-    warn(e.what());
-    e.discard_as_unraisable("nanscope: recording an op");
+    swallow(e, "nanscope: recording an op");
   } catch (const std::exception& e) {
     warn(e.what());
   } catch (...) {
@@ -765,17 +876,59 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 
 // -- the Python interface -------------------------------------------------------------------
 
+// Empties the ops map when an op leaves the dispatcher (a torch.library
+// Library destroyed): its name's address, the map's key, may then be reused
+// by another op. Registered once, for the process.
+struct OpsForgetter : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    if (S == nullptr) return;
+    std::lock_guard<std::mutex> g(S->ops_mu);
+    S->ops.clear();
+  }
+};
+
+// Drops the Python objects the recorder holds (with the GIL, none of its
+// callbacks running).
+void drop_python_objects(State* s) {
+  {
+    std::lock_guard<std::mutex> g(s->stacks_mu);
+    for (PyObject* code : s->held_codes) Py_DECREF(code);
+    s->held_codes.clear();
+    s->stacks.clear();
+  }
+  s->host = py::object();
+}
+
 // `dtypes`: (an empty tensor of the dtype, tfdbg2 enum or -1, kept by the filter, a float type).
 void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes,
            py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field) {
-  if (S != nullptr && S->active.load()) throw std::runtime_error("the native recorder is already on");
-  if (S == nullptr) S = new State();  // lives for the process: callbacks may still be running
+  if (S == nullptr) {
+    S = new State();  // lives for the process: callbacks may still be running
+    // Leaked on purpose too: unregistering at exit would run after the dispatcher is gone.
+    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+        std::make_unique<OpsForgetter>()));
+  }
   State* s = S;
+  if (s->active.load()) throw std::runtime_error("the native recorder is already on");
+  if (!wait_quiet(10.0)) {
+    throw std::runtime_error(
+        "the native recorder is still inside an op of the previous session on another thread");
+  }
+  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  // No callback runs now and none starts until `active`: the tables are ours.
   {
     std::lock_guard<std::mutex> g(s->ev_mu);
+    for (Event& ev : s->events) {  // left by an op that ended after the last drain
+      Py_CLEAR(ev.parts);
+      Py_CLEAR(ev.inputs);
+    }
     s->events.clear();
+    s->taken.clear();
+    s->taken_pos = 0;
     s->stopping = false;
   }
+  drop_python_objects(s);
   s->host = std::move(host);
   s->mode = mode;
   s->width = mode == kCurt ? 2 : mode == kConcise ? 5 : mode == kShape ? 10 : mode == kFull ? 11 : 0;
@@ -790,20 +943,31 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     s->dtype_float[st] = flt;
   }
   s->encoder.start(mode_field, sum_prefix, none_field);
-  s->op_by_index.clear();
-  s->taken.clear();
-  s->taken_pos = 0;
-  s->ops.clear();
-  s->ids.clear();
-  s->by_view.clear();
-  s->next_id = 0;
-  s->links.clear();
-  s->cache.clear();
-  s->blank.clear();
-  s->stacks.clear();
+  {
+    std::lock_guard<std::mutex> g(s->ops_mu);
+    s->op_by_index.clear();
+    s->ops.clear();
+  }
+  {
+    std::lock_guard<std::mutex> g(s->ids_mu);
+    s->ids.clear();
+    s->by_view.clear();
+    s->next_id = 0;
+  }
+  {
+    std::lock_guard<std::mutex> g(s->links_mu);
+    s->links.clear();
+  }
+  {
+    std::lock_guard<std::mutex> g(s->cache_mu);
+    s->cache.clear();
+    s->blank.clear();
+  }
   s->serial = 0;
   s->step = 0;
+  s->dropped = 0;
   s->warned = false;
+  s->session.fetch_add(1);
   s->active = true;
   s->handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                         .needsInputs(true)
@@ -811,6 +975,8 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
                                         .scopes({at::RecordScope::FUNCTION}));
 }
 
+// Ends recording: no op is recorded once this returns. Waits (a bounded time,
+// without the GIL) for callbacks that began before it to leave.
 void stop() {
   if (S == nullptr || !S->active.load()) return;
   S->active = false;
@@ -822,15 +988,18 @@ void stop() {
   }
   S->ev_cv.notify_all();
   S->space_cv.notify_all();
+  if (!wait_quiet(10.0)) {
+    std::fprintf(stderr,
+                 "nanscope: an op on another thread is still being recorded; it is left to finish\n");
+  }
 }
 
 void release() {
-  // With the GIL held: drop the Python objects the recorder holds.
-  if (S == nullptr) return;
-  for (PyObject* code : S->held_codes) Py_DECREF(code);
-  S->held_codes.clear();
-  S->stacks.clear();
-  S->host = py::object();
+  // With the GIL held: drop the Python objects the recorder holds, unless a
+  // callback still runs (stop() gave up waiting for it): then the next
+  // start() drops them.
+  if (S == nullptr || S->active.load() || S->inflight.load() > 0) return;
+  drop_python_objects(S);
 }
 
 template <typename V>
@@ -941,6 +1110,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("note_seq", [](int64_t serial, int64_t seq) { S->encoder.note_seq(serial, seq); });
   m.def("seq_of", [](int64_t serial) { return S->encoder.seq_of(serial); });
   m.def("device_names", &device_names);
+  m.def("dropped", []() -> int64_t { return S == nullptr ? 0 : S->dropped.load(); });
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
   m.def("set_module", [](int m) { tl_module = m; });
   m.def("set_optimizer", [](int n, int64_t between) {
@@ -955,8 +1125,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // A forked child (a DataLoader worker) has no drain thread: it records
   // nothing. Only flags are touched: another thread may have held a lock.
   m.def("forget_in_child", []() {
-    if (S != nullptr) S->active = false;
+    if (S == nullptr) return;
+    S->active = false;
+    S->inflight = 0;  // the parent's other threads, in callbacks at the fork, are not here
   });
-  m.def("pause", []() { ++tl_busy; });
-  m.def("resume", []() { tl_busy = std::max(0, tl_busy - 1); });
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from types import CodeType, ModuleType
@@ -102,7 +103,14 @@ class NativeRecorder(RecorderBase):
             _fork_hook = True
             os.register_at_fork(after_in_child=lib.forget_in_child)
         width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
-        lib.start(self, int(self.mode), table, *self.writer.encoder.execution_pieces(width))
+        try:
+            lib.start(self, int(self.mode), table, *self.writer.encoder.execution_pieces(width))
+        except RuntimeError:
+            # An op of the previous session still inside the recorder on
+            # another thread: the session records with the Python recorder.
+            self.context.mirror = None
+            self.context.on_step = None
+            raise
         self.context.sync_mirror()
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
@@ -288,6 +296,13 @@ class NativeRecorder(RecorderBase):
         self._thread.join(timeout=30)
         self.submit_device_summaries()
         self.sync()
+        dropped = self.lib.dropped()
+        if dropped:
+            print(
+                f"nanscope: {dropped} events were not recorded: the native recorder's buffer "
+                "stayed full (the writer could not keep up)",
+                file=sys.stderr,
+            )
         self.lib.release()
         # This thread's copy must not carry into a later session.
         self.lib.set_module(0)
