@@ -95,17 +95,18 @@ def test_switching_recording_on_and_off_while_threads_run_ops(
 
 def test_ops_registered_and_removed_keep_their_own_names(tmp_path: Path, recorder: str) -> None:
     # A torch.library op removed and another registered in its place may get
-    # the same addresses; each event must still carry its own op's name.
+    # the same addresses (short names live inside the schema's memory); each
+    # event must still carry its own op's name.
     x = torch.randn(8)
     with nanscope.enable_dump_debug_info(tmp_path, tensor_debug_mode="FULL_HEALTH"):
         for i in range(60):
-            lib = torch.library.Library(f"nanscope_churn{i}", "DEF")
+            lib = torch.library.Library(f"nsc{i}", "DEF")
             lib.define("op(Tensor x) -> Tensor")
             lib.impl("op", lambda t, i=i: t * float(i), "CPU")
-            getattr(torch.ops, f"nanscope_churn{i}").op(x)
+            getattr(torch.ops, f"nsc{i}").op(x)
             del lib
-    churn = [e for e in nanscope.open_dump(tmp_path).executions() if "nanscope_churn" in e.op_type]
-    assert [e.op_type for e in churn] == [f"nanscope_churn{i}.op.default" for i in range(60)]
+    churn = [e for e in nanscope.open_dump(tmp_path).executions() if "nsc" in e.op_type]
+    assert [e.op_type for e in churn] == [f"nsc{i}.op.default" for i in range(60)]
 
 
 INTERRUPTED = """
