@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -238,3 +239,28 @@ def test_view_summaries_match_the_materialised_values(
         int((finite & (v > 0)).sum()),
     ]
     assert [int(n) for n in got[4:11]] == want
+
+
+@pytest.mark.skipif(torch_recorder() != "native", reason="the native recorder is not in use")
+def test_a_full_buffer_drops_events_but_keeps_the_nonfinite_one(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # (The Python recorder has no buffer of its own: it hands events to the writer.)
+    x = torch.ones(4)
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1) as s:
+        eager: Any = s._session.eager  # type: ignore[union-attr]
+        eager.lib.set_capacity(50)
+        # The drain thread stalls on the lock it takes to hand events over:
+        # the buffer fills up, and each later op waits briefly, then lets go.
+        with eager._write_lock:
+            for _ in range(60):
+                torch.add(x, 1)
+            born = torch.log(x - 1)  # -inf, in an over-full buffer
+            dropped = eager.lib.dropped()
+    assert dropped == 11  # adds 51 to 60 and the subtraction; the -inf log was kept
+    assert "11 events were not recorded" in capfd.readouterr().err
+    executions = nanscope.open_dump(tmp_path).executions()
+    assert [e.op_type for e in executions].count("aten.add.Tensor") == 50
+    log = [e for e in executions if e.op_type == "aten.log.default"]
+    assert len(log) == 1 and summary_of(log[0])[5] == 4  # its four -inf
+    assert torch.isinf(born).all()

@@ -59,6 +59,7 @@ namespace {
 
 constexpr int kMaxFrames = 128;
 constexpr size_t kCacheMax = 8192;
+constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 
 struct Link {
   int64_t serial;
@@ -154,7 +155,7 @@ struct State {
   pvec<Event> taken{pool()};  // drained from `events`, handed to Python a slice at a time
   size_t taken_pos = 0;
   size_t wake_at = 4096;
-  size_t capacity = 262144;
+  size_t capacity = kCapacity;
   bool stopping = false;
 
   Encoder encoder;  // the drain thread's (see encode_slice)
@@ -927,6 +928,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     s->taken.clear();
     s->taken_pos = 0;
     s->stopping = false;
+    s->capacity = kCapacity;
   }
   drop_python_objects(s);
   s->host = std::move(host);
@@ -1111,6 +1113,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("seq_of", [](int64_t serial) { return S->encoder.seq_of(serial); });
   m.def("device_names", &device_names);
   m.def("dropped", []() -> int64_t { return S == nullptr ? 0 : S->dropped.load(); });
+  m.def("set_capacity", [](size_t n) {  // for tests: a small buffer fills up quickly
+    if (S == nullptr) return;
+    std::lock_guard<std::mutex> g(S->ev_mu);
+    S->capacity = std::max<size_t>(1, n);
+  });
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
   m.def("set_module", [](int m) { tl_module = m; });
   m.def("set_optimizer", [](int n, int64_t between) {
