@@ -11,6 +11,10 @@ from nanscope._paths import is_user_file
 from nanscope.format.health import Health
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
 
+# Outputs listed for an execution that records no tensor ids: ``num_outputs`` says how many
+# there are, and a record may say 2**31 (docs/FORMAT.md, "Limits").
+MAX_LISTED_OUTPUTS = 4096
+
 # nanscope's ``Execution.phase`` numbers, as reports name them.
 PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
 
@@ -22,7 +26,10 @@ def _shape(
     if value is not None:
         return list(value.shape)
     if mode == TensorDebugMode.SHAPE and summary is not None:
-        return list(shape_from_summary(summary))
+        try:
+            return list(shape_from_summary(summary))
+        except ValueError:  # malformed: the reader reported it when it decoded the record
+            return None
     return None
 
 
@@ -117,6 +124,9 @@ class Execution:
     # Each input's health where the record holds its summary (None: not recorded).
     input_health: tuple[Health | None, ...] = ()
     tensor_values: tuple[np.ndarray | None, ...] | None = field(default=None, repr=False)
+    # What is wrong with this record's tensors ("<file>: record at byte offset N: output 0:
+    # ..."), also in the reader's problems: an output refused here reads as not recorded.
+    problems: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def recorded(self) -> bool:
@@ -140,7 +150,12 @@ class Execution:
     def outputs_json(self) -> list[dict[str, Any]]:
         """One entry per output: tensor id, health, shape and the raw summary."""
         out = []
-        for slot, tid in enumerate(self.output_tensor_ids or range(self.num_outputs)):
+        # num_outputs is a number from the record, not a list it holds: bounded.
+        recorded = max(len(self.debug_tensor_values or ()), len(self.tensor_values or ()))
+        listed = self.output_tensor_ids or range(
+            min(self.num_outputs, max(MAX_LISTED_OUTPUTS, recorded))
+        )
+        for slot, tid in enumerate(listed):
             summary, value = self._output(slot)
             h = self.output_health[slot] if slot < len(self.output_health) else None
             out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
@@ -176,6 +191,7 @@ class GraphExecutionTrace:
     health: Health
     tensor_value: np.ndarray | None = field(default=None, repr=False)  # FULL_TENSOR
     graph_name: str = ""
+    problems: tuple[str, ...] = field(default=(), repr=False, compare=False)  # as Execution's
 
     @property
     def recorded(self) -> bool:
@@ -226,7 +242,8 @@ class GraphOpInfo:
             if name.startswith("^"):
                 continue
             op, _, slot = name.rpartition(":")
-            if op and slot.isdigit():
+            # isascii: int() refuses other digits ("²"); len: and numbers of 4,300+ digits.
+            if op and slot.isascii() and slot.isdigit() and len(slot) <= 9:
                 out.append((op, int(slot)))
             else:
                 out.append((name, 0))
