@@ -121,12 +121,13 @@ def summary_problem(mode: TensorDebugMode | int, vector: np.ndarray) -> str | No
     _, counts, dt = spec
     used = vector[counts].tolist() + ([float(vector[dt])] if dt is not None else [])
     if not _counts(used):
-        return f"its {TensorDebugMode(int(mode)).name} summary holds a count that is not one"
+        name = TensorDebugMode(int(mode)).name
+        return f"its {name} summary holds a count that is NaN, infinite, negative or over 2**53"
     if mode == TensorDebugMode.SHAPE:
         try:
             shape_from_summary(vector)
         except ValueError as exc:
-            return f"its {exc}"
+            return str(exc)
     return None
 
 

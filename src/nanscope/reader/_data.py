@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,16 @@ MAX_LISTED_OUTPUTS = 4096
 
 # nanscope's ``Execution.phase`` numbers, as reports name them.
 PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+
+
+def _numbers(vector: np.ndarray) -> list[float | str]:
+    """A summary vector as JSON numbers; NaN and the infinities as strings, as in tensor values."""
+    out: list[float | str] = []
+    for x in vector.ravel().tolist():
+        out.append(
+            x if math.isfinite(x) else "nan" if math.isnan(x) else "inf" if x > 0 else "-inf"
+        )
+    return out
 
 
 def _shape(
@@ -161,7 +172,7 @@ class Execution:
             out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
                         "counts": h.to_json() if h is not None else None,
                         "shape": _shape(self.tensor_debug_mode, summary, value),
-                        "summary": None if summary is None else [float(x) for x in summary.ravel()]})  # fmt: skip
+                        "summary": None if summary is None else _numbers(summary)})  # fmt: skip
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -207,7 +218,7 @@ class GraphExecutionTrace:
         summary = self.debug_tensor_value
         return [{"slot": self.output_slot, "tensor_id": None,
                  "counts": self.health.to_json() if self.recorded else None, "shape": self.shape,
-                 "summary": None if summary is None else [float(x) for x in summary.ravel()]}]  # fmt: skip
+                 "summary": None if summary is None else _numbers(summary)}]  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a list row: which graph op, where, and its health."""

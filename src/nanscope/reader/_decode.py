@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nanscope.format.health import index_row, summary_problem
@@ -17,6 +19,12 @@ MAX_SUMMARY_ELEMENTS = 1024
 
 class DecodeError(ValueError):
     """A record whose CRC checks out but whose content is not a valid event."""
+
+
+def wall_time(event: pb.DebugEvent) -> float:
+    """The event's wall time; 0.0 (unknown) for NaN or an infinity, which JSON cannot carry."""
+    t = event.wall_time
+    return t if math.isfinite(t) else 0.0
 
 
 def parse_event(payload: bytes | memoryview) -> pb.DebugEvent:
@@ -63,7 +71,7 @@ def tensor_values(
         if value is not None and not full:
             value = value.reshape(-1)  # summaries are vectors; of_summary reads them flat
             if problems is not None and (why := summary_problem(mode, value)) is not None:
-                problems.append(f"{what} {slot}: {why}; its health is unknown")
+                problems.append(f"{what} {slot}: {why}; read as unknown")
         out.append(value)
     return out
 
@@ -83,7 +91,7 @@ def execution_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
         ex.op_type,
         ex.graph_id,
         ex.num_outputs,
-        event.wall_time,
+        wall_time(event),
         event.step,
         ex.sequence,
         *h,
@@ -102,7 +110,7 @@ def trace_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
         tr.op_name,
         tr.tfdbg_context_id,
         tr.output_slot,
-        event.wall_time,
+        wall_time(event),
         event.step,
         tr.sequence,
         *h,

@@ -41,6 +41,7 @@ from nanscope.reader._decode import (
     parse_event,
     tensor_values,
     trace_row,
+    wall_time,
 )
 from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
 from nanscope.reader._logs import RecordLog
@@ -298,7 +299,7 @@ class DumpReader:
                 pid=m.pid if has_ext and m.pid else None,
                 tensor_debug_mode=mode,
                 circular_buffer_size=m.circular_buffer_size if has_ext else None,
-                start_time=event.wall_time,
+                start_time=wall_time(event),
             )
             return
         if proc.info is None:
@@ -630,7 +631,7 @@ class DumpReader:
         return Execution(
             index=index,
             process=proc.index,
-            wall_time=event.wall_time,
+            wall_time=wall_time(event),
             step=event.step,
             sequence=ex.sequence,
             op_type=ex.op_type,
@@ -677,7 +678,7 @@ class DumpReader:
         return GraphExecutionTrace(
             index=index,
             process=proc.index,
-            wall_time=event.wall_time,
+            wall_time=wall_time(event),
             step=event.step,
             sequence=tr.sequence,
             op_name=tr.op_name,

@@ -204,6 +204,8 @@ class EventFile:
             # A sidecar that disagrees with its data file is ignored from now on.
             self._sidecar_ok = False
             return
+        times = rows["wall_time"]
+        times[~np.isfinite(times)] = 0.0  # as for decoded records: JSON has no NaN
         remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
         rows["name"] = remap[rows["name"]]
         rows["graph"] = remap[rows["graph"]]

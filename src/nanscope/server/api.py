@@ -23,6 +23,7 @@ from nanscope.analysis import (
     values_json,
 )
 from nanscope.format.files import DumpNotFoundError
+from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import Run, RunNotFound, RunSet
@@ -395,16 +396,18 @@ def tensor_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
     try:
         if kind == EXECUTIONS:
             ex = reader.execution(index)
-            vals, problems = ex.tensor_values or (), ex.problems
+            vals, problems, mode = ex.tensor_values or (), ex.problems, ex.tensor_debug_mode
             value = vals[slot] if slot < len(vals) else None
         else:
             tr = reader.trace(index)
-            value, problems = tr.tensor_value, tr.problems
+            value, problems, mode = tr.tensor_value, tr.problems, tr.tensor_debug_mode
     except UNREADABLE as exc:
         raise ApiError(404, f"{kind} #{index} cannot be decoded: {exc}") from None
     if value is None:
         # A value the reader refused (a shape claiming more than the record holds): say why.
-        refused = [m for m in problems if f": output {slot}: " in m]
+        refused = [
+            m for m in problems if f": output {slot}: " in m and mode == TensorDebugMode.FULL_TENSOR
+        ]
         if refused:
             raise ApiError(404, f"the values of this tensor cannot be read: {refused[0]}")
         raise ApiError(404, "no values recorded for this tensor (record in FULL_TENSOR mode)")
