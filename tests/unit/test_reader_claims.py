@@ -268,3 +268,26 @@ def test_tensor_statistics_of_a_value_backed_by_its_bytes(tmp_path: Path) -> Non
     stats = got["stats"]
     assert stats["finite"] == 4 and stats["min"] == 0.5 and stats["max"] == 1e308
     assert stats["mean"] == pytest.approx((1.0 + 0.5 + 3.0 + 1e308) / 4)
+
+
+def test_a_source_record_rewritten_to_claim_a_huge_length_is_a_record_error(
+    tmp_path: Path, peak: Callable[[], int]
+) -> None:
+    import struct
+
+    from nanscope.format import files
+    from nanscope.format.records import masked_crc32c
+    from nanscope.reader import UNREADABLE
+    from tests.helpers import write_small_dump
+
+    write_small_dump(tmp_path, n=2)
+    with DumpReader(tmp_path) as reader:
+        assert reader.source_files(0) and reader.source_lines(0, 0)
+        path = files.discover(tmp_path)[0].path(files.SOURCE_FILES)
+        data = bytearray(path.read_bytes())
+        length = struct.pack("<Q", 2**62)  # with a valid CRC: only the size is a lie
+        data[0:12] = length + struct.pack("<I", masked_crc32c(length))
+        path.write_bytes(bytes(data))  # the same file, changed after it was indexed
+        with pytest.raises(UNREADABLE):
+            reader.source_lines(0, 0)
+    assert peak() < 16 << 20
