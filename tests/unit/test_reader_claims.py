@@ -291,3 +291,17 @@ def test_a_source_record_rewritten_to_claim_a_huge_length_is_a_record_error(
         with pytest.raises(UNREADABLE):
             reader.source_lines(0, 0)
     assert peak() < 16 << 20
+
+
+def test_a_summary_of_complex_numbers_or_strings_is_refused(tmp_path: Path) -> None:
+    pairs = proto(DataType.DT_COMPLEX64, [11])
+    pairs.scomplex_val.extend([1.0, 0.0] * 11)
+    words = proto(DataType.DT_STRING, [2], string_val=[b"a", b"b"])
+    write_dump(tmp_path, M.FULL_HEALTH, [pairs, words, summary(FH)], trace=pairs)
+    reader, problems = _read_all(tmp_path)
+    with reader:
+        assert reader.execution(0).debug_tensor_values is not None
+        assert reader.execution(0).debug_tensor_values[:2] == (None, None)
+        assert reader.execution(0).health.neg_inf == 2  # the third output is read
+    assert sum("a summary of complex64 holds no counts" in p for p in problems) == 2
+    assert any("output 1: a summary of object holds no counts" in p for p in problems)

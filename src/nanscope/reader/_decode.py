@@ -69,7 +69,14 @@ def tensor_values(
             out.append(None)
             continue
         if value is not None and not full:
-            value = value.reshape(-1)  # summaries are vectors; of_summary reads them flat
+            if value.dtype.kind in "cOSUV" and value.dtype.name != "bfloat16":
+                # Complex numbers, strings: no count, rank or flag can be read from them.
+                if problems is not None:
+                    problems.append(f"{what} {slot}: a summary of {value.dtype} holds no counts")
+                out.append(None)
+                continue
+            # Summaries are vectors of float64 (TensorFlow's layout); of_summary reads them flat.
+            value = value.reshape(-1).astype(np.float64, copy=False)
             if problems is not None and (why := summary_problem(mode, value)) is not None:
                 problems.append(f"{what} {slot}: {why}; read as unknown")
         out.append(value)
