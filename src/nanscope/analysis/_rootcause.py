@@ -215,6 +215,13 @@ def _origin_kind(origin: EventView) -> str:
 
 def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
     """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between."""
+    result = _analyze(reader, lookback)
+    # Again at the end: decoding the events found damage that indexing from a sidecar did not.
+    result.problems = [p.to_json() for p in reader.problems]
+    return result
+
+
+def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     mode = reader.tensor_debug_mode
     rows_e = reader.index(EXECUTIONS)
     rows_t = reader.index(TRACES)

@@ -97,7 +97,7 @@ class ViewBuilder:
         if lines is None:
             try:
                 lines = self.reader.source_lines(frame.file_index, process)
-            except (IndexError, OSError, ValueError):
+            except (IndexError, OSError, ValueError, *UNREADABLE):
                 lines = []
             self._sources[key] = lines
         return lines[frame.lineno - 1].strip() if 0 < frame.lineno <= len(lines) else ""
@@ -113,7 +113,11 @@ class ViewBuilder:
                 key = (view.process, f.index)
                 text = self._sources.get(key)
                 if text is None:
-                    text = self._sources[key] = self.reader.source_lines(f.index, view.process)
+                    try:
+                        text = self.reader.source_lines(f.index, view.process)
+                    except (IndexError, OSError, ValueError, *UNREADABLE):  # changed since indexed
+                        text = []
+                    self._sources[key] = text
                 lo, hi = max(1, src.line - lines), min(len(text), src.line + lines)
                 src.context = [(n, text[n - 1]) for n in range(lo, hi + 1)]
                 break

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from nanscope.format.modes import TensorDebugMode
+from nanscope.format.modes import MAX_COUNT, TensorDebugMode, shape_from_summary
 from nanscope.format.tensors import dtype_name
 
 
@@ -95,8 +95,47 @@ _FULL_HEALTH = int(TensorDebugMode.FULL_HEALTH)
 _CONCISE_HEALTH = int(TensorDebugMode.CONCISE_HEALTH)
 
 
+def _counts(values: list[float]) -> bool:
+    """Whether every slot is a count a summary may state: 0..MAX_COUNT (NaN fails too)."""
+    return all(0.0 <= v <= MAX_COUNT for v in values)
+
+
+# The slots of each mode that :func:`of_summary` turns into counts, sizes or a dtype.
+_COUNTED = {
+    _FULL_HEALTH: (11, slice(4, 11), 2),  # (width, counts, dtype slot)
+    _CONCISE_HEALTH: (5, slice(1, 5), None),
+    int(TensorDebugMode.SHAPE): (4, slice(3, 4), 1),
+}
+
+
+def summary_problem(mode: TensorDebugMode | int, vector: np.ndarray) -> str | None:
+    """Why ``vector`` is not a summary of ``mode`` :func:`of_summary` can decode (None: it is).
+
+    A count, size or dtype slot that is NaN, infinite, negative or above ``MAX_COUNT``
+    is malformed (a SHAPE summary's rank and dims too); a vector too short for its mode
+    is not reported (it is read as unknown, as TensorFlow's empty summaries are).
+    """
+    spec = _COUNTED.get(int(mode))
+    if spec is None or len(vector) < spec[0]:
+        return None
+    _, counts, dt = spec
+    used = vector[counts].tolist() + ([float(vector[dt])] if dt is not None else [])
+    if not _counts(used):
+        name = TensorDebugMode(int(mode)).name
+        return f"its {name} summary holds a count that is NaN, infinite, negative or over 2**53"
+    if mode == TensorDebugMode.SHAPE:
+        try:
+            shape_from_summary(vector)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health:
-    """Decode one summary vector written in ``mode`` (a FULL_TENSOR value: its values)."""
+    """Decode one summary vector written in ``mode`` (a FULL_TENSOR value: its values).
+
+    A malformed summary (see :func:`summary_problem`) is unknown, never an exception.
+    """
     if vector is None:
         return UNKNOWN
     if mode == TensorDebugMode.FULL_TENSOR:
@@ -105,11 +144,15 @@ def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health
         return UNKNOWN
     n = len(vector)
     if mode == _FULL_HEALTH and n >= 11:
-        _, _, dt, _, size, ni, pi, nn, neg, zero, pos = vector[:11].tolist()
+        _, _, dt, _, size, ni, pi, nn, neg, zero, pos = head = vector[:11].tolist()
+        if not _counts([*head[4:], dt]):
+            return UNKNOWN
         return Health(int(size), int(ni), int(pi), int(nn), int(neg), int(zero), int(pos),
                       (ni + pi + nn) > 0, dtype_name(int(dt)))  # fmt: skip
     if mode == _CONCISE_HEALTH and n >= 5:
-        _, size, ni, pi, nn = vector[:5].tolist()
+        _, size, ni, pi, nn = head = vector[:5].tolist()
+        if not _counts(head[1:]):
+            return UNKNOWN
         return Health(int(size), int(ni), int(pi), int(nn), any_nonfinite=(ni + pi + nn) > 0)
     if mode == TensorDebugMode.CURT_HEALTH and len(vector) >= 2:
         return Health(any_nonfinite=bool(vector[1] != 0))
@@ -117,8 +160,16 @@ def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health
         # Each slot holds -inf, +inf or NaN when present (else 0): presence only, no counts.
         return Health(any_nonfinite=bool(np.any(vector[:3] != 0)))
     if mode == TensorDebugMode.SHAPE and len(vector) >= 4:
-        return Health(size=int(vector[3]), dtype=dtype_name(int(vector[1])))
+        _, dt, _, size = vector[:4].tolist()
+        if not _counts([dt, size]):
+            return UNKNOWN
+        return Health(size=int(size), dtype=dtype_name(int(dt)))
     return UNKNOWN
+
+
+# Elements counted at a time: a value's float64 copy and masks then cost tens of MB at most,
+# whatever its dtype (a float8 value's float64 copy alone would be 8x its bytes).
+_CHUNK = 1 << 21
 
 
 def of_array(array: np.ndarray) -> Health:
@@ -126,17 +177,24 @@ def of_array(array: np.ndarray) -> Health:
     dtype = str(array.dtype)
     if array.dtype.kind not in "fc" and array.dtype.name != "bfloat16":
         return Health(int(array.size), 0, 0, 0, any_nonfinite=False, dtype=dtype)
+    flat = array.reshape(-1)
     if array.dtype.kind == "c":
-        a = np.asarray(array, dtype=np.complex128)
-        nan = int(np.count_nonzero(np.isnan(a)))
-        inf = int(np.count_nonzero(np.isinf(a)))
-        return Health(size=int(a.size), nan=nan, any_nonfinite=(nan + inf) > 0, dtype=dtype)
-    a = np.asarray(array, dtype=np.float64)
-    ni = int(np.count_nonzero(a == -np.inf))
-    pi = int(np.count_nonzero(a == np.inf))
-    nn = int(np.count_nonzero(np.isnan(a)))
-    return Health(int(a.size), ni, pi, nn, int(np.count_nonzero(a < 0)) - ni,
-                  int(np.count_nonzero(a == 0)), int(np.count_nonzero(a > 0)) - pi,
+        nan = inf = 0
+        for lo in range(0, flat.size, _CHUNK):
+            a = np.asarray(flat[lo : lo + _CHUNK], dtype=np.complex128)
+            nan += int(np.count_nonzero(np.isnan(a)))
+            inf += int(np.count_nonzero(np.isinf(a)))
+        return Health(size=int(flat.size), nan=nan, any_nonfinite=(nan + inf) > 0, dtype=dtype)
+    ni = pi = nn = neg = zero = pos = 0
+    for lo in range(0, flat.size, _CHUNK):
+        a = np.asarray(flat[lo : lo + _CHUNK], dtype=np.float64)
+        ni += int(np.count_nonzero(a == -np.inf))
+        pi += int(np.count_nonzero(a == np.inf))
+        nn += int(np.count_nonzero(np.isnan(a)))
+        neg += int(np.count_nonzero(a < 0))
+        zero += int(np.count_nonzero(a == 0))
+        pos += int(np.count_nonzero(a > 0))
+    return Health(int(flat.size), ni, pi, nn, neg - ni, zero, pos - pi,
                   (ni + pi + nn) > 0, dtype)  # fmt: skip
 
 
@@ -176,6 +234,9 @@ def of_outputs(mode: TensorDebugMode | int, values: Iterable[np.ndarray | None])
     return combined(per_output(mode, values))
 
 
+_SATURATED = 2**62
+
+
 def index_row(mode: TensorDebugMode | int, values: Sequence[np.ndarray | None]) -> IndexRow:
     """The index's health columns for an event's outputs (what the writer and reader store).
 
@@ -189,13 +250,23 @@ def index_row(mode: TensorDebugMode | int, values: Sequence[np.ndarray | None]) 
         for v in values:
             if v is None or len(v) < width:
                 continue
-            s, a, b, c = v[first : first + 4].tolist()
+            head = v[:width].tolist()
+            if not _counts(head[first:] + ([head[2]] if width == 11 else [])):
+                continue  # malformed (NaN, negative, huge): unknown, as of_summary says
+            s, a, b, c = head[first : first + 4]
             size += int(s)
             ni += int(a)
             pi += int(b)
             nn += int(c)
             seen = True
-        return IndexRow(size, ni, pi, nn, int(ni + pi + nn > 0)) if seen else UNKNOWN_ROW
+        if not seen:
+            return UNKNOWN_ROW
+        # Thousands of outputs of MAX_COUNT each would overflow the index's int64 columns.
+        size, ni, pi, nn = (min(x, _SATURATED) for x in (size, ni, pi, nn))
+        return IndexRow(size, ni, pi, nn, int(ni + pi + nn > 0))
     if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.UNSPECIFIED):
         return UNKNOWN_ROW
-    return of_outputs(mode, values).index_row()
+    row = of_outputs(mode, values).index_row()
+    sat = _SATURATED
+    return IndexRow(min(row.size, sat), min(row.neg_inf, sat), min(row.pos_inf, sat),
+                    min(row.nan, sat), row.nonfinite)  # fmt: skip

@@ -18,6 +18,8 @@ import enum
 
 import numpy as np
 
+from nanscope.format.tensors import MAX_RANK
+
 
 class TensorDebugMode(enum.IntEnum):
     """The tfdbg2 ``TensorDebugMode`` enum, with TensorFlow's numbers."""
@@ -77,8 +79,23 @@ def parse_mode(value: str | int | TensorDebugMode) -> TensorDebugMode:
     return mode
 
 
+# The largest count or size a summary may state: float64 holds integers exactly up to here.
+MAX_COUNT = 2**53
+
+
 def shape_from_summary(vector: np.ndarray) -> tuple[int | None, ...]:
-    """The shape stored in a SHAPE summary; ``None`` for dims truncated off the head."""
-    rank = int(vector[2])
-    kept = [int(d) for d in vector[4 : 4 + min(rank, SHAPE_SLOTS)]]
-    return (None,) * max(0, rank - SHAPE_SLOTS) + tuple(kept)
+    """The shape stored in a SHAPE summary; ``None`` for dims truncated off the head.
+
+    Raises ``ValueError`` for a vector too short, a rank outside ``0..MAX_RANK`` or a
+    dimension that is not a finite count up to ``MAX_COUNT`` (NaN, infinite, negative):
+    the rank sizes the tuple, so it must not be taken on trust.
+    """
+    if len(vector) < 4:
+        raise ValueError(f"a SHAPE summary has at least 4 slots, this one {len(vector)}")
+    rank = float(vector[2])
+    if not 0 <= rank <= MAX_RANK:
+        raise ValueError(f"a SHAPE summary's rank is {rank:g} (0..{MAX_RANK})")
+    slots = [float(d) for d in vector[4 : 4 + min(int(rank), SHAPE_SLOTS)]]
+    if not all(0 <= d <= MAX_COUNT for d in slots):
+        raise ValueError("a SHAPE summary holds a dimension that is not a count")
+    return (None,) * max(0, int(rank) - SHAPE_SLOTS) + tuple(int(d) for d in slots)

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from typing import Any
 
 import numpy as np
 
 from nanscope.format.proto import tensor_pb2
+
+# What a ``TensorProto`` read from a dump may claim (docs/FORMAT.md, "Limits"). Every other
+# element a decoded value holds is backed by the record's own bytes.
+MAX_RANK = 254  # TensorFlow's TensorShape::MaxDimensions()
+# TensorFlow's convention that the last typed value repeats to fill the shape (or that no
+# value means zeros) lets a few bytes claim any size: the reader fills at most this many.
+MAX_FILL_ELEMENTS = 1 << 20
 
 
 class DataType(enum.IntEnum):
@@ -223,36 +231,90 @@ def _bfloat16_from_bits(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def proto_to_array(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
+def _shape_text(shape: tuple[int, ...]) -> str:
+    """``12000x12000`` (``[]`` for a scalar, the rank alone for a long shape)."""
+    if not shape:
+        return "[]"
+    return "x".join(map(str, shape)) if len(shape) <= 8 else f"rank {len(shape)}"
+
+
+def _typed_count(proto: tensor_pb2.TensorProto, dt: DataType) -> int:
+    """How many values the typed repeated field of ``dt`` holds, without decoding them."""
+    if dt == DataType.DT_FLOAT:
+        return len(proto.float_val)
+    if dt == DataType.DT_DOUBLE:
+        return len(proto.double_val)
+    if dt in (DataType.DT_HALF, DataType.DT_BFLOAT16) or dt in _ML_DTYPES:
+        return len(proto.half_val)
+    if dt == DataType.DT_INT64:
+        return len(proto.int64_val)
+    if dt == DataType.DT_BOOL:
+        return len(proto.bool_val)
+    if dt == DataType.DT_UINT32:
+        return len(proto.uint32_val)
+    if dt == DataType.DT_UINT64:
+        return len(proto.uint64_val)
+    if dt == DataType.DT_COMPLEX64:
+        return len(proto.scomplex_val) // 2
+    if dt == DataType.DT_COMPLEX128:
+        return len(proto.dcomplex_val) // 2
+    if dt == DataType.DT_STRING:
+        return len(proto.string_val)
+    return len(proto.int_val)
+
+
+def proto_to_array(
+    proto: tensor_pb2.TensorProto, max_elements: int | None = None
+) -> np.ndarray | None:
     """The value of a ``TensorProto``; ``None`` for an empty proto (``DT_INVALID``).
 
-    Raises ``ValueError`` for content that does not fit its dtype and shape.
+    Raises ``ValueError``, before allocating anything, for content that does not fit its
+    dtype and shape, and for a shape that claims more elements than the proto's bytes
+    hold: beyond :data:`MAX_FILL_ELEMENTS` for TensorFlow's fill convention, beyond
+    ``max_elements`` in any case (a summary vector's bound), beyond :data:`MAX_RANK` dims.
     """
     dt_num = int(proto.dtype)
     if dt_num == DataType.DT_INVALID:
         return None
-    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
+    dims = proto.tensor_shape.dim
+    if len(dims) > MAX_RANK:
+        raise ValueError(f"tensor shape has {len(dims)} dimensions (at most {MAX_RANK})")
+    shape = tuple(int(d.size) for d in dims)
     if any(d < 0 for d in shape):
         raise ValueError(f"tensor shape {shape} has a negative dimension")
-    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    # A Python int: numpy's int64 product wraps around for dims that multiply past 2**63.
+    size = math.prod(shape)
     try:
         dt = DataType(dt_num)
     except ValueError:
         raise ValueError(f"unknown DataType {dt_num}") from None
+    if max_elements is not None and size > max_elements:
+        raise ValueError(
+            f"a summary of shape {_shape_text(shape)} claims {size:,} elements "
+            f"(a summary holds at most {max_elements:,})"
+        )
     if proto.tensor_content:
         np_dtype = numpy_dtype(dt)
         if dt == DataType.DT_BFLOAT16 and np_dtype is None:
-            flat = _bfloat16_from_bits(np.frombuffer(proto.tensor_content, dtype="<u2"))
+            np_dtype = np.dtype("<u2")  # decoded below, widened to float32
         elif np_dtype is None or np_dtype.kind == "O":
             raise ValueError(f"{dt.name} cannot be stored in tensor_content")
-        else:
-            if len(proto.tensor_content) != size * np_dtype.itemsize:
-                raise ValueError(
-                    f"tensor_content has {len(proto.tensor_content)} bytes, "
-                    f"shape {shape} of {dt.name} needs {size * np_dtype.itemsize}"
-                )
-            flat = np.frombuffer(proto.tensor_content, dtype=np_dtype)
+        if len(proto.tensor_content) != size * np_dtype.itemsize:
+            raise ValueError(
+                f"tensor_content has {len(proto.tensor_content):,} bytes, "
+                f"shape {_shape_text(shape)} of {dtype_name(dt)} needs "
+                f"{size * np_dtype.itemsize:,}"
+            )
+        flat = np.frombuffer(proto.tensor_content, dtype=np_dtype)
+        if dt == DataType.DT_BFLOAT16 and numpy_dtype(dt) is None:
+            flat = _bfloat16_from_bits(flat)
         return flat.reshape(shape)
+    count = _typed_count(proto, dt)
+    if count > size or (count < size and size > MAX_FILL_ELEMENTS):
+        raise ValueError(
+            f"shape {_shape_text(shape)} of {dtype_name(dt)} claims {size:,} elements, "
+            f"the record holds {count:,} value{'s' if count != 1 else ''}"
+        )
     values = _typed_values(proto, dt)
     if values is None:
         raise ValueError(f"cannot decode values of {dt.name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +12,22 @@ from nanscope._paths import is_user_file
 from nanscope.format.health import Health
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
 
+# Outputs listed for an execution that records no tensor ids: ``num_outputs`` says how many
+# there are, and a record may say 2**31 (docs/FORMAT.md, "Limits").
+MAX_LISTED_OUTPUTS = 4096
+
 # nanscope's ``Execution.phase`` numbers, as reports name them.
 PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+
+
+def _numbers(vector: np.ndarray) -> list[float | str]:
+    """A summary vector as JSON numbers; NaN and the infinities as strings, as in tensor values."""
+    out: list[float | str] = []
+    for x in vector.ravel().tolist():
+        out.append(
+            x if math.isfinite(x) else "nan" if math.isnan(x) else "inf" if x > 0 else "-inf"
+        )
+    return out
 
 
 def _shape(
@@ -22,7 +37,10 @@ def _shape(
     if value is not None:
         return list(value.shape)
     if mode == TensorDebugMode.SHAPE and summary is not None:
-        return list(shape_from_summary(summary))
+        try:
+            return list(shape_from_summary(summary))
+        except ValueError:  # malformed: the reader reported it when it decoded the record
+            return None
     return None
 
 
@@ -117,6 +135,9 @@ class Execution:
     # Each input's health where the record holds its summary (None: not recorded).
     input_health: tuple[Health | None, ...] = ()
     tensor_values: tuple[np.ndarray | None, ...] | None = field(default=None, repr=False)
+    # What is wrong with this record's tensors ("<file>: record at byte offset N: output 0:
+    # ..."), also in the reader's problems: an output refused here reads as not recorded.
+    problems: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def recorded(self) -> bool:
@@ -140,13 +161,18 @@ class Execution:
     def outputs_json(self) -> list[dict[str, Any]]:
         """One entry per output: tensor id, health, shape and the raw summary."""
         out = []
-        for slot, tid in enumerate(self.output_tensor_ids or range(self.num_outputs)):
+        # num_outputs is a number from the record, not a list it holds: bounded.
+        recorded = max(len(self.debug_tensor_values or ()), len(self.tensor_values or ()))
+        listed = self.output_tensor_ids or range(
+            min(self.num_outputs, max(MAX_LISTED_OUTPUTS, recorded))
+        )
+        for slot, tid in enumerate(listed):
             summary, value = self._output(slot)
             h = self.output_health[slot] if slot < len(self.output_health) else None
             out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
                         "counts": h.to_json() if h is not None else None,
                         "shape": _shape(self.tensor_debug_mode, summary, value),
-                        "summary": None if summary is None else [float(x) for x in summary.ravel()]})  # fmt: skip
+                        "summary": None if summary is None else _numbers(summary)})  # fmt: skip
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -176,6 +202,7 @@ class GraphExecutionTrace:
     health: Health
     tensor_value: np.ndarray | None = field(default=None, repr=False)  # FULL_TENSOR
     graph_name: str = ""
+    problems: tuple[str, ...] = field(default=(), repr=False, compare=False)  # as Execution's
 
     @property
     def recorded(self) -> bool:
@@ -191,7 +218,7 @@ class GraphExecutionTrace:
         summary = self.debug_tensor_value
         return [{"slot": self.output_slot, "tensor_id": None,
                  "counts": self.health.to_json() if self.recorded else None, "shape": self.shape,
-                 "summary": None if summary is None else [float(x) for x in summary.ravel()]}]  # fmt: skip
+                 "summary": None if summary is None else _numbers(summary)}]  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a list row: which graph op, where, and its health."""
@@ -226,7 +253,8 @@ class GraphOpInfo:
             if name.startswith("^"):
                 continue
             op, _, slot = name.rpartition(":")
-            if op and slot.isdigit():
+            # isascii: int() refuses other digits ("²"); len: and numbers of 4,300+ digits.
+            if op and slot.isascii() and slot.isdigit() and len(slot) <= 9:
                 out.append((op, int(slot)))
             else:
                 out.append((name, 0))

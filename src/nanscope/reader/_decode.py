@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from nanscope.format.health import index_row
+from nanscope.format.health import index_row, summary_problem
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.tensor_pb2 import TensorProto
 from nanscope.format.tensors import proto_to_array
 
+# The most elements a summary vector may claim (the widest mode's has 11): a proto that
+# claims more is not a summary, and is not decoded (docs/FORMAT.md, "Limits").
+MAX_SUMMARY_ELEMENTS = 1024
+
 
 class DecodeError(ValueError):
     """A record whose CRC checks out but whose content is not a valid event."""
+
+
+def wall_time(event: pb.DebugEvent) -> float:
+    """The event's wall time; 0.0 (unknown) for NaN or an infinity, which JSON cannot carry."""
+    t = event.wall_time
+    return t if math.isfinite(t) else 0.0
 
 
 def parse_event(payload: bytes | memoryview) -> pb.DebugEvent:
@@ -32,13 +44,42 @@ def mode_of(value: int) -> TensorDebugMode:
         return TensorDebugMode.UNSPECIFIED
 
 
-def tensor_values(protos: list[TensorProto]) -> list[np.ndarray | None]:
+def tensor_values(
+    protos: list[TensorProto],
+    mode: TensorDebugMode,
+    problems: list[str] | None = None,
+    what: str = "output",
+) -> list[np.ndarray | None]:
+    """Each proto's value (None where it has none or cannot be decoded).
+
+    In FULL_TENSOR mode a proto is a value and may hold as many elements as its bytes
+    do; in the other modes it is a summary: at most :data:`MAX_SUMMARY_ELEMENTS`, read
+    flat. Why a proto was refused, or why its summary is malformed, is appended to
+    ``problems`` (``"output 0: ..."``), for the caller to say where the record is.
+    """
+    full = mode == TensorDebugMode.FULL_TENSOR
+    limit = None if full else MAX_SUMMARY_ELEMENTS
     out: list[np.ndarray | None] = []
-    for p in protos:
+    for slot, p in enumerate(protos):
         try:
-            out.append(proto_to_array(p))
-        except ValueError:
+            value = proto_to_array(p, limit)
+        except ValueError as exc:
+            if problems is not None:
+                problems.append(f"{what} {slot}: {exc}; not shown")
             out.append(None)
+            continue
+        if value is not None and not full:
+            if value.dtype.kind in "cOSUV" and value.dtype.name != "bfloat16":
+                # Complex numbers, strings: no count, rank or flag can be read from them.
+                if problems is not None:
+                    problems.append(f"{what} {slot}: a summary of {value.dtype} holds no counts")
+                out.append(None)
+                continue
+            # Summaries are vectors of float64 (TensorFlow's layout); of_summary reads them flat.
+            value = value.reshape(-1).astype(np.float64, copy=False)
+            if problems is not None and (why := summary_problem(mode, value)) is not None:
+                problems.append(f"{what} {slot}: {why}; read as unknown")
+        out.append(value)
     return out
 
 
@@ -47,15 +88,17 @@ def tensor_values(protos: list[TensorProto]) -> list[np.ndarray | None]:
 RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, int]
 
 
-def execution_row(event: pb.DebugEvent) -> RowData:
+def execution_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
+    """The index row of an execution; what is wrong with its outputs goes to ``problems``."""
     ex = event.execution
-    h = index_row(mode_of(ex.tensor_debug_mode), tensor_values(list(ex.tensor_protos)))
+    mode = mode_of(ex.tensor_debug_mode)
+    h = index_row(mode, tensor_values(list(ex.tensor_protos), mode, problems))
     device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
     return (
         ex.op_type,
         ex.graph_id,
         ex.num_outputs,
-        event.wall_time,
+        wall_time(event),
         event.step,
         ex.sequence,
         *h,
@@ -64,15 +107,17 @@ def execution_row(event: pb.DebugEvent) -> RowData:
     )
 
 
-def trace_row(event: pb.DebugEvent) -> RowData:
+def trace_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
+    """The index row of a trace; what is wrong with its tensor goes to ``problems``."""
     tr = event.graph_execution_trace
-    values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else []
-    h = index_row(mode_of(tr.tensor_debug_mode), values)
+    mode = mode_of(tr.tensor_debug_mode)
+    values = tensor_values([tr.tensor_proto], mode, problems) if tr.HasField("tensor_proto") else []
+    h = index_row(mode, values)
     return (
         tr.op_name,
         tr.tfdbg_context_id,
         tr.output_slot,
-        event.wall_time,
+        wall_time(event),
         event.step,
         tr.sequence,
         *h,

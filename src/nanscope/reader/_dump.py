@@ -41,6 +41,7 @@ from nanscope.reader._decode import (
     parse_event,
     tensor_values,
     trace_row,
+    wall_time,
 )
 from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
 from nanscope.reader._logs import RecordLog
@@ -260,7 +261,12 @@ class DumpReader:
             m = event.debug_metadata
             version = m.file_version
             number = version.rpartition(":")[2]
-            if number.isdigit() and int(number) > SUPPORTED_FILE_VERSION:
+            # isascii: int() refuses other digits ("²"); len: and numbers of 4,300+ digits.
+            if (
+                number.isascii()
+                and number.isdigit()
+                and (len(number) > 9 or int(number) > SUPPORTED_FILE_VERSION)
+            ):
                 problems.append(
                     Problem(
                         "warning",
@@ -293,7 +299,7 @@ class DumpReader:
                 pid=m.pid if has_ext and m.pid else None,
                 tensor_debug_mode=mode,
                 circular_buffer_size=m.circular_buffer_size if has_ext else None,
-                start_time=event.wall_time,
+                start_time=wall_time(event),
             )
             return
         if proc.info is None:
@@ -574,7 +580,8 @@ class DumpReader:
 
     # -- decoding single events --------------------------------------------------------------
 
-    def _event_at(self, kind: str, index: int) -> tuple[_Process, pb.DebugEvent]:
+    def _event_at(self, kind: str, index: int) -> tuple[_Process, pb.DebugEvent, str]:
+        """The process and decoded event at ``index``, and ``"<file>: record at byte offset N"``."""
         n = self.num(kind)
         if not 0 <= index < n:
             raise IndexError(f"{kind} index {index} out of range (0..{n - 1})")
@@ -593,15 +600,24 @@ class DumpReader:
                 )
             )
             raise err
-        return proc, parse_event(result.records[0].payload)
+        where = f"{efile.path}: record at byte offset {offset}"
+        return proc, parse_event(result.records[0].payload), where
+
+    def _damage(self, where: str, found: list[str]) -> tuple[str, ...]:
+        """Report what decoding one record found wrong (once each); the messages, as they read."""
+        messages = tuple(f"{where}: {what}" for what in found)
+        for m in messages:
+            self._problem("error", m)
+        return messages
 
     def execution(self, index: int) -> Execution:
         """Execution ``index`` (0-based over all processes), decoded."""
-        proc, event = self._event_at(EXECUTIONS, index)
+        proc, event, where = self._event_at(EXECUTIONS, index)
         ex = event.execution
         mode = mode_of(ex.tensor_debug_mode)
-        values = tensor_values(list(ex.tensor_protos))
-        inputs = tensor_values(list(ex.input_tensor_protos))
+        found: list[str] = []
+        values = tensor_values(list(ex.tensor_protos), mode, found)
+        inputs = tensor_values(list(ex.input_tensor_protos), mode, found, "input")
         # Health is decoded here, once per event; everything downstream uses it as it is.
         outputs = () if mode == TensorDebugMode.NO_TENSOR else health.per_output(mode, values)
         summaries: tuple[np.ndarray | None, ...] | None
@@ -615,7 +631,7 @@ class DumpReader:
         return Execution(
             index=index,
             process=proc.index,
-            wall_time=event.wall_time,
+            wall_time=wall_time(event),
             step=event.step,
             sequence=ex.sequence,
             op_type=ex.op_type,
@@ -637,6 +653,7 @@ class DumpReader:
             input_debug_tensor_values=tuple(inputs),
             input_health=health.per_output(mode, inputs),
             tensor_values=full,
+            problems=self._damage(where, found),
         )
 
     def executions(self, begin: int = 0, end: int | None = None) -> list[Execution]:
@@ -645,10 +662,13 @@ class DumpReader:
 
     def trace(self, index: int) -> GraphExecutionTrace:
         """Graph execution trace ``index`` (0-based over all processes), decoded."""
-        proc, event = self._event_at(TRACES, index)
+        proc, event, where = self._event_at(TRACES, index)
         tr = event.graph_execution_trace
         mode = mode_of(tr.tensor_debug_mode)
-        values = tensor_values([tr.tensor_proto]) if tr.HasField("tensor_proto") else [None]
+        found: list[str] = []
+        values = (
+            tensor_values([tr.tensor_proto], mode, found) if tr.HasField("tensor_proto") else [None]
+        )
         value = values[0]
         summary = (
             None if mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR) else value
@@ -658,7 +678,7 @@ class DumpReader:
         return GraphExecutionTrace(
             index=index,
             process=proc.index,
-            wall_time=event.wall_time,
+            wall_time=wall_time(event),
             step=event.step,
             sequence=tr.sequence,
             op_name=tr.op_name,
@@ -672,6 +692,7 @@ class DumpReader:
             health=health.of_summary(mode, value),
             tensor_value=value if mode == TensorDebugMode.FULL_TENSOR else None,
             graph_name=graph.name if graph else "",
+            problems=self._damage(where, found),
         )
 
     def traces(self, begin: int = 0, end: int | None = None) -> list[GraphExecutionTrace]:

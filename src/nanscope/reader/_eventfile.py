@@ -81,7 +81,7 @@ class EventFile:
     def __init__(
         self,
         path: Path,
-        row_of: Callable[[pb.DebugEvent], RowData],
+        row_of: Callable[[pb.DebugEvent, list[str]], RowData],
         field: str,
         strings: StringTable,
     ) -> None:
@@ -204,6 +204,8 @@ class EventFile:
             # A sidecar that disagrees with its data file is ignored from now on.
             self._sidecar_ok = False
             return
+        times = rows["wall_time"]
+        times[~np.isfinite(times)] = 0.0  # as for decoded records: JSON has no NaN
         remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
         rows["name"] = remap[rows["name"]]
         rows["graph"] = remap[rows["graph"]]
@@ -300,7 +302,12 @@ class EventFile:
                 if event.WhichOneof("what") != self._field:
                     continue
                 self.decoded += 1
-                out.append(self._row_of(event))
+                damage: list[str] = []
+                out.append(self._row_of(event, damage))
+                for what in damage:  # the row is kept: only that output's health is unknown
+                    problems.append(
+                        Problem("error", f"{self.path}: record at byte offset {rec.offset}: {what}")
+                    )
                 offsets.append((rec.offset, len(rec.payload) + OVERHEAD))
             if result.torn and result.end == offset:
                 if offset + len(blob) >= size:

@@ -97,7 +97,10 @@ class RecordLog:
             header = fh.read(8)
             length = int.from_bytes(header, "little")
             fh.seek(offset)
-            blob = fh.read(length + 16)
+            # The length is the file's word (changed since it was indexed, it may say 2**63):
+            # read no more than the file holds, for read(n) allocates n bytes first.
+            available = max(0, os.fstat(fh.fileno()).st_size - offset)
+            blob = fh.read(min(length + 16, available))
         result = scan(blob, str(self.path), base=offset, limit=1, resync_limit=0)
         if not result.records:
             if result.errors:

@@ -23,6 +23,7 @@ from nanscope.analysis import (
     values_json,
 )
 from nanscope.format.files import DumpNotFoundError
+from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import Run, RunNotFound, RunSet
@@ -394,13 +395,21 @@ def tensor_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
     limit = q.integer("limit", 1000, lo=1, hi=MAX_TENSOR_VALUES)
     try:
         if kind == EXECUTIONS:
-            vals = reader.execution(index).tensor_values or ()
+            ex = reader.execution(index)
+            vals, problems, mode = ex.tensor_values or (), ex.problems, ex.tensor_debug_mode
             value = vals[slot] if slot < len(vals) else None
         else:
-            value = reader.trace(index).tensor_value
+            tr = reader.trace(index)
+            value, problems, mode = tr.tensor_value, tr.problems, tr.tensor_debug_mode
     except UNREADABLE as exc:
         raise ApiError(404, f"{kind} #{index} cannot be decoded: {exc}") from None
     if value is None:
+        # A value the reader refused (a shape claiming more than the record holds): say why.
+        refused = [
+            m for m in problems if f": output {slot}: " in m and mode == TensorDebugMode.FULL_TENSOR
+        ]
+        if refused:
+            raise ApiError(404, f"the values of this tensor cannot be read: {refused[0]}")
         raise ApiError(404, "no values recorded for this tensor (record in FULL_TENSOR mode)")
     return {"kind": kind, "index": index, "slot": slot, **values_json(value, limit)}
 
