@@ -248,7 +248,8 @@ def test_a_full_buffer_drops_events_but_keeps_the_nonfinite_one(
     # (The Python recorder has no buffer of its own: it hands events to the writer.)
     x = torch.ones(4)
     with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1) as s:
-        eager: Any = s._session.eager  # type: ignore[union-attr]
+        session: Any = s._session
+        eager = session.eager  # the native recorder
         eager.lib.set_capacity(50)
         # The drain thread stalls on the lock it takes to hand events over:
         # the buffer fills up, and each later op waits briefly, then lets go.
