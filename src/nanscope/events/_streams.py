@@ -185,9 +185,17 @@ class EventStream:
         self._bound = max(0, limit)
         if self._bound:
             self._anchoring = len(self._anchors) < MAX_ANCHORS or not self._nan_seen
-            ring = self._ring
-            while len(ring) + self._runs_len > self._bound:
-                self._drop_oldest()
+            # What arrived before the disk was known to fail goes through the anchor
+            # rule too: the first NaN may be among it.
+            items = list(self._ring)
+            self._ring.clear()
+            for item in items:
+                if type(item[0]) is _Batch:
+                    for payload, full in zip(item[0].payloads, item[1].tolist(), strict=True):
+                        row = tuple(full[2:])
+                        self._place((frame(payload), row), row, full[_NONFINITE] == 1)
+                else:
+                    self._place(item, item[1], item[1][_NONFINITE - 2] == 1)
 
     def _drop_oldest(self) -> None:
         """Let go of the oldest unprotected event (evicted when circular, else dropped)."""
@@ -212,6 +220,10 @@ class EventStream:
         if not self._bound:
             self._ring.append(item)
             return
+        self._place(item, row, nonfinite)
+
+    def _place(self, item: Any, row: RowTuple, nonfinite: bool) -> None:
+        """Add ``item`` to a bounded stream: anchor it, or the open window, or the ring."""
         if nonfinite and self._anchoring:
             # Inline up to the one set lookup: in a run full of NaN, every event comes here.
             op_kind = self.op_kind

@@ -689,7 +689,7 @@ class DumpWriter:
             busy = disk.busy_for()
             if busy > self.io_timeout and not isinstance(self._fault, StalledError):
                 self._on_fault(
-                    StalledError(f"a write has not returned for {busy:.0f} s"), time.time() - busy
+                    StalledError(f"a write has not returned for {busy:.1f} s"), time.time() - busy
                 )
             return False
         now = time.monotonic()
@@ -855,6 +855,10 @@ class DumpWriter:
                 why += f" (and {len(self._faults) - 1} later outages)"
         else:
             why = "the writer fell behind"
+        if not st.dropped:
+            return (
+                f"writing failed ({why}), but no event was lost: the dump in {self.logdir} is whole"
+            )
         return (
             f"{st.dropped} events dropped: {why}; the dump in {self.logdir} holds what was "
             f"written until {_clock(self._last_write)}"
