@@ -61,7 +61,7 @@ def train(
 def told(stderr: str, reason: str) -> None:
     """The fault is said once, when it happens, and its cost once, at the end."""
     lines = [line for line in stderr.splitlines() if line.startswith("nanscope: ")]
-    assert sum(f"cannot write the dump in" in line for line in lines) == 1, lines
+    assert sum("cannot write the dump in" in line for line in lines) == 1, lines
     assert any(f": {reason} at " in line for line in lines), lines
 
 
@@ -123,6 +123,7 @@ def test_a_logdir_that_turns_read_only(tmp_path: Path) -> None:
         unmounted = subprocess.run(["umount", str(logdir)], capture_output=True).returncode == 0
     assert unmounted, "the program did not make the logdir read-only"
     told(stderr, "file system read-only")
+    assert result["io_errors"] >= 1
     with nanscope.open_dump(logdir) as r:
         # What was written before stays readable, and the drop report (written
         # through a descriptor opened at start) reached the file underneath.

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 import nanscope
-from nanscope.events import _io
 
 logdir, fault, steps, fault_step, buffer = (
     Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
@@ -66,6 +65,8 @@ def inject() -> None:
             ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(logdir)], check=True
         )
     elif fault == "hung":
+        from nanscope.events import _io
+
         never = threading.Event()
 
         def hang(fd: int, data: memoryview) -> int:
@@ -100,18 +101,14 @@ for step in range(steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
+# Memory first: the figures stand even where closing fails (code before the fix).
+memory = {"rss_at_fault_kb": rss_at_fault, "peak_kb": status("VmHWM"), "pid": os.getpid()}
+print(json.dumps(memory), flush=True)
 nanscope.disable_dump_debug_info()  # must not raise, whatever the disk did
 st = writer.stats
 print(
     json.dumps(
-        {
-            "rss_at_fault_kb": rss_at_fault,
-            "peak_kb": status("VmHWM"),
-            "executions": st.executions,
-            "dropped": st.dropped,
-            "io_errors": st.io_errors,
-            "pid": os.getpid(),
-        }
+        {**memory, "executions": st.executions, "dropped": st.dropped, "io_errors": st.io_errors}
     ),
     flush=True,
 )
