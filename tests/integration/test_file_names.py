@@ -62,15 +62,14 @@ def test_same_rank_same_second_two_file_sets(tmp_path: Path) -> None:
         assert "-rank0-pid" in name, name
     with nanscope.open_dump(logdir) as r:
         assert r.problems == []
-        procs_ = r.processes
-        assert sorted(p.rank for p in procs_) == [0, 0]  # type: ignore[type-var]
-        assert {p.pid for p in procs_} == set(pids)
+        assert sorted(p.rank for p in r.processes) == [0, 0]  # type: ignore[type-var]
+        assert {p.pid for p in r.processes} == set(pids)
         rows, owner = r.index(EXECUTIONS), r.processes_of(EXECUTIONS)
-        for p in procs_:
-            mine = rows[owner == p.index]
+        for info in r.processes:
+            mine = rows[owner == info.index]
             # Each process's own events, the -inf in the bad one's only.
             assert len(mine) >= 1
-            assert bool((mine["neg_inf"] > 0).any()) == pids[p.pid], p
+            assert bool((mine["neg_inf"] > 0).any()) == pids[info.pid or 0], info
         a = analyze(r)
         assert a.origin is not None
         assert r.processes[a.origin.process].pid == next(pid for pid, bad in pids.items() if bad)

@@ -99,7 +99,7 @@ def test_shedding_keeps_the_non_finite_events_of_encoded_batches(tmp_path: Path)
     w.write_execution(ExecutionEvent("slow", [1], [0], summaries=BlockingSummaries(blocker)))  # type: ignore[arg-type]
 
     def batch(first: int, bad: int) -> list[tuple[object, ...]]:
-        out = []
+        out: list[tuple[object, ...]] = []
         for seq in range(first, first + 30):
             h = full_health(neg_inf=1 if seq == bad else 0)
             ev = ExecutionEvent("op", [seq], [seq], summaries=[h])
