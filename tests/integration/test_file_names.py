@@ -26,8 +26,13 @@ import json, os, sys, time
 import torch
 import nanscope
 
-logdir, start_at, bad = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "bad"
-time.sleep(max(0.0, start_at - time.time()))  # both processes start recording in one second
+logdir, sync, bad = sys.argv[1], sys.argv[2], sys.argv[3] == "bad"
+# Imported: say so, then wait for the time both processes start recording at (one second).
+open(os.path.join(sync, "ready-" + sys.argv[3]), "w").close()
+go = os.path.join(sync, "go")
+while not os.path.exists(go):
+    time.sleep(0.01)
+time.sleep(max(0.0, float(open(go).read()) - time.time()))
 nanscope.enable_dump_debug_info(logdir, circular_buffer_size=-1)
 x = torch.tensor([0.0, 1.0]) if bad else torch.tensor([2.0, 1.0])
 y = torch.log(x)  # -inf only in the bad process
@@ -40,15 +45,21 @@ def test_same_rank_same_second_two_file_sets(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(PROGRAM))
     logdir = tmp_path / "dump"
-    # Both start recording 0.1 s into a whole second a little ahead (imports take time).
-    start_at = math.floor(time.time()) + 8.1
+    sync = tmp_path / "sync"
+    sync.mkdir()
     env = {**os.environ, "NANSCOPE_RANK": "0", "NANSCOPE_RUN_ID": "same",
            "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(logdir), str(start_at), kind],
+        subprocess.Popen([sys.executable, str(script), str(logdir), str(sync), kind],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for kind in ("bad", "good")
     ]  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Both imported: they start recording 0.2 s into the next whole second.
+    (sync / "go.tmp").write_text(str(math.floor(time.time()) + 1.2))
+    (sync / "go.tmp").rename(sync / "go")
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
