@@ -240,6 +240,7 @@ class DumpWriter:
         self._last_write = self.start_time  # when a disk job last succeeded
         self._report_due = False  # the .nsdrops report is out of date
         self._close_deadline = 0.0
+        self._abandon = False  # closing on a failed disk: queued events are only counted
 
         try:
             self._create_files(origin_window, framework, world_size)
@@ -556,6 +557,7 @@ class DumpWriter:
         try:
             lifecycle.unregister(self)
             self._close_deadline = time.monotonic() + (60.0 if timeout is None else timeout)
+            self._abandon = self._fault is not None
             if self._thread.is_alive() and threading.current_thread() is not self._thread:
                 self._put(CloseRequest())
                 self._wake.set()
@@ -623,6 +625,16 @@ class DumpWriter:
             if not done % 512 and time.monotonic() >= deadline:
                 return False
             item = queue.popleft()
+            if self._abandon and type(item) in _EVENT_SIZES:
+                # Closing on a failed disk: what still waits could not be written
+                # anyway; counting it is cheap, encoding it is not (the exit waits).
+                n = _EVENT_SIZES[type(item)](item)
+                self._processed(n)
+                if type(item) in (QueuedTrace, GraphCallTraces):
+                    self._shed_traces += n
+                else:
+                    self._shed_executions += n
+                continue
             try:
                 # The most frequent kinds first: each case is one type check. Events
                 # leave the backlog first, so that a failing one does not stay in it.
@@ -1036,3 +1048,12 @@ def _warn(message: str) -> None:
 
 def _clock(wall: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+# The events each kind of queued item carries (what closing on a failed disk counts).
+_EVENT_SIZES: dict[type, Callable[[Any], int]] = {
+    QueuedExecution: lambda item: 1,
+    EncodedExecutions: lambda item: len(item.records),
+    QueuedTrace: lambda item: 1,
+    GraphCallTraces: lambda item: len(item.op_names),
+}
