@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.format.proto import tensor_pb2
@@ -87,3 +90,24 @@ def torch_recorder() -> str:
     from nanscope.backends.torch.session import native_library
 
     return "native" if native_library() is not None else "python"
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "16m") -> Iterator[Path]:
+    """A fresh tmpfs of ``size`` mounted at ``path`` (a real file system that fills
+    up, or can be remounted read-only); skips the test where mounting is impossible."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        out = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except OSError as exc:
+        pytest.skip(f"cannot mount a tmpfs here ({exc})")
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {out.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        # Lazy: a test's process that still holds a file open must not make this fail.
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,12 +55,19 @@ class DebugSession:
         self._session.flush()
 
     def close(self) -> None:
-        """Stop recording and flush (same as :func:`disable_dump_debug_info`)."""
+        """Stop recording and flush (same as :func:`disable_dump_debug_info`); never raises.
+
+        What could not be written (a full disk, ...) is reported on stderr and in
+        the dump, not raised: the training program's exit status stays its own.
+        """
         global _active
         with _lock:
             if _active is self:
                 _active = None
-        self._session.close()
+        try:
+            self._session.close()
+        except Exception as exc:
+            print(f"nanscope: could not finish the dump in {self.logdir}: {exc}", file=sys.stderr)
 
     def __enter__(self) -> DebugSession:
         return self

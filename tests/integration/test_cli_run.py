@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from nanscope import open_dump
+from tests.helpers import tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,3 +178,36 @@ def test_the_launcher_is_not_the_programs_source(
             frames = dump.stack(e)
             assert frames and frames[0].file_path == str(program), [f.file_path for f in frames]
         assert dump.stack(log[0])[-1].lineno == 6
+
+
+def test_read_only_logdir_is_one_clear_line_before_the_program_runs(
+    tmp_path: Path, program: Path
+) -> None:
+    with tmpfs(tmp_path / "ro", "1m") as fs:
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        out = nanscope("run", "--logdir", str(fs / "dump"), str(program), cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"nanscope run: error: cannot write the dump in {fs / 'dump'}: Read-only file system"
+    )
+    assert '"argv"' not in out.stdout  # the program did not run
+
+
+def test_enabling_that_fails_is_never_called_a_dump(tmp_path: Path) -> None:
+    """The logdir turns read-only after the check, before the program imports PyTorch:
+    the program runs on unrecorded, and nanscope says so instead of "dump written"."""
+    with tmpfs(tmp_path / "fs", "1m") as fs:
+        (tmp_path / "late.py").write_text(
+            "import subprocess, sys\n"
+            f"subprocess.run(['mount', '-o', 'remount,ro', {str(fs)!r}], check=True)\n"
+            "import torch\n"
+            "print(torch.log(torch.ones(2)).sum().item())\n"
+        )
+        out = nanscope("run", "--logdir", str(fs / "dump"), "late.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0.0"
+    assert "dump written" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert any(line.startswith("nanscope: recording is off: cannot create dump directory")
+               and line.endswith("Read-only file system") for line in lines), lines  # fmt: skip
+    assert any(line.startswith("nanscope: no dump was written: ") for line in lines), lines

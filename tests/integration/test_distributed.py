@@ -206,7 +206,7 @@ def test_every_rank_writes_its_own_file_set_with_one_run_id(
     ddp: DdpRun, reader: DumpReader
 ) -> None:
     names = [p.name for p in ddp.logdir.glob("*.metadata")]
-    ranks = [int(r) for r in re.findall(r"-rank(\d+)\.metadata", " ".join(names))]
+    ranks = [int(r) for r in re.findall(r"-rank(\d+)-pid\d+-[0-9a-f]+\.metadata", " ".join(names))]
     assert len(names) == ddp.world and sorted(ranks) == list(range(ddp.world))
     assert reader.problems == []  # no "file sets from different runs" warning among them
     procs = reader.processes

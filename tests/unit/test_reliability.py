@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -63,3 +64,68 @@ def test_reader_holds_an_index_not_the_events(tmp_path: Path) -> None:
         assert r.decoded_for_index() == 0  # the sidecar served it: no record was decoded
         assert index.nbytes == 3000 * INDEX_DTYPE.itemsize < records
         assert INDEX_DTYPE.itemsize == 64
+
+
+def test_backpressure_waits_a_bounded_time_then_drops_and_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer that cannot keep up does not hold the producer: events are dropped, counted,
+    told once, and show as gaps in the dump."""
+    w = DumpWriter(
+        tmp_path, "FULL_HEALTH", circular_buffer_size=-1, max_queue=20, backpressure_timeout=0.01
+    )
+    n = 400
+    for i in range(n):
+        # resolve() gives a 2-D array, a sequence of rows; Pending asks for a Sequence.
+        w.write_execution(ExecutionEvent("op", [i + 1], [i], summaries=SlowSummaries(1)))  # type: ignore[arg-type]
+    w.close()
+    dropped = w.stats.executions_dropped
+    assert 0 < dropped < n
+    err = capsys.readouterr().err
+    assert err.count("dropping events") == 1 and f"{dropped} events dropped" in err
+    with nanscope.open_dump(tmp_path) as r:
+        assert r.num(EXECUTIONS) == n - dropped
+        assert r.evicted(EXECUTIONS) == dropped - (n - int(r.index(EXECUTIONS)["sequence"].max()))
+
+
+def test_shedding_keeps_the_non_finite_events_of_encoded_batches(tmp_path: Path) -> None:
+    """The path of the native recorder: while events are dropped, non-finite ones stay."""
+    w = DumpWriter(
+        tmp_path, "FULL_HEALTH", circular_buffer_size=-1, max_queue=50, backpressure_timeout=0.0
+    )
+    enc = w.encoder
+    blocker = threading.Event()
+    # A slow first event keeps the writer thread busy while the batches come.
+    w.write_execution(ExecutionEvent("slow", [1], [0], summaries=BlockingSummaries(blocker)))  # type: ignore[arg-type]
+
+    def batch(first: int, bad: int) -> list[tuple[object, ...]]:
+        out: list[tuple[object, ...]] = []
+        for seq in range(first, first + 30):
+            h = full_health(neg_inf=1 if seq == bad else 0)
+            ev = ExecutionEvent("op", [seq], [seq], summaries=[h])
+            payload, row, _ = enc.execution(ev, seq, 1.0, [h])
+            out.append((payload, "op", "", 1, 1.0, 0, seq, row.size, row.neg_inf, row.pos_inf,
+                        row.nan, row.nonfinite, 0, 0))  # fmt: skip
+        return out
+
+    for _ in range(10):
+        w.write_encoded_executions(lambda first: batch(first, bad=first + 7))  # type: ignore[arg-type, return-value]
+    blocker.set()
+    w.close()
+    assert w.stats.executions_dropped > 0
+    with nanscope.open_dump(tmp_path) as r:
+        rows = r.index(EXECUTIONS)
+        # Every batch's one non-finite event is in the dump, dropped or not its neighbours.
+        assert int((rows["neg_inf"] > 0).sum()) == 10
+        assert len(rows) == 1 + 30 * 10 - w.stats.executions_dropped
+
+
+class BlockingSummaries:
+    """Summaries whose fetch waits for ``gate`` (a writer thread stuck on one event)."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def resolve(self) -> np.ndarray:
+        self.gate.wait(30)
+        return np.tile(full_health(), (1, 1))

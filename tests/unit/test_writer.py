@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -100,7 +102,8 @@ def test_files_metadata_and_interning(tmp_path: Path) -> None:
         assert w.register_device("cpu") == 1 and w.register_device("gpu") == 2
         assert w.register_device("cpu") == 1
     fs = only_set(tmp_path)
-    assert fs.host.endswith("-rank3")
+    # <host>-rank<R>-pid<P>-<random tag>: two processes of one rank never share a name.
+    assert re.fullmatch(rf".+-rank3-pid{os.getpid()}-[0-9a-f]{{6}}", fs.host), fs.host
     (meta,) = events_in(fs.path("metadata"))
     md = meta.debug_metadata
     assert (md.file_version, md.tfdbg_run_id, md.framework) == ("debug.Event:1", "r1", "unit")

@@ -10,10 +10,12 @@ same logdir).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -60,6 +62,27 @@ def _prepare_logdir(logdir: Path, force: bool) -> None:
             shutil.rmtree(p)
         else:
             p.unlink()
+    _check_writable(logdir)
+
+
+def _check_writable(logdir: Path) -> None:
+    """Fail before the program runs when the dump could not be written (a read-only
+    logdir, say), leaving nothing behind: not after it ran for hours unrecorded."""
+    made: list[Path] = []
+    try:
+        missing = [p for p in (logdir, *logdir.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir()
+            made.append(p)
+        fd, probe = tempfile.mkstemp(prefix=".nanscope-probe-", dir=logdir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CommandError(f"cannot write the dump in {logdir}: {exc.strerror or exc}") from None
+    finally:
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,17 +105,22 @@ def run(args: argparse.Namespace) -> int:
     import nanscope
 
     started: list[str] = []
+    failed: list[str] = []
 
     def start(framework: str) -> None:
         if started:
             return
         started.append(framework)
-        if args.check_numerics:
-            nanscope.enable_check_numerics(framework=framework)
-        else:
-            nanscope.enable_dump_debug_info(
-                logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
-            )
+        try:
+            if args.check_numerics:
+                nanscope.enable_check_numerics(framework=framework)
+            else:
+                nanscope.enable_dump_debug_info(
+                    logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
+                )
+        except Exception as exc:  # the program runs on, unrecorded: never take it down
+            failed.append(str(exc) or type(exc).__name__)
+            print(f"nanscope: recording is off: {failed[0]}", file=sys.stderr)
 
     # Recording starts when the program imports a framework that nanscope records.
     already = [f for f in RECORDED if f in sys.modules]
@@ -105,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         nanscope.disable_check_numerics()
     else:
         nanscope.disable_dump_debug_info()
-        if started:
+        if failed:
+            print(f"\nnanscope: no dump was written: {failed[0]}", file=sys.stderr)
+        elif started:
             print(f"\nnanscope: dump written to {logdir}", file=sys.stderr)
             print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
         else:

@@ -18,10 +18,11 @@ import os
 from collections import deque
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
+from nanscope.events._io import Append, Op, Replace, Sync
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.records import frame
@@ -32,6 +33,7 @@ from nanscope.format.strings import StringTable
 #  nonfinite, phase, device).
 RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
 _NAN = 9  # the position of the NaN count in a RowTuple
+_NONFINITE = 12  # the position of the nonfinite flag in a full sidecar row
 
 MAX_ANCHORS = 32
 """At most this many (op type, has NaN) pairs per circular stream get a window
@@ -42,33 +44,57 @@ events, however long the run."""
 
 
 class AppendFile:
-    """An append-only record file (metadata, source files, stack frames, graphs)."""
+    """An append-only record file (metadata, source files, stack frames, graphs).
 
-    def __init__(self, path: Path) -> None:
+    Records wait in memory until :meth:`take` hands them over as one
+    :class:`~nanscope.events._io.Append` for the disk thread; ``offset``
+    counts every byte handed over, written yet or not (a failed append is
+    retried from where it stopped, so offsets stay exact).
+    """
+
+    def __init__(self, path: Path, *, exclusive: bool = False) -> None:
         self.path = path
-        self._fh: BinaryIO = open(path, "ab")  # noqa: SIM115 - owned for the writer's life
-        self.offset = self._fh.tell()
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+        self.fd = os.open(path, flags, 0o644)
+        self.offset = os.lseek(self.fd, 0, os.SEEK_END)
+        self._pending: list[bytes] = []
+        self.pending_bytes = 0
+        # While the disk takes nothing, at most this many bytes wait (0: no bound);
+        # records past it are dropped and counted.
+        self.limit = 0
+        self.dropped = 0
 
     def write(self, payload: bytes) -> int:
-        """Frame and append one payload; returns its record's offset."""
+        """Frame and append one payload; returns its record's offset (-1: dropped)."""
         return self.write_framed(frame(payload))
 
     def write_framed(self, records: bytes) -> int:
-        """Append already framed records; returns the offset of the first."""
+        """Append already framed records; returns the offset of the first (-1: dropped)."""
+        if self.limit and self.pending_bytes + len(records) > self.limit:
+            self.dropped += 1
+            return -1
         offset = self.offset
-        self._fh.write(records)
+        self._pending.append(records)
+        self.pending_bytes += len(records)
         self.offset += len(records)
         return offset
 
-    def flush(self, sync: bool = False) -> None:
-        self._fh.flush()
+    def take(self, sync: bool = False) -> list[Op]:
+        """The operations that write what is pending (and ``fsync`` with ``sync``)."""
+        ops: list[Op] = []
+        if self._pending:
+            ops.append(Append(self.fd, b"".join(self._pending)))
+            self._pending.clear()
+            self.pending_bytes = 0
         if sync:
-            os.fsync(self._fh.fileno())
+            ops.append(Sync(self.fd))
+        return ops
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.flush()
-            self._fh.close()
+        """Close the file descriptor (what was not taken is lost)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 class _Batch:
@@ -96,6 +122,11 @@ class EventStream:
     anchor cut off from the ring (a deque). The unprotected runs and the ring
     share the ``capacity``, and the oldest of their events is evicted first,
     so the unprotected events kept are always the most recent ones.
+
+    An unbounded stream becomes bounded in the same way while the disk takes
+    nothing (:meth:`hold`): it keeps at most ``limit`` unprotected events and
+    the anchors' windows, and counts the others in ``dropped``; what it kept is
+    appended when the disk works again (the sequence numbers then show the gap).
     """
 
     def __init__(
@@ -107,6 +138,7 @@ class EventStream:
         op_kind: Callable[[RowTuple], Hashable] | None = None,
     ) -> None:
         self.path = path
+        self.kind = path.name.rsplit(".", 1)[-1]  # files.EXECUTION or GRAPH_EXECUTION_TRACES
         self.index_path = Path(str(path) + INDEX_SUFFIX)
         self.capacity = capacity
         self.window = max(0, window)
@@ -115,6 +147,9 @@ class EventStream:
         self.strings = StringTable()
         self.dirty = False
         self.evicted = 0  # events the circular buffer let go of
+        self.dropped = 0  # events an unbounded stream let go of while the disk took nothing
+        self._pending_mark = self._written_mark = 0  # evicted + kept, at a rewrite (circular)
+        self._bound = capacity if capacity > 0 else 0  # 0: unbounded (now)
         # Items are [spec or framed record (bytes), row], or (framed record, row)
         # for events framed before they were added: a tuple of bytes and numbers
         # that the garbage collector stops tracking, however long it waits here.
@@ -142,13 +177,53 @@ class EventStream:
     def circular(self) -> bool:
         return self.capacity > 0
 
+    def hold(self, limit: int) -> None:
+        """Bound an unbounded stream to ``limit`` events (and the anchors' windows)
+        while the disk takes nothing; ``0`` lifts the bound. No-op when circular."""
+        if self.circular or limit == self._bound:
+            return
+        self._bound = max(0, limit)
+        if self._bound:
+            self._anchoring = len(self._anchors) < MAX_ANCHORS or not self._nan_seen
+            # What arrived before the disk was known to fail goes through the anchor
+            # rule too: the first NaN may be among it.
+            items = list(self._ring)
+            self._ring.clear()
+            for item in items:
+                if type(item[0]) is _Batch:
+                    for payload, full in zip(item[0].payloads, item[1].tolist(), strict=True):
+                        row = tuple(full[2:])
+                        self._place((frame(payload), row), row, full[_NONFINITE] == 1)
+                else:
+                    self._place(item, item[1], item[1][_NONFINITE - 2] == 1)
+
+    def _drop_oldest(self) -> None:
+        """Let go of the oldest unprotected event (evicted when circular, else dropped)."""
+        if self._runs_len:
+            run = self._runs[0]
+            item = run.popleft()
+            self._runs_len -= 1
+            if not run:
+                self._runs.popleft()
+        else:
+            item = self._ring.popleft()
+        n = len(item[0].payloads) if type(item[0]) is _Batch else 1
+        if self.circular:
+            self.evicted += n
+        else:
+            self.dropped += n
+
     def add(self, spec: Any, row: RowTuple, nonfinite: bool) -> None:
         """Add one event: ``spec`` for ``encode``, or its framed record (bytes)."""
         self.dirty = True
         item: Any = (spec, row) if type(spec) is bytes else [spec, row]
-        if not self.circular:
+        if not self._bound:
             self._ring.append(item)
             return
+        self._place(item, row, nonfinite)
+
+    def _place(self, item: Any, row: RowTuple, nonfinite: bool) -> None:
+        """Add ``item`` to a bounded stream: anchor it, or the open window, or the ring."""
         if nonfinite and self._anchoring:
             # Inline up to the one set lookup: in a run full of NaN, every event comes here.
             op_kind = self.op_kind
@@ -162,16 +237,8 @@ class EventStream:
             return
         ring = self._ring
         ring.append(item)
-        if len(ring) + self._runs_len > self.capacity:
-            self.evicted += 1
-            if self._runs_len:
-                run = self._runs[0]
-                run.popleft()
-                self._runs_len -= 1
-                if not run:
-                    self._runs.popleft()
-            else:
-                ring.popleft()
+        if len(ring) + self._runs_len > self._bound:
+            self._drop_oldest()
 
     def _new_anchor(self, key: tuple[Hashable, bool]) -> bool:
         """Whether the first non-finite event of ``key`` (op kind, has NaN) gets a window."""
@@ -217,14 +284,16 @@ class EventStream:
             return 0
         return sum(map(len, self._parts)) + len(self._ring)
 
-    def flush(self, sync: bool = False) -> None:
+    def flush(self, sync: bool = False) -> list[Op]:
+        """The disk operations that bring the files up to date (encoding what is not yet)."""
         if not self.dirty:
-            return
+            return (
+                self._data.take(sync) + self._index.take(sync) if sync and not self.circular else []
+            )
         self.dirty = False
         if self.circular:
-            self._rewrite(sync)
-        else:
-            self._append(sync)
+            return self._rewrite(sync)
+        return self._append(sync)
 
     def add_batch(self, payloads: list[bytes], rows: np.ndarray) -> None:
         """Append many encoded events at once (unbounded streams only).
@@ -233,6 +302,11 @@ class EventStream:
         filled in when the batch is written.
         """
         assert not self.circular
+        if self._bound:
+            # Held back: event by event, so that the anchor rule sees each one.
+            for payload, row in zip(payloads, rows.tolist(), strict=True):
+                self.add(frame(payload), tuple(row[2:]), row[_NONFINITE] == 1)
+            return
         self.dirty = True
         self._ring.append([_Batch(payloads), rows])
 
@@ -268,45 +342,60 @@ class EventStream:
         table = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         return b"".join(records), table
 
-    def _append(self, sync: bool) -> None:
-        if not self._ring:
-            return
-        items = list(self._ring)
+    def _append(self, sync: bool) -> list[Op]:
+        items = [item for part in self._parts for item in part]
+        items.extend(self._ring)
+        if not items:
+            return self._data.take(sync) + self._index.take(sync)
+        # What a hold kept goes out in order; the windows need no protection any more.
         self._ring.clear()
+        self._parts, self._runs, self._runs_len, self._open = [], deque(), 0, []
+        self._after_left = 0
         data, rows = self._records(items, self._data.offset)
         self._data.write_framed(data)
-        # Data before index: a reader never finds a row whose record is not there yet.
-        self._data.flush(sync)
         new = self.strings.take_new()
         if new:
             self._index.write(sidecar.strings_chunk(new))
         for chunk in sidecar.rows_chunks(rows):
             self._index.write(chunk)
-        self._index.flush(sync)
+        ops = self._data.take(sync)
+        ops[0].events, ops[0].of = len(rows), self.kind
+        # Data before index: a reader never finds a row whose record is not there yet
+        # (the disk thread runs them in order and stops at the first failure).
+        return ops + self._index.take(sync)
 
-    def _rewrite(self, sync: bool) -> None:
+    def _rewrite(self, sync: bool) -> list[Op]:
         items = [item for part in self._parts for item in part]
         items.extend(self._ring)
         data, rows = self._records(items, 0)
         index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + b"".join(
             frame(chunk) for chunk in sidecar.rows_chunks(rows)
         )
-        _replace(self.path, data, sync)
-        _replace(self.index_path, index, sync)
+        self._pending_mark = self.evicted + len(items)
+        return [Replace(self.path, data, sync), Replace(self.index_path, index, sync)]
+
+    def drop_held(self) -> None:
+        """Count what an unbounded stream holds in memory as dropped (the disk never
+        took it), or, when circular and not written since it changed, all it keeps."""
+        items = [i for part in self._parts for i in part]
+        items.extend(self._ring)
+        if self.circular:
+            # Every event added was evicted or is kept: those past the mark of the
+            # last rewrite that reached the disk, and still kept, are not in the file.
+            kept = self.kept()
+            self.dropped += min(kept, self.evicted + kept - self._written_mark)
+        else:
+            self.dropped += sum(len(i[0].payloads) if type(i[0]) is _Batch else 1 for i in items)
+        self._parts, self._runs, self._runs_len, self._open = [], deque(), 0, []
+        self._ring.clear()
+        self.dirty = False
+
+    def confirm(self) -> None:
+        """The operations of the last :meth:`flush` reached the disk."""
+        self._written_mark = self._pending_mark
 
     def close(self) -> None:
-        self.flush(sync=True)
+        """Close the file descriptors (after the last :meth:`flush`'s operations ran)."""
         if not self.circular:
             self._data.close()
             self._index.close()
-
-
-def _replace(path: Path, data: bytes, sync: bool) -> None:
-    """Atomically replace ``path`` with ``data`` (a reader sees the old or the new file whole)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)

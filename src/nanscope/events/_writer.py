@@ -2,15 +2,26 @@
 
 The training thread's cost per event is building a small object and one
 ``deque.append``; a background thread turns events into records, keeps the
-circular buffers and the sidecar index, and writes. Files reach the disk every
+circular buffers and the sidecar index, and hands the bytes to a third thread
+that writes them (events/_io.py). Files reach the disk every
 ``flush_interval`` seconds, on :meth:`DumpWriter.flush`, and on close (which
 runs at exit, on uncaught exceptions and on SIGTERM/SIGINT).
+
+Nothing the disk does reaches the training program: an I/O error or a write
+that hangs is reported once on stderr and in the dump's ``.nsdrops`` file,
+the events wait in bounded memory (the circular buffers, or the newest
+``hold_limit`` events and the first Inf/NaN's windows) and the write is
+retried with backoff; a producer faster than the writer waits at most
+``backpressure_timeout`` seconds, then events are dropped and counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -28,6 +39,7 @@ import numpy as np
 from nanscope._version import __version__
 from nanscope.events import _lifecycle as lifecycle
 from nanscope.events._encode import Encoder, resolve
+from nanscope.events._io import DiskWorker, Op, Overwrite, StalledError, reason
 from nanscope.events._model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events._queue import (
     CloseRequest,
@@ -101,6 +113,22 @@ class WriterStats:
     errors: int = 0
     waits: int = 0  # times a producer waited for the writer (backpressure)
     max_backlog: int = 0  # most events ever waiting for the background thread
+    io_errors: int = 0  # disk operations that failed (each retry counts)
+    executions_dropped: int = 0  # events lost: shed by producers, let go of while the disk
+    traces_dropped: int = 0  # took nothing, or not written at close
+    records_dropped: int = 0  # stack frames, source files, graphs that did not fit while held
+
+    @property
+    def dropped(self) -> int:
+        """Events (executions and traces) that did not reach the dump."""
+        return self.executions_dropped + self.traces_dropped
+
+
+DROPS_SIZE = 4096
+"""Bytes reserved for the ``.nsdrops`` report when the writer starts: rewriting
+reserved blocks needs no free space, so the report reaches even a full disk."""
+
+MAX_BACKOFF = 30.0  # seconds between retries of a failing disk, at most
 
 
 class DumpWriter:
@@ -127,8 +155,19 @@ class DumpWriter:
       (not of the standard library or installed packages), ``"all"`` or ``"none"``.
     - ``max_queue``: events waiting for the background thread beyond which the
       producing thread waits (bounds memory when events come faster than disk).
+    - ``backpressure_timeout``: seconds a producer waits for the writer at most;
+      then events are dropped (counted) until the writer has caught up with half
+      of ``max_queue``, keeping the non-finite ones of encoded batches.
+    - ``io_timeout``: seconds after which a write that has not returned counts
+      as a hung disk (the writer then holds events in bounded memory).
+    - ``hold_limit``: while the disk takes nothing, an unbounded dump
+      (``circular_buffer_size <= 0``) keeps the newest this many events of each
+      kind (and the anchors' windows); older ones are dropped, and counted.
     - ``thread_init``: called first on the writer's thread (a backend marks the
       thread as its own, so that nothing it runs there is recorded).
+
+    Raises ``OSError`` (with a one-line message) only here, when the dump's
+    files cannot be created; afterwards no method raises for the disk's sake.
     """
 
     def __init__(
@@ -146,6 +185,9 @@ class DumpWriter:
         flush_interval: float = 1.0,
         source_snapshots: SnapshotPolicy = "user",
         max_queue: int = 200_000,
+        backpressure_timeout: float = 5.0,
+        io_timeout: float = 10.0,
+        hold_limit: int = 20_000,
         thread_init: Callable[[], None] | None = None,
     ) -> None:
         # A mode given as a TensorDebugMode was parsed by the caller: this only checks
@@ -161,12 +203,12 @@ class DumpWriter:
         self.rank = default_rank() if rank is None else rank
         self.host_name = host_name or socket.gethostname()
         self.pid = os.getpid()
-        who = f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
         self.start_time = time.time()
-        self.prefix = files.file_set_prefix(self.logdir, self.start_time, f"{self.host_name}-{who}")
-        self.file_set = files.FileSet(self.prefix)
         self.flush_interval = flush_interval
         self.max_queue = max_queue
+        self.backpressure_timeout = backpressure_timeout
+        self.io_timeout = io_timeout
+        self.hold_limit = max(1, hold_limit)
         self.stats = WriterStats()
         self._thread_init = thread_init
 
@@ -185,11 +227,52 @@ class DumpWriter:
         self._warned = False
         self._backlog = 0  # events enqueued and not yet processed (written under _seq_lock)
 
-        # Files, in TensorFlow's creation order.
+        # The disk's state, all kept by the writer's thread.
+        self._shedding = False  # producers drop events (the writer thread fell behind)
+        self._shed_executions = 0  # events they dropped (under _seq_lock)
+        self._shed_traces = 0
+        self._told_shedding = False
+        self._fault: BaseException | None = None  # what the disk does wrong now
+        self._faults: list[dict[str, Any]] = []  # each outage: reason, error, since, until
+        self._retry: list[Op] = []  # what a failed job left to do, in order
+        self._next_try = 0.0
+        self._backoff = 0.0
+        self._last_write = self.start_time  # when a disk job last succeeded
+        self._report_due = False  # the .nsdrops report is out of date
+        self._close_deadline = 0.0
+        self._abandon = False  # closing on a failed disk: queued events are only counted
+
+        try:
+            self._create_files(origin_window, framework, world_size)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot write the dump in {self.logdir}: {exc.strerror or exc}"
+            ) from exc
+        self._disk = DiskWorker()
+        self._thread = threading.Thread(target=self._run, name="nanscope-writer", daemon=True)
+        self._thread.start()
+        lifecycle.register(self)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _create_files(self, origin_window: int, framework: str, world_size: int | None) -> None:
+        # The metadata file is created exclusively: should a tag ever repeat, the
+        # next one is tried, so that two processes can never share a file set.
+        for _ in range(100):
+            host = files.process_host(self.host_name, self.rank, self.pid, secrets.token_hex(3))
+            self.prefix = files.file_set_prefix(self.logdir, self.start_time, host)
+            self.file_set = files.FileSet(self.prefix)
+            try:
+                metadata = AppendFile(self.file_set.path(files.METADATA), exclusive=True)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free file-set name in {self.logdir}")
+        # Then the others, in TensorFlow's creation order.
         self._source_files = AppendFile(self.file_set.path(files.SOURCE_FILES))
         self._stack_frames = AppendFile(self.file_set.path(files.STACK_FRAMES))
         self._graphs = AppendFile(self.file_set.path(files.GRAPHS))
-        metadata = AppendFile(self.file_set.path(files.METADATA))
         self._executions = EventStream(
             self.file_set.path(files.EXECUTION),
             self.circular_buffer_size,
@@ -216,13 +299,14 @@ class DumpWriter:
         md.tensor_debug_mode = self.mode.value  # type: ignore[assignment]
         md.circular_buffer_size = self.circular_buffer_size
         metadata.write(meta.SerializeToString())
+        for op in metadata.take():
+            op.run()
         metadata.close()
-
-        self._thread = threading.Thread(target=self._run, name="nanscope-writer", daemon=True)
-        self._thread.start()
-        lifecycle.register(self)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_in_child)
+        # Reserved now, while the disk has room (see DROPS_SIZE).
+        self._drops_fd = os.open(
+            self.file_set.path(files.DROPS), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644
+        )
+        Overwrite(self._drops_fd, self._drops_report()).run()
 
     # -- the producer side (any thread) ------------------------------------------------------
 
@@ -283,6 +367,10 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._exec_next
             self._exec_next += 1
+            if self._shedding and self._still_shedding():
+                # Dropped: its sequence number stays unused, which readers show as a gap.
+                self._shed_executions += 1
+                return seq
             self._queue.append(QueuedExecution(event, seq, event.wall_time or time.time()))
             self._backlog += 1
         if self._backlog > self.max_queue:
@@ -337,8 +425,19 @@ class DumpWriter:
             n = len(records)
             if n:
                 self._exec_next += n
-                self._queue.append(EncodedExecutions(records))
-                self._backlog += n
+                if self._shedding and self._still_shedding():
+                    # Keep the non-finite ones (the origin the user looks for) while the
+                    # backlog leaves room; the field at 11 is EncodedExecution.nonfinite.
+                    kept = (
+                        [r for r in records if r[11] == 1]
+                        if self._backlog < 2 * self.max_queue
+                        else []
+                    )
+                    self._shed_executions += n - len(kept)
+                    records = kept
+                if records:
+                    self._queue.append(EncodedExecutions(records))
+                    self._backlog += len(records)
         if self._backlog > self.max_queue:
             self._backpressure()
         return n
@@ -349,6 +448,9 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._trace_seq
             self._trace_seq += 1
+            if self._shedding and self._still_shedding():
+                self._shed_traces += 1
+                return seq
             self._queue.append(QueuedTrace(event, seq, event.wall_time or time.time()))
             self._backlog += 1
         if self._backlog > self.max_queue:
@@ -372,9 +474,14 @@ class DumpWriter:
         mode it may be ``None``; in FULL_TENSOR mode it is a sequence of arrays.
         """
         n = len(op_names)
+        if self._closed:
+            return 0
         with self._seq_lock:
             first = self._trace_seq
             self._trace_seq += n
+            if self._shedding and self._still_shedding():
+                self._shed_traces += n
+                return first
             self._queue.append(
                 GraphCallTraces(
                     graph_id=graph_id,
@@ -395,36 +502,71 @@ class DumpWriter:
     def _put(self, item: QueueItem) -> None:
         self._queue.append(item)
 
+    def _still_shedding(self) -> bool:
+        """Whether producers still drop events (under ``_seq_lock``): until the writer
+        has caught up with half of ``max_queue``."""
+        if self._backlog <= self.max_queue // 2:
+            self._shedding = False
+        return self._shedding
+
     def _backpressure(self) -> None:
-        """Wait until the writer has caught up with half the backlog (bounds memory)."""
+        """Wait until the writer has caught up with half the backlog (bounds memory),
+        at most ``backpressure_timeout`` seconds; then drop events until it has."""
+        if self._shedding:
+            return
         self._wake.set()
         self.stats.waits += 1
         self.stats.max_backlog = max(self.stats.max_backlog, self._backlog)
+        deadline = time.monotonic() + self.backpressure_timeout
         while self._backlog > self.max_queue // 2 and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                self._shedding = True
+                if not self._told_shedding:
+                    self._told_shedding = True
+                    _warn(
+                        f"the dump writer fell {self._backlog} events behind for "
+                        f"{self.backpressure_timeout:g} s; dropping events (keeping the first "
+                        "Inf/NaN) until it catches up"
+                    )
+                return
             time.sleep(0.001)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Write everything enqueued so far to disk; True when done within ``timeout``."""
+        """Write everything enqueued so far to disk; True when done within ``timeout``.
+
+        Returns False at once while the disk fails or hangs (the writer retries by itself).
+        """
         if self._closed or not self._thread.is_alive():
             return self._closed
+        if self._fault is not None:
+            return False
         done = threading.Event()
         self._put(FlushRequest(done))
         self._wake.set()
         return done.wait(timeout)
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Flush and close the files; the writer cannot be used afterwards."""
+        """Flush and close the files; the writer cannot be used afterwards.
+
+        Never raises, and returns within about ``timeout`` seconds even on a hung
+        disk (what could not be written is counted in :attr:`stats` and reported).
+        """
         if self._closed:
             return
         self._closed = True
-        lifecycle.unregister(self)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._put(CloseRequest())
-            self._wake.set()
-            self._thread.join(timeout)
-        else:
-            self._drain()
-            self._close_files()
+        try:
+            lifecycle.unregister(self)
+            self._close_deadline = time.monotonic() + (60.0 if timeout is None else timeout)
+            self._abandon = self._fault is not None
+            if self._thread.is_alive() and threading.current_thread() is not self._thread:
+                self._put(CloseRequest())
+                self._wake.set()
+                self._thread.join(timeout)
+            else:
+                self._drain()
+                self._finish()
+        except Exception as exc:  # a debugger's bug must not end the program
+            _warn(f"could not close the dump in {self.logdir} ({exc!r})")
 
     def __enter__(self) -> DumpWriter:
         return self
@@ -442,31 +584,37 @@ class DumpWriter:
 
     def _run(self) -> None:
         if self._thread_init is not None:
-            self._thread_init()
+            with contextlib.suppress(Exception):
+                self._thread_init()
         last_flush = time.monotonic()
         interval = self.flush_interval
         while True:
-            if not self._queue:
-                self._wake.wait(min(0.05, interval))
-                self._wake.clear()
-            # Stop draining when a flush is due, even under a steady stream of
-            # events: the flush interval bounds what a killed process loses.
-            stop = self._drain(last_flush + interval)
-            now = time.monotonic()
-            if stop:
-                self._close_files()
-                return
-            if now - last_flush >= interval:
-                started = time.monotonic()
-                self._flush_files(sync=False)
-                last_flush = time.monotonic()
-                # A huge circular buffer (FULL_TENSOR) makes each rewrite
-                # expensive: never spend more than ~10% of the time rewriting.
-                # Appends cost only what is new, so unbounded files keep the
-                # interval (backing off there would hold more events in memory
-                # and lose more to a SIGKILL).
-                if self.circular_buffer_size > 0:
-                    interval = max(self.flush_interval, 10 * (last_flush - started))
+            # Nothing may end this thread but a close: events would pile up unread.
+            try:
+                if not self._queue:
+                    self._wake.wait(min(0.05, interval))
+                    self._wake.clear()
+                # Stop draining when a flush is due, even under a steady stream of
+                # events: the flush interval bounds what a killed process loses.
+                stop = self._drain(last_flush + interval)
+                now = time.monotonic()
+                if stop:
+                    self._finish()
+                    return
+                if now - last_flush >= interval:
+                    started = time.monotonic()
+                    self._flush()
+                    last_flush = time.monotonic()
+                    # A huge circular buffer (FULL_TENSOR) makes each rewrite
+                    # expensive: never spend more than ~10% of the time rewriting.
+                    # Appends cost only what is new, so unbounded files keep the
+                    # interval (backing off there would hold more events in memory
+                    # and lose more to a SIGKILL).
+                    if self.circular_buffer_size > 0:
+                        interval = max(self.flush_interval, 10 * (last_flush - started))
+            except Exception as exc:
+                self._failed(exc)
+                time.sleep(0.05)  # not a busy loop, should the failure repeat
 
     def _drain(self, deadline: float = float("inf")) -> bool:
         """Process queued items until none is left or ``deadline`` passes; True on close."""
@@ -477,21 +625,32 @@ class DumpWriter:
             if not done % 512 and time.monotonic() >= deadline:
                 return False
             item = queue.popleft()
+            if self._abandon and type(item) in _EVENT_SIZES:
+                # Closing on a failed disk: what still waits could not be written
+                # anyway; counting it is cheap, encoding it is not (the exit waits).
+                n = _EVENT_SIZES[type(item)](item)
+                self._processed(n)
+                if type(item) in (QueuedTrace, GraphCallTraces):
+                    self._shed_traces += n
+                else:
+                    self._shed_executions += n
+                continue
             try:
-                # The most frequent kinds first: each case is one type check.
+                # The most frequent kinds first: each case is one type check. Events
+                # leave the backlog first, so that a failing one does not stay in it.
                 match item:
                     case QueuedExecution():
-                        self._on_execution(item.event, item.sequence, item.wall_time)
                         self._processed(1)
+                        self._on_execution(item.event, item.sequence, item.wall_time)
                     case EncodedExecutions():
-                        self._on_encoded_executions(item.records)
                         self._processed(len(item.records))
+                        self._on_encoded_executions(item.records)
                     case GraphCallTraces():
                         self._processed(len(item.op_names))
                         self._on_traces(item)
                     case QueuedTrace():
-                        self._on_trace(item.event, item.sequence, item.wall_time)
                         self._processed(1)
+                        self._on_trace(item.event, item.sequence, item.wall_time)
                     case NewStackFrame():
                         self._on_stack_frame(item)
                     case NewSourceFile():
@@ -503,41 +662,219 @@ class DumpWriter:
                     case NewDevice():
                         self._on_device(item.name, item.device_id)
                     case FlushRequest():
-                        self._flush_files(sync=False)
-                        item.done.set()
+                        self._flush(done=item.done, wait=True)
                     case CloseRequest():
                         return True
             except Exception as exc:
-                self.stats.errors += 1
-                if not self._warned:
-                    self._warned = True
-                    print(
-                        f"nanscope: dropped an event that could not be written ({exc!r}); "
-                        "the dump goes on without it",
-                        file=sys.stderr,
-                    )
+                self._failed(exc)
         return False
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.errors += 1
+        if not self._warned:
+            self._warned = True
+            _warn(
+                f"dropped an event that could not be written ({exc!r}); the dump goes on without it"
+            )
 
     def _processed(self, n: int) -> None:
         with self._seq_lock:
             self._backlog -= n
 
-    def _flush_files(self, sync: bool) -> None:
+    # -- the disk (on the writer thread; the disk thread only runs what it is handed) ----------
+
+    def _flush(
+        self, *, sync: bool = False, done: threading.Event | None = None, wait: bool = False
+    ) -> bool:
+        """Hand the disk thread what is new; True when a job was submitted.
+
+        Nothing is handed over while a job runs (one that runs longer than
+        ``io_timeout`` makes the disk count as hung) or, after a failure, before
+        the backoff has passed: then only the failed operations are retried.
+        ``wait``: wait up to ``io_timeout`` for a running job first (an explicit flush).
+        """
+        disk = self._disk
+        if wait and not disk.idle() and not isinstance(self._fault, StalledError):
+            disk.wait_idle(self.io_timeout)
+        self._collect()
+        if not disk.idle():
+            busy = disk.busy_for()
+            if busy > self.io_timeout and not isinstance(self._fault, StalledError):
+                self._on_fault(
+                    StalledError(f"a write has not returned for {busy:.1f} s"), time.time() - busy
+                )
+            return False
+        now = time.monotonic()
+        if self._retry:
+            if now < self._next_try and not sync:
+                return False
+            ops, self._retry = self._retry, []
+            self._next_try = now + self._backoff
+            self._backoff = min(MAX_BACKOFF, self._backoff * 2)
+            disk.submit(ops)
+            return True
+        ops = self._new_ops(sync)
+        if self._report_due:
+            self._report_due = False
+            ops.append(Overwrite(self._drops_fd, self._drops_report()))
+        if not ops:
+            if done is not None:
+                done.set()
+            return False
+        disk.submit(ops, done)
+        return True
+
+    def _new_ops(self, sync: bool) -> list[Op]:
+        ops: list[Op] = []
         for f in (self._source_files, self._stack_frames, self._graphs):
-            f.flush(sync)
-        self._executions.flush(sync)
-        self._traces.flush(sync)
+            ops += f.take(sync)
+        ops += self._executions.flush(sync)
+        ops += self._traces.flush(sync)
         self.stats.executions_kept = self._executions.kept()
         self.stats.traces_kept = self._traces.kept()
         self.stats.executions_evicted = self._executions.evicted
         self.stats.traces_evicted = self._traces.evicted
+        return ops
 
-    def _close_files(self) -> None:
-        self._flush_files(sync=True)
+    def _collect(self) -> None:
+        """Take the result of the disk thread's last job, if it finished."""
+        finished, failed, error = self._disk.result()
+        if not finished:
+            return
+        if error is not None:
+            self.stats.io_errors += 1
+            self._retry = failed
+            self._on_fault(error, time.time())
+        else:
+            self._last_write = time.time()
+            self._executions.confirm()
+            self._traces.confirm()
+            if self._fault is not None:
+                self._on_recovered()
+
+    def _on_fault(self, error: BaseException, since: float) -> None:
+        """The disk failed or hangs: hold events in bounded memory, report, back off."""
+        if self._fault is not None:
+            return
+        self._fault = error
+        self._backoff = 0.5
+        self._next_try = time.monotonic() + self._backoff
+        self._faults.append(
+            {"reason": reason(error), "error": str(error), "since": since, "until": None}
+        )
+        self._hold(True)
+        self._report_due = True
+        if len(self._faults) == 1:  # once per writer, not once per outage
+            _warn(
+                f"cannot write the dump in {self.logdir}: {reason(error)} at "
+                f"{_clock(since)} ({error}); recording goes on in memory (the newest events "
+                "and the first Inf/NaN), dropping the rest, and the write is retried"
+            )
+
+    def _on_recovered(self) -> None:
+        self._fault = None
+        self._faults[-1]["until"] = time.time()
+        self._hold(False)
+        self._report_due = True
+
+    def _hold(self, on: bool) -> None:
+        limit = self.hold_limit if on else 0
+        self._executions.hold(limit)
+        self._traces.hold(limit)
         for f in (self._source_files, self._stack_frames, self._graphs):
-            f.close()
-        self._executions.close()
-        self._traces.close()
+            # Frames, files and graphs are few; this only bounds a pathological program.
+            f.limit = 64 << 20 if on else 0
+
+    def _update_drops(self, lost: Sequence[Op] = ()) -> None:
+        """Bring the drop counters up to date (``lost``: operations that will never run)."""
+        st = self.stats
+        lost_exec = sum(op.events for op in lost if op.of == files.EXECUTION)
+        lost_traces = sum(op.events for op in lost if op.of == files.GRAPH_EXECUTION_TRACES)
+        st.executions_dropped = self._shed_executions + self._executions.dropped + lost_exec
+        st.traces_dropped = self._shed_traces + self._traces.dropped + lost_traces
+        st.records_dropped = sum(
+            f.dropped for f in (self._source_files, self._stack_frames, self._graphs)
+        )
+
+    def _drops_report(self) -> bytes:
+        """The ``.nsdrops`` JSON (docs/FORMAT.md), padded to :data:`DROPS_SIZE` bytes."""
+        self._update_drops()
+        return self._drops_report_now()
+
+    def _drops_report_now(self) -> bytes:
+        st = self.stats
+        report: dict[str, Any] = {
+            "dropped": st.dropped,
+            "executions": st.executions_dropped,
+            "traces": st.traces_dropped,
+            "records": st.records_dropped,
+            "io_errors": st.io_errors,
+            "last_write": self._last_write,
+            "faults": self._faults,
+        }
+        data = json.dumps(report).encode()
+        if len(data) > DROPS_SIZE - 1:
+            report["faults"] = [*self._faults[:3], *self._faults[-1:]]
+            data = json.dumps(report).encode()[: DROPS_SIZE - 1]
+        return data + b" " * (DROPS_SIZE - 1 - len(data)) + b"\n"
+
+    def _finish(self) -> None:
+        """The last writes, each waited for until the close deadline; then the report."""
+        disk = self._disk
+
+        def wait() -> bool:
+            if isinstance(self._fault, StalledError) and not disk.idle():
+                return False  # a hung disk: waiting would only hang the program's exit
+            return disk.wait_idle(max(0.0, self._close_deadline - time.monotonic()))
+
+        if wait():
+            self._collect()
+            if self._retry:  # one more try, whatever the backoff
+                self._flush(sync=True)
+                if wait():
+                    self._collect()
+            if not self._retry and self._fault is None:
+                self._flush(sync=True)
+                if wait():
+                    self._collect()
+        hung = not disk.idle()
+        # What stayed in memory, or in operations that never ran, did not reach the dump:
+        # the held events, and the writes still to do (a hung one's too, unknown which).
+        self._executions.drop_held()
+        self._traces.drop_held()
+        self._update_drops(self._retry + (self._disk.running() if hung else []))
+        if self._faults or self.stats.dropped:
+            if not hung:
+                report = Overwrite(self._drops_fd, self._drops_report_now())
+                disk.submit([report])
+                wait()
+            _warn(self.drops_summary())
+        if disk.idle():
+            for f in (self._source_files, self._stack_frames, self._graphs):
+                f.close()
+            self._executions.close()
+            self._traces.close()
+            with contextlib.suppress(OSError):
+                os.close(self._drops_fd)
+
+    def drops_summary(self) -> str:
+        """One line on what did not reach the dump: ``N events dropped: disk full at 12:03:14``."""
+        st = self.stats
+        if self._faults:
+            first = self._faults[0]
+            why = f"{first['reason']} at {_clock(first['since'])}"
+            if len(self._faults) > 1:
+                why += f" (and {len(self._faults) - 1} later outages)"
+        else:
+            why = "the writer fell behind"
+        if not st.dropped:
+            return (
+                f"writing failed ({why}), but no event was lost: the dump in {self.logdir} is whole"
+            )
+        return (
+            f"{st.dropped} events dropped: {why}; the dump in {self.logdir} holds what was "
+            f"written until {_clock(self._last_write)}"
+        )
 
     # Events are turned into records only when a flush writes them (see
     # EventStream); here they get their index row and their health.
@@ -701,3 +1038,22 @@ class DumpWriter:
         ev.debugged_device.device_name = name
         ev.debugged_device.device_id = device_id
         self._graphs.write(ev.SerializeToString())
+
+
+def _warn(message: str) -> None:
+    """One line on stderr (which may itself be closed or broken: then nothing)."""
+    with contextlib.suppress(Exception):
+        print(f"nanscope: {message}", file=sys.stderr, flush=True)
+
+
+def _clock(wall: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+# The events each kind of queued item carries (what closing on a failed disk counts).
+_EVENT_SIZES: dict[type, Callable[[Any], int]] = {
+    QueuedExecution: lambda item: 1,
+    EncodedExecutions: lambda item: len(item.records),
+    QueuedTrace: lambda item: 1,
+    GraphCallTraces: lambda item: len(item.op_names),
+}

@@ -3,8 +3,9 @@
 A dump root holds one or more file sets, each
 ``tfdbg_events.<10-digit seconds>.<host>.<suffix>`` for the six suffixes
 below. TensorFlow writes one set per host; nanscope writes one set per
-process and puts the rank or pid into the host part, so two processes on
-one machine never share a file.
+process and puts the rank (when known), the pid and a random tag into the
+host part (:func:`process_host`), so two processes never share a file, even
+two of the same rank started in the same second on one machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ CIRCULAR_SUFFIXES = (EXECUTION, GRAPH_EXECUTION_TRACES)
 # nanscope's sidecar index next to each circular file (see events/sidecar.py).
 INDEX_SUFFIX = ".nsidx"
 
+# nanscope's report of events the writer had to drop (disk full, ...): JSON, see docs/FORMAT.md.
+DROPS = "nsdrops"
+
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -36,6 +40,16 @@ def file_set_prefix(logdir: str | os.PathLike[str], seconds: float, host: str) -
     """The common prefix of one file set, e.g. ``<root>/tfdbg_events.1593123456.myhost``."""
     host = _SAFE_HOST.sub("_", host) or "localhost"
     return Path(logdir) / f"{PREFIX}.{int(seconds):010d}.{host}"
+
+
+def process_host(host: str, rank: int | None, pid: int, tag: str) -> str:
+    """The host part of a nanscope process's file names: ``<host>[-rank<R>]-pid<P>-<tag>``.
+
+    ``tag`` is random (a few hex digits): pids are reused, and two machines
+    writing to one shared directory may have the same host name.
+    """
+    who = f"-rank{rank}" if rank is not None else ""
+    return f"{host}{who}-pid{pid}-{tag}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from nanscope.reader._data import (
     StackFrame,
 )
 from nanscope.reader._decode import DecodeError
+from nanscope.reader._drops import WriterDrops
 from nanscope.reader._dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
 from nanscope.reader._eventfile import INDEX_DTYPE
 
@@ -38,5 +39,6 @@ __all__ = [
     "RecordError",
     "SourceFileInfo",
     "StackFrame",
+    "WriterDrops",
     "open_dump",
 ]

@@ -43,6 +43,7 @@ from nanscope.reader._decode import (
     trace_row,
     wall_time,
 )
+from nanscope.reader._drops import WriterDrops, read_drops
 from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
 from nanscope.reader._logs import RecordLog
 
@@ -86,6 +87,7 @@ class _Process:
         self.frames: dict[str, tuple[int, int, str]] = {}
         self.graphs: dict[str, GraphInfo] = {}
         self.devices: dict[int, str] = {}
+        self.drops: WriterDrops | None = None
 
     def close(self) -> None:
         self.executions.close()
@@ -180,9 +182,26 @@ class DumpReader:
         ):
             # Indices of earlier events may have moved: tell live viewers to reload.
             self.generation += 1
+        for proc in self._processes:
+            # The writer rewrites its report in place: read it again each time (4 KiB).
+            drops = read_drops(proc.file_set)
+            proc.drops = drops if isinstance(drops, WriterDrops) else None
+            if drops is not None:
+                message = (
+                    drops
+                    if isinstance(drops, str)
+                    else f"{proc.file_set.prefix}: {drops.summary()}"
+                )
+                # Keyed by file set: a live writer's counts grow, one warning stays.
+                self._problems[f"drops {proc.file_set.prefix}"] = Problem("warning", message)
         for p in problems:
             self._problem(p.severity, p.message)
         return changed or exec_changed or trace_changed
+
+    def writer_drops(self) -> dict[int, WriterDrops]:
+        """What each process's writer could not write (a full disk, ...), by process index;
+        processes that dropped nothing are left out."""
+        return {p.index: p.drops for p in self._processes if p.drops is not None}
 
     def _concat(self, which: str) -> tuple[np.ndarray, np.ndarray]:
         files_ = [getattr(p, which) for p in self._processes]

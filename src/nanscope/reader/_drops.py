@@ -1,0 +1,83 @@
+"""The writer's drop report: the ``.nsdrops`` file next to a nanscope file set.
+
+The writer rewrites it in place (it reserved its blocks at start, so the
+report reaches even a full disk) when the disk fails, recovers, and at close;
+see docs/FORMAT.md. TensorFlow's dumps have none.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nanscope.format import files
+
+MAX_BYTES = 64 * 1024  # the writer writes 4 KiB; anything much larger is not its report
+
+
+@dataclass(frozen=True)
+class WriterDrops:
+    """What one process's writer could not put into the dump."""
+
+    dropped: int  # events (executions and traces) that did not reach the dump
+    executions: int
+    traces: int
+    records: int  # stack frames, source files, graphs
+    io_errors: int
+    last_write: float  # wall time of the writer's last successful write
+    faults: tuple[dict[str, Any], ...]  # each outage: reason, error, since, until (None: never)
+
+    def summary(self) -> str:
+        """``"1234 events dropped: disk full at 12:03:14"`` (or the fault alone)."""
+        if self.faults:
+            first = self.faults[0]
+            why = f"{first.get('reason', 'write error')} at {_clock(first.get('since'))}"
+            if first.get("until") is None:
+                why += ", not recovered"
+            if len(self.faults) > 1:
+                why += f" (and {len(self.faults) - 1} later outages)"
+        else:
+            why = "the writer fell behind the program"
+        head = f"{self.dropped} events dropped: " if self.dropped else "writing failed: "
+        return f"{head}{why}; the files hold what was written until {_clock(self.last_write)}"
+
+
+def read_drops(file_set: files.FileSet) -> WriterDrops | str | None:
+    """The set's drop report: ``None`` when there is none or nothing was dropped,
+    a message when the file is damaged."""
+    path = file_set.path(files.DROPS)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_BYTES:
+        return f"{path}: too large for a drop report ({MAX_BYTES} bytes at most); ignored"
+    try:
+        raw = json.loads(data.decode("utf-8"))
+        faults = tuple(f for f in raw.get("faults", []) if isinstance(f, dict))
+        drops = WriterDrops(
+            dropped=int(raw.get("dropped", 0)),
+            executions=int(raw.get("executions", 0)),
+            traces=int(raw.get("traces", 0)),
+            records=int(raw.get("records", 0)),
+            io_errors=int(raw.get("io_errors", 0)),
+            last_write=float(raw.get("last_write", 0.0)),
+            faults=faults,
+        )
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return f"{path}: not a drop report (damaged JSON); ignored"
+    if not drops.dropped and not drops.records and not drops.faults:
+        return None
+    return drops
+
+
+def _clock(wall: object) -> str:
+    if not isinstance(wall, (int, float)) or wall <= 0:
+        return "an unknown time"
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(wall))
+    except (OverflowError, OSError, ValueError):
+        return "an unknown time"
