@@ -857,6 +857,13 @@ class DumpWriter:
             with contextlib.suppress(OSError):
                 os.close(self._drops_fd)
 
+    def count_dropped(self, executions: int) -> None:
+        """Count events a producer let go of before they reached the writer (a
+        recorder's own full buffer); they are reported with the writer's drops."""
+        with self._seq_lock:
+            self._shed_executions += executions
+        self._report_due = True
+
     def drops_summary(self) -> str:
         """One line on what did not reach the dump: ``N events dropped: disk full at 12:03:14``."""
         st = self.stats

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Sequence
 from types import CodeType, ModuleType
@@ -296,13 +295,8 @@ class NativeRecorder(RecorderBase):
         self._thread.join(timeout=30)
         self.submit_device_summaries()
         self.sync()
-        dropped = self.lib.dropped()
-        if dropped:
-            print(
-                f"nanscope: {dropped} events were not recorded: the native recorder's buffer "
-                "stayed full (the writer could not keep up)",
-                file=sys.stderr,
-            )
+        # Events the recorder's full buffer let go of: reported with the writer's drops.
+        self.writer.count_dropped(self.lib.dropped())
         self.lib.release()
         # This thread's copy must not carry into a later session.
         self.lib.set_module(0)
