@@ -48,24 +48,20 @@ def _run(runs: RunSet, q: Query) -> Run:
 def _reading(
     handler: Callable[[Run, DumpReader, Query, Mapping[str, Any]], dict[str, Any]],
 ) -> Route:
-    """A route over one run's reader: finds the run (404), opens it, and holds its lock."""
+    """A route over one run's reader: finds the run (404), opens it, and reads it (while
+    other requests read it too)."""
 
     def route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
         run = _run(runs, q)
-        with run.lock:
-            return handler(run, _open(run), q, args)
+        try:
+            with run.reading() as reader:
+                return handler(run, reader, q, args)
+        except DumpNotFoundError as exc:
+            raise ApiError(404, str(exc)) from None
 
     route.__name__ = handler.__name__
     route.__doc__ = handler.__doc__
     return route
-
-
-def _open(run: Run) -> DumpReader:
-    try:
-        return run.reader()
-    except DumpNotFoundError as exc:
-        run.error = str(exc)
-        raise ApiError(404, str(exc)) from None
 
 
 def _filtered(run: Run, reader: DumpReader, kind: str, q: Query) -> np.ndarray | None:
@@ -103,20 +99,16 @@ def _stack_json(reader: DumpReader, frame_ids: tuple[str, ...], process: int) ->
 
 
 def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    out = []
-    for name in runs.names():
-        run = runs.get(name)
-        entry: dict[str, Any] = {"run": name, "run_id": "", "framework": "",
-                                 "tensor_debug_mode": None, "num_executions": 0,
-                                 "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
-                                 "processes": [], "problems": [], "error": None}  # fmt: skip
-        with run.lock:
-            try:
-                r = run.reader()
-            except DumpNotFoundError as exc:
-                entry["error"] = str(exc)
-                out.append(entry)
-                continue
+    return {"logdir": str(runs.logdir), "runs": [_run_entry(runs.get(n)) for n in runs.names()]}
+
+
+def _run_entry(run: Run) -> dict[str, Any]:
+    entry: dict[str, Any] = {"run": run.name, "run_id": "", "framework": "",
+                             "tensor_debug_mode": None, "num_executions": 0,
+                             "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
+                             "processes": [], "problems": [], "error": None}  # fmt: skip
+    try:
+        with run.reading() as r:
             mode = r.tensor_debug_mode
             entry.update(
                 run_id=r.run_id,
@@ -130,8 +122,9 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
                 processes=[p.to_json() for p in r.processes],
                 problems=[p.to_json() for p in r.problems],
             )
-        out.append(entry)
-    return {"logdir": str(runs.logdir), "runs": out}
+    except DumpNotFoundError as exc:
+        entry["error"] = str(exc)
+    return entry
 
 
 @_reading
