@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,24 @@ def test_idle_connections_cannot_keep_a_request_out(tmp_path: Path) -> None:
         finally:
             for sock in idle:
                 sock.close()
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503(tmp_path: Path) -> None:
+    write_small_dump(tmp_path)
+    with serve_in_thread(tmp_path, max_connections=1) as s:
+        get_json(s, "/api/runs")
+        run = s.runs.get(None)
+        with run._rw.exclusive():  # the run is being caught up: its readers wait
+            busy = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            busy.sendall(b"GET /api/alerts HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            time.sleep(0.3)  # its request is read, and waits for the run
+            status, headers, body = request(s, "/api/runs")
+            assert status == 503 and headers["retry-after"] == "1"
+            assert "busy" in json.loads(body)["error"]
+        answer = busy.makefile("rb").read()
+        busy.close()
+        assert answer.startswith(b"HTTP/1.0 200")
+        assert get_json(s, "/api/runs")[0] == 200
 
 
 def test_idle_and_slow_connections_time_out(tmp_path: Path) -> None:

@@ -90,8 +90,14 @@ def _filtered(run: Run, reader: DumpReader, kind: str, q: Query) -> np.ndarray |
     return run.cached(("filter", kind, process, only_bad, op_type), compute)
 
 
-def _stack_json(reader: DumpReader, frame_ids: tuple[str, ...], process: int) -> list[Any]:
-    recorded = {f.index for f in reader.source_files(process) if f.num_lines}
+def _stack_json(
+    run: Run, reader: DumpReader, frame_ids: tuple[str, ...], process: int
+) -> list[Any]:
+    # Which files' text the dump holds: asked by every event detail, so computed once.
+    recorded = run.cached(
+        ("recorded", process),
+        lambda: frozenset(f.index for f in reader.source_files(process) if f.num_lines),
+    )
     return [f.to_json(f.file_index in recorded) for f in reader.stack_frames(frame_ids, process)]
 
 
@@ -226,7 +232,7 @@ def execution_route(
     views, view = _detail(reader, args, EXECUTIONS)
     ex = reader.execution(view.index)
     out = view.to_json()
-    out["stack"] = _stack_json(reader, ex.stack_frame_ids, ex.process)
+    out["stack"] = _stack_json(run, reader, ex.stack_frame_ids, ex.process)
     out["outputs"] = ex.outputs_json()
     out["input_tensor_ids"] = list(ex.input_tensor_ids)
     out["output_tensor_ids"] = list(ex.output_tensor_ids)
@@ -244,7 +250,7 @@ def trace_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any])
     tr = reader.trace(view.index)
     out = view.to_json()
     op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
-    out["stack"] = _stack_json(reader, op.stack_frame_ids, tr.process) if op else []
+    out["stack"] = _stack_json(run, reader, op.stack_frame_ids, tr.process) if op else []
     out["outputs"] = tr.outputs_json()
     out["graph_ids"] = list(tr.graph_ids)
     out["has_values"] = tr.tensor_value is not None
@@ -272,7 +278,7 @@ def graph_op_route(
         "graph_ids": reader.graph_chain(graph_id, process),
         "op": {"op_name": op.op_name, "op_type": op.op_type, "num_outputs": op.num_outputs,
                "device": op.device_name, "module_path": op.module_path,
-               "stack": _stack_json(reader, op.stack_frame_ids, process)},
+               "stack": _stack_json(run, reader, op.stack_frame_ids, process)},
         "inputs": inputs,
         "consumers": consumers,
     }  # fmt: skip

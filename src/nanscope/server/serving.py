@@ -66,7 +66,7 @@ def connection_cap(requested: int = MAX_CONNECTIONS) -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return requested
-    return max(4, min(requested, (int(soft) - 32) // 2))
+    return min(requested, max(4, (int(soft) - 32) // 2))
 
 
 class _Handler(WSGIRequestHandler):
