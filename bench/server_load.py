@@ -8,7 +8,8 @@ and imports neither numpy nor nanscope. Three scenarios:
   (``/api/traces/<i>``, ``i`` uniformly random with a fixed seed, the same for every
   server) to a dump of ``--traces`` traces (bench/scale_dumps.py's generator; 1M
   traces in 4 ranks by default). One request per connection (the server speaks
-  HTTP/1.0). Reported: latency p50/p99/max and requests per second.
+  HTTP/1.0). Reported: latency p50/p99/max, requests per second, and the server's CPU time
+  per request (user + system, from /proc: less sensitive than latency to other load).
 * **idle**: the server runs with ``RLIMIT_NOFILE`` = ``--nofile`` (256); ``--idle``
   (500) connections are opened and send nothing (those the server does not accept
   wait in its backlog); then one normal request ``/api/runs`` is timed, up to
@@ -104,6 +105,11 @@ class ServerProcess:
         finally:
             conn.close()
 
+    def cpu_s(self) -> float:
+        """The server's CPU time so far (user + system, all threads), from /proc."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         self.proc.terminate()
         try:
@@ -150,14 +156,16 @@ def detail(src: Path, dump: Path, args: argparse.Namespace) -> dict[str, Any]:
         threads = [threading.Thread(target=client, args=(p,)) for p in plans]
         for t in threads:
             t.start()
+        cpu0 = server.cpu_s()
         start.wait()
         t0 = time.perf_counter()
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
+        cpu = server.cpu_s() - cpu0
         return {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
                 "max": max(latencies), "rps": len(latencies) / wall, "errors": len(errors),
-                "traces": total}  # fmt: skip
+                "cpu_ms": cpu / len(latencies) * 1e3, "traces": total}  # fmt: skip
     finally:
         server.close()
 
@@ -261,13 +269,15 @@ def main() -> int:
         generate(dump, traces=args.traces, executions=args.traces // 10, ranks=args.ranks)
     out = [f"Machine: {machine()}. Source: {state}.", ""]
     if "detail" in only:
-        head = ["server", "p50 ms", "p99 ms", "max ms", "requests/s", "errors"]
+        head = ["server", "p50 ms", "p99 ms", "max ms", "requests/s", "server CPU ms/request",
+                "errors"]  # fmt: skip
         rows = []
         for label, src in impls:
             log(f"detail: {label}")
             r = detail(src, dump, args)
             rows.append([label, f"{r['p50'] * 1e3:.0f}", f"{r['p99'] * 1e3:.0f}",
-                         f"{r['max'] * 1e3:.0f}", f"{r['rps']:.0f}", r["errors"]])  # fmt: skip
+                         f"{r['max'] * 1e3:.0f}", f"{r['rps']:.0f}", f"{r['cpu_ms']:.1f}",
+                         r["errors"]])  # fmt: skip
         out += [f"Event detail (/api/traces/<i>), {args.clients} clients x {args.requests} "
                 f"requests, {args.traces:,}-trace dump ({args.ranks} ranks):", ""]  # fmt: skip
         out += table_head(head) + [table_row(r) for r in rows] + [""]

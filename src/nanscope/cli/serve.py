@@ -29,8 +29,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", default=DEFAULT_HOST,
         help=f"address to listen on (default {DEFAULT_HOST}, this machine only; "
-        "0.0.0.0 shows your dumps and source files to the network, to those given the "
-        f"printed URL with its token; ${TOKEN_ENV} sets the token)",
+        "0.0.0.0 serves the network: whoever has the printed URL, with its token, can read "
+        f"your dumps and source files; ${TOKEN_ENV} sets the token)",
     )  # fmt: skip
     p.add_argument(
         "--allow-host", action="append", default=[], metavar="NAME",
