@@ -4,7 +4,7 @@ Each server runs as ``python -m nanscope serve`` in its own process (the source
 of the commit measured first on its ``PYTHONPATH``); this process is the client
 and imports neither numpy nor nanscope. Three scenarios:
 
-* **detail**: ``--clients`` threads each send ``--requests`` event-detail requests
+* **detail**: ``--clients`` threads (in ``--client-processes`` processes) each send ``--requests`` event-detail requests
   (``/api/traces/<i>``, ``i`` uniformly random with a fixed seed, the same for every
   server) to a dump of ``--traces`` traces (bench/scale_dumps.py's generator; 1M
   traces in 4 ranks by default). One request per connection (the server speaks
@@ -33,6 +33,7 @@ import argparse
 import http.client
 import io
 import json
+import multiprocessing
 import os
 import random
 import resource
@@ -97,13 +98,7 @@ class ServerProcess:
         self.query = url.split("?", 1)[1] if "?" in url else ""
 
     def get(self, path: str, timeout: float = 60.0) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        return get(self.port, path, timeout)
 
     def cpu_s(self) -> float:
         """The server's CPU time so far (user + system, all threads), from /proc."""
@@ -124,6 +119,47 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def get(port: int, path: str, timeout: float = 60.0) -> tuple[int, bytes]:
+    """One GET on a fresh connection (the server speaks HTTP/1.0)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def client_process(port: int, plans: list[list[int]], start: Any, out: Any) -> None:
+    """One client process: a thread per plan, each requesting its traces one after another;
+    puts ``(latencies, errors)`` on ``out``."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(plan: list[int]) -> None:
+        mine = []
+        for i in plan:
+            t0 = time.perf_counter()
+            try:
+                status, body = get(port, f"/api/traces/{i}")
+                if status != 200:
+                    errors.append(f"{status} {body[:100]!r}")
+            except OSError as exc:
+                errors.append(str(exc))
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in plans]
+    start.wait()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put((latencies, errors))
+
+
 def detail(src: Path, dump: Path, args: argparse.Namespace) -> dict[str, Any]:
     server = ServerProcess(src, dump)
     try:
@@ -133,36 +169,26 @@ def detail(src: Path, dump: Path, args: argparse.Namespace) -> dict[str, Any]:
         plans = [[rng.randrange(total) for _ in range(args.requests)] for _ in range(args.clients)]
         for i in plans[0][:5]:  # warm: first decodes, caches of the source files
             server.get(f"/api/traces/{i}")
-        latencies: list[float] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-        start = threading.Barrier(args.clients + 1)
-
-        def client(plan: list[int]) -> None:
-            mine = []
-            start.wait()
-            for i in plan:
-                t0 = time.perf_counter()
-                try:
-                    status, body = server.get(f"/api/traces/{i}")
-                    if status != 200:
-                        errors.append(f"{status} {body[:100]!r}")
-                except OSError as exc:
-                    errors.append(str(exc))
-                mine.append(time.perf_counter() - t0)
-            with lock:
-                latencies.extend(mine)
-
-        threads = [threading.Thread(target=client, args=(p,)) for p in plans]
-        for t in threads:
-            t.start()
+        # Clients in a few processes, so that their own GIL adds little to the latencies.
+        ctx = multiprocessing.get_context("fork")
+        nproc = max(1, min(args.client_processes, args.clients))
+        start, out = ctx.Barrier(nproc + 1), ctx.Queue()
+        procs = [
+            ctx.Process(target=client_process, args=(server.port, plans[k::nproc], start, out))
+            for k in range(nproc)
+        ]
+        for p in procs:
+            p.start()
         cpu0 = server.cpu_s()
         start.wait()
         t0 = time.perf_counter()
-        for t in threads:
-            t.join()
+        results = [out.get() for _ in procs]
         wall = time.perf_counter() - t0
         cpu = server.cpu_s() - cpu0
+        for p in procs:
+            p.join()
+        latencies = [x for lat, _ in results for x in lat]
+        errors = [e for _, errs in results for e in errs]
         return {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
                 "max": max(latencies), "rps": len(latencies) / wall, "errors": len(errors),
                 "cpu_ms": cpu / len(latencies) * 1e3, "traces": total}  # fmt: skip
@@ -251,6 +277,7 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--requests", type=int, default=200, help="per client")
+    ap.add_argument("--client-processes", type=int, default=4, help="the clients' processes")
     ap.add_argument("--idle", type=int, default=500)
     ap.add_argument("--nofile", type=int, default=256)
     ap.add_argument("--idle-timeout", type=float, default=10.0)
