@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -306,15 +306,23 @@ def test_idle_connections_cannot_keep_a_request_out(tmp_path: Path) -> None:
                 sock.close()
 
 
+def until(condition: Callable[[], object], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def test_when_every_connection_is_busy_a_new_one_gets_503(tmp_path: Path) -> None:
     write_small_dump(tmp_path)
     with serve_in_thread(tmp_path, max_connections=1) as s:
         get_json(s, "/api/runs")
         run = s.runs.get(None)
+        until(lambda: not s._httpd._open)  # that request's connection is closed
         with run._rw.exclusive():  # the run is being caught up: its readers wait
             busy = socket.create_connection(("127.0.0.1", s.port), timeout=10)
             busy.sendall(b"GET /api/alerts HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            time.sleep(0.3)  # its request is read, and waits for the run
+            until(lambda: any(list(s._httpd._open.values())))  # its request is read
             status, headers, body = request(s, "/api/runs")
             assert status == 503 and headers["retry-after"] == "1"
             assert "busy" in json.loads(body)["error"]
