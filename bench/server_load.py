@@ -2,7 +2,7 @@
 
 Each server runs as ``python -m nanscope serve`` in its own process (the source
 of the commit measured first on its ``PYTHONPATH``); this process is the client
-and imports neither numpy nor nanscope. Three scenarios:
+and imports neither numpy nor nanscope. Four scenarios:
 
 * **detail**: ``--clients`` threads (in ``--client-processes`` processes) each send ``--requests`` event-detail requests
   (``/api/traces/<i>``, ``i`` uniformly random with a fixed seed, the same for every
@@ -10,6 +10,9 @@ and imports neither numpy nor nanscope. Three scenarios:
   traces in 4 ranks by default). One request per connection (the server speaks
   HTTP/1.0). Reported: latency p50/p99/max, requests per second, and the server's CPU time
   per request (user + system, from /proc: less sensitive than latency to other load).
+* **mixed**: the same, while ``--page-clients`` (2) more clients read list pages of 1,000
+  traces one after another (as the GUI's list does when scrolled). Reported: the details'
+  latencies, and how many pages were read meanwhile.
 * **idle**: the server runs with ``RLIMIT_NOFILE`` = ``--nofile`` (256); ``--idle``
   (500) connections are opened and send nothing (those the server does not accept
   wait in its backlog); then one normal request ``/api/runs`` is timed, up to
@@ -160,7 +163,9 @@ def client_process(port: int, plans: list[list[int]], start: Any, out: Any) -> N
     out.put((latencies, errors))
 
 
-def detail(src: Path, dump: Path, args: argparse.Namespace) -> dict[str, Any]:
+def detail(src: Path, dump: Path, args: argparse.Namespace, pages: int = 0) -> dict[str, Any]:
+    """The detail clients; with ``pages``, that many more clients meanwhile read list pages of
+    1,000 traces (as the GUI's list does when scrolled), one after another, until they end."""
     server = ServerProcess(src, dump)
     try:
         _, body = server.get("/api/runs", timeout=600)  # opens the reader
@@ -179,19 +184,38 @@ def detail(src: Path, dump: Path, args: argparse.Namespace) -> dict[str, Any]:
         ]
         for p in procs:
             p.start()
+        done = threading.Event()
+        page_latencies: list[float] = []
+
+        def page_client(k: int) -> None:
+            prng = random.Random(k)
+            while not done.is_set():
+                begin = prng.randrange(max(1, total - 1000))
+                t0 = time.perf_counter()
+                server.get(f"/api/traces?begin={begin}&end={begin + 1000}")
+                page_latencies.append(time.perf_counter() - t0)
+
+        paging = [threading.Thread(target=page_client, args=(k,)) for k in range(pages)]
         cpu0 = server.cpu_s()
         start.wait()
+        for t in paging:
+            t.start()
         t0 = time.perf_counter()
         results = [out.get() for _ in procs]
         wall = time.perf_counter() - t0
         cpu = server.cpu_s() - cpu0
+        done.set()
+        for t in paging:
+            t.join()
         for p in procs:
             p.join()
         latencies = [x for lat, _ in results for x in lat]
         errors = [e for _, errs in results for e in errs]
         return {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
                 "max": max(latencies), "rps": len(latencies) / wall, "errors": len(errors),
-                "cpu_ms": cpu / len(latencies) * 1e3, "traces": total}  # fmt: skip
+                "cpu_ms": cpu / len(latencies) * 1e3, "traces": total,
+                "pages": len(page_latencies),
+                "page_p50": percentile(page_latencies, 0.5) if page_latencies else None}  # fmt: skip
     finally:
         server.close()
 
@@ -271,20 +295,21 @@ def tree(src: Path, logdir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", help="a commit to measure first, side by side (e.g. eee319e)")
-    ap.add_argument("--only", choices=("detail", "idle", "tree"), action="append")
+    ap.add_argument("--only", choices=("detail", "mixed", "idle", "tree"), action="append")
     ap.add_argument("--keep", type=Path, default=Path("/tmp/nanscope-bench-server"))
     ap.add_argument("--traces", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--requests", type=int, default=200, help="per client")
     ap.add_argument("--client-processes", type=int, default=4, help="the clients' processes")
+    ap.add_argument("--page-clients", type=int, default=2, help="list-page clients in mixed")
     ap.add_argument("--idle", type=int, default=500)
     ap.add_argument("--nofile", type=int, default=256)
     ap.add_argument("--idle-timeout", type=float, default=10.0)
     ap.add_argument("--dirs", type=int, default=28_000)
     ap.add_argument("--tree-requests", type=int, default=10)
     args = ap.parse_args()
-    only = set(args.only or ("detail", "idle", "tree"))
+    only = set(args.only or ("detail", "mixed", "idle", "tree"))
     args.keep.mkdir(parents=True, exist_ok=True)
     state = source_state()
     impls: list[tuple[str, Path]] = []
@@ -292,7 +317,7 @@ def main() -> int:
         impls.append((f"baseline {args.baseline}", snapshot(args.baseline, args.keep)))
     impls.append(("working tree", ROOT / "src"))
     dump = args.keep / dump_name(args.traces, args.ranks)
-    if only & {"detail", "idle"}:
+    if only & {"detail", "mixed", "idle"}:
         generate(dump, traces=args.traces, executions=args.traces // 10, ranks=args.ranks)
     out = [f"Machine: {machine()}. Source: {state}.", ""]
     if "detail" in only:
@@ -307,6 +332,19 @@ def main() -> int:
                          r["errors"]])  # fmt: skip
         out += [f"Event detail (/api/traces/<i>), {args.clients} clients x {args.requests} "
                 f"requests, {args.traces:,}-trace dump ({args.ranks} ranks):", ""]  # fmt: skip
+        out += table_head(head) + [table_row(r) for r in rows] + [""]
+    if "mixed" in only:
+        head = ["server", "detail p50 ms", "detail p99 ms", "detail max ms", "details/s",
+                "pages read", "page p50 ms"]  # fmt: skip
+        rows = []
+        for label, src in impls:
+            log(f"mixed: {label}")
+            r = detail(src, dump, args, pages=args.page_clients)
+            rows.append([label, f"{r['p50'] * 1e3:.0f}", f"{r['p99'] * 1e3:.0f}",
+                         f"{r['max'] * 1e3:.0f}", f"{r['rps']:.0f}", r["pages"],
+                         f"{(r['page_p50'] or 0) * 1e3:.0f}"])  # fmt: skip
+        out += [f"The same, while {args.page_clients} more clients read list pages of 1,000 "
+                "traces (/api/traces?begin=&end=) one after another:", ""]  # fmt: skip
         out += table_head(head) + [table_row(r) for r in rows] + [""]
     if "idle" in only:
         rows = []
