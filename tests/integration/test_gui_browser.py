@@ -445,6 +445,36 @@ def test_alerts_of_one_process(page: Any, server: Any) -> None:
     assert page.locator("#alerts .a-scope").count() == 0
 
 
+def test_the_token_url_opens_the_page_and_its_requests_carry_the_token(
+    page: Any, logdir: Path
+) -> None:
+    """A server that needs a token (as one bound beyond loopback does): its printed URL opens
+    the page, the token moves from the address bar to a cookie, and the page's own requests
+    (alerts, lists, details) carry it; a reload keeps working. Without it: 401."""
+    srv = serve_in_thread(logdir, host="127.0.0.1", port=0, token="browser-test-token")
+    try:
+        assert srv.url.endswith("/?token=browser-test-token")
+        page.goto(f"{srv.url}#run=ranks")
+        page.wait_for_selector("body[data-ready='1']")
+        assert "token" not in page.url and "run=ranks" in page.url
+        assert page.text_content("#alert-total") == "6 NaN/∞"
+        page.locator("#alerts .arow.step").first.click()
+        page.wait_for_selector("body[data-selected^='e']")
+        (cookie,) = [c for c in page.context.cookies() if c["name"] == f"nanscope_token_{srv.port}"]
+        assert cookie["value"] == "browser-test-token" and cookie["httpOnly"]
+        page.reload()
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.text_content("#alert-total") == "6 NaN/∞"
+        stranger = page.context.browser.new_context()
+        try:
+            resp = stranger.new_page().goto(f"http://127.0.0.1:{srv.port}/#run=ranks")
+            assert resp is not None and resp.status == 401 and "token" in resp.text()
+        finally:
+            stranger.close()
+    finally:
+        srv.close()
+
+
 def test_source_file_picker_lists_the_recorded_files(page: Any, server: Any) -> None:
     """TensorFlow's dump records library files too: all are listed, the program's first."""
     files = api(server, "/api/source_files", run="tf")["files"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -187,12 +190,187 @@ def test_concurrent_clients_while_the_dump_grows(tmp_path: Path) -> None:
         assert get_json(s, "/api/runs")[1]["runs"][0]["num_executions"] == 2001
 
 
-def test_other_host_binding_is_explicit(tmp_path: Path) -> None:
-    """``--host`` is honoured (and the Host check is off when not on loopback)."""
+def test_beyond_loopback_a_token_is_required(tmp_path: Path) -> None:
+    """Bound beyond loopback: a random token in the URL, required by every route and file."""
     write_small_dump(tmp_path)
     with Server(tmp_path, host="0.0.0.0", port=0).start() as s:
-        status, _ = get_json(s, "/api/runs", headers={"Host": "myhost:1"})
-        assert status == 200
+        assert s.token and len(s.token) >= 32
+        assert urlsplit(s.url).query == f"token={s.token}"
+        for path in ("/api/runs", "/", "/static/app.js", "/api/executions/3"):
+            status, _, body = request(s, path)
+            assert status == 401 and b"token" in body
+        assert request(s, "/api/runs?token=wrong")[0] == 401
+        assert request(s, "/api/runs", headers={"Authorization": "token wrong"})[0] == 401
+        status, body = get_json(s, f"/api/runs?token={s.token}")
+        assert status == 200 and body["runs"][0]["num_executions"] == 10
+        assert request(s, "/api/runs", headers={"Authorization": f"token {s.token}"})[0] == 200
+        assert request(s, "/api/runs", headers={"Authorization": f"Bearer {s.token}"})[0] == 200
+        # Opening the page with the token keeps it in a cookie and takes it out of the URL.
+        status, headers, _ = request(s, f"/?token={s.token}")
+        assert status == 303 and headers["location"] == "/"
+        cookie = headers["set-cookie"]
+        assert cookie.startswith(f"nanscope_token_{s.port}={s.token};")
+        assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+        jar = {"Cookie": f"nanscope_token_{s.port}={s.token}"}
+        assert request(s, "/", headers=jar)[0] == 200
+        assert get_json(s, "/api/alerts", headers=jar)[0] == 200
+        assert request(s, "/api/runs", headers={"Cookie": f"nanscope_token_{s.port}=x"})[0] == 401
+
+
+def test_beyond_loopback_the_host_check_stays(tmp_path: Path) -> None:
+    """Names that are not this machine's are refused even with the token (DNS rebinding);
+    IP addresses, this machine's name, loopback names and --allow-host names are served."""
+    write_small_dump(tmp_path)
+    with Server(tmp_path, host="0.0.0.0", port=0, allow_hosts=["Box.Example"]).start() as s:
+        auth = {"Authorization": f"token {s.token}"}
+        status, body = get_json(s, "/api/runs", headers={**auth, "Host": "evil.example:80"})
+        assert status == 403 and "--allow-host" in body["error"]
+        for host in ("10.1.2.3:6007", "[fe80::1]:6007", "localhost", "box.example:1",
+                     f"{socket.gethostname()}:{s.port}"):  # fmt: skip
+            assert get_json(s, "/api/runs", headers={**auth, "Host": host})[0] == 200, host
+        assert urlsplit(s.url).hostname == socket.gethostname().lower()
+
+
+def test_loopback_with_a_given_token(tmp_path: Path) -> None:
+    """A token given for a loopback server is required too; none is asked for by default."""
+    write_small_dump(tmp_path)
+    with serve_in_thread(tmp_path, token="s3cret") as s:
+        assert s.url == f"http://127.0.0.1:{s.port}/?token=s3cret"
+        assert request(s, "/api/runs")[0] == 401
+        assert request(s, "/api/runs?token=s3cret")[0] == 200
+    with serve_in_thread(tmp_path) as s:
+        assert s.token is None and request(s, "/api/runs")[0] == 200
+
+
+def test_cli_beyond_loopback_prints_the_token_url(tmp_path: Path) -> None:
+    write_small_dump(tmp_path)
+    env = {**os.environ, "NANSCOPE_TOKEN": "fixed-token-for-the-test"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", "0",
+         "--host", "0.0.0.0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        url = lines[1].split("open ", 1)[1].split()[0]
+        parts = urlsplit(url)
+        assert parts.query == "token=fixed-token-for-the-test"
+        conn = http.client.HTTPConnection("127.0.0.1", parts.port, timeout=10)
+        conn.request("GET", "/api/runs")
+        assert conn.getresponse().status == 401
+        conn = http.client.HTTPConnection("127.0.0.1", parts.port, timeout=10)
+        conn.request("GET", f"/api/runs?{parts.query}")
+        assert json.loads(conn.getresponse().read())["runs"][0]["num_executions"] == 10
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "needs the token in the URL" in err
+
+
+# -- connections ------------------------------------------------------------------------------
+
+
+def open_idle(port: int, n: int) -> list[socket.socket]:
+    """``n`` connections that send nothing (connected: queued by the kernel if not accepted)."""
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        socks.append(sock)
+    return socks
+
+
+def closed_by_server(sock: socket.socket, wait: float) -> bool:
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_cannot_keep_a_request_out(tmp_path: Path) -> None:
+    """Past the connection cap, the oldest idle connections are closed to make room."""
+    write_small_dump(tmp_path)
+    with serve_in_thread(tmp_path, max_connections=20) as s:
+        idle = open_idle(s.port, 200)
+        try:
+            status, body = get_json(s, "/api/runs")  # request() gives up after 10 s
+            assert status == 200 and body["runs"][0]["num_executions"] == 10
+            # The first idle ones were closed, the latest are still open.
+            assert closed_by_server(idle[0], 5)
+            assert not closed_by_server(idle[-1], 0.2)
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def until(condition: Callable[[], object], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503(tmp_path: Path) -> None:
+    write_small_dump(tmp_path)
+    with serve_in_thread(tmp_path, max_connections=1) as s:
+        get_json(s, "/api/runs")
+        run = s.runs.get(None)
+        until(lambda: not s._httpd._open)  # that request's connection is closed
+        with run._rw.exclusive():  # the run is being caught up: its readers wait
+            busy = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            busy.sendall(b"GET /api/alerts HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            until(lambda: any(list(s._httpd._open.values())))  # its request is read
+            status, headers, body = request(s, "/api/runs")
+            assert status == 503 and headers["retry-after"] == "1"
+            assert "busy" in json.loads(body)["error"]
+        answer = busy.makefile("rb").read()
+        busy.close()
+        assert answer.startswith(b"HTTP/1.0 200")
+        assert get_json(s, "/api/runs")[0] == 200
+
+
+def test_idle_and_slow_connections_time_out(tmp_path: Path) -> None:
+    write_small_dump(tmp_path)
+    with serve_in_thread(tmp_path, connection_timeout=0.5) as s:
+        idle, slow = open_idle(s.port, 2)
+        slow.sendall(b"GET /api/runs HTTP/1.0\r\nHost: 127.0.0.1\r\n")  # headers never end
+        assert closed_by_server(idle, 10) and closed_by_server(slow, 10)
+        idle.close()
+        slow.close()
+        assert get_json(s, "/api/runs")[0] == 200
+
+
+def test_idle_connections_at_a_low_descriptor_limit(tmp_path: Path) -> None:
+    """A server allowed 64 descriptors still answers while 200 idle connections are held."""
+    write_small_dump(tmp_path)
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64));"
+        "from nanscope.cli.main import main; sys.exit(main())"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    idle: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        port = urlsplit(lines[1].split("open ", 1)[1].split()[0]).port
+        assert port is not None
+        idle = open_idle(port, 200)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/runs")
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["runs"][0]["num_executions"] == 10
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "Traceback" not in err
 
 
 def test_jupyter_magic_shows_the_gui(tmp_path: Path) -> None:

@@ -49,24 +49,20 @@ def _run(runs: RunSet, q: Query) -> Run:
 def _reading(
     handler: Callable[[Run, DumpReader, Query, Mapping[str, Any]], dict[str, Any]],
 ) -> Route:
-    """A route over one run's reader: finds the run (404), opens it, and holds its lock."""
+    """A route over one run's reader: finds the run (404), opens it, and reads it (while
+    other requests read it too)."""
 
     def route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
         run = _run(runs, q)
-        with run.lock:
-            return handler(run, _open(run), q, args)
+        try:
+            with run.reading() as reader:
+                return handler(run, reader, q, args)
+        except DumpNotFoundError as exc:
+            raise ApiError(404, str(exc)) from None
 
     route.__name__ = handler.__name__
     route.__doc__ = handler.__doc__
     return route
-
-
-def _open(run: Run) -> DumpReader:
-    try:
-        return run.reader()
-    except DumpNotFoundError as exc:
-        run.error = str(exc)
-        raise ApiError(404, str(exc)) from None
 
 
 def _filtered(run: Run, reader: DumpReader, kind: str, q: Query) -> np.ndarray | None:
@@ -95,8 +91,14 @@ def _filtered(run: Run, reader: DumpReader, kind: str, q: Query) -> np.ndarray |
     return run.cached(("filter", kind, process, only_bad, op_type), compute)
 
 
-def _stack_json(reader: DumpReader, frame_ids: tuple[str, ...], process: int) -> list[Any]:
-    recorded = {f.index for f in reader.source_files(process) if f.num_lines}
+def _stack_json(
+    run: Run, reader: DumpReader, frame_ids: tuple[str, ...], process: int
+) -> list[Any]:
+    # Which files' text the dump holds: asked by every event detail, so computed once.
+    recorded = run.cached(
+        ("recorded", process),
+        lambda: frozenset(f.index for f in reader.source_files(process) if f.num_lines),
+    )
     return [f.to_json(f.file_index in recorded) for f in reader.stack_frames(frame_ids, process)]
 
 
@@ -104,20 +106,16 @@ def _stack_json(reader: DumpReader, frame_ids: tuple[str, ...], process: int) ->
 
 
 def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
-    out = []
-    for name in runs.names():
-        run = runs.get(name)
-        entry: dict[str, Any] = {"run": name, "run_id": "", "framework": "",
-                                 "tensor_debug_mode": None, "num_executions": 0,
-                                 "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
-                                 "processes": [], "problems": [], "error": None}  # fmt: skip
-        with run.lock:
-            try:
-                r = run.reader()
-            except DumpNotFoundError as exc:
-                entry["error"] = str(exc)
-                out.append(entry)
-                continue
+    return {"logdir": str(runs.logdir), "runs": [_run_entry(runs.get(n)) for n in runs.names()]}
+
+
+def _run_entry(run: Run) -> dict[str, Any]:
+    entry: dict[str, Any] = {"run": run.name, "run_id": "", "framework": "",
+                             "tensor_debug_mode": None, "num_executions": 0,
+                             "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
+                             "processes": [], "problems": [], "error": None}  # fmt: skip
+    try:
+        with run.reading() as r:
             mode = r.tensor_debug_mode
             entry.update(
                 run_id=r.run_id,
@@ -131,8 +129,9 @@ def runs_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any
                 processes=[p.to_json() for p in r.processes],
                 problems=[p.to_json() for p in r.problems],
             )
-        out.append(entry)
-    return {"logdir": str(runs.logdir), "runs": out}
+    except DumpNotFoundError as exc:
+        entry["error"] = str(exc)
+    return entry
 
 
 @_reading
@@ -234,7 +233,7 @@ def execution_route(
     views, view = _detail(reader, args, EXECUTIONS)
     ex = reader.execution(view.index)
     out = view.to_json()
-    out["stack"] = _stack_json(reader, ex.stack_frame_ids, ex.process)
+    out["stack"] = _stack_json(run, reader, ex.stack_frame_ids, ex.process)
     out["outputs"] = ex.outputs_json()
     out["input_tensor_ids"] = list(ex.input_tensor_ids)
     out["output_tensor_ids"] = list(ex.output_tensor_ids)
@@ -252,7 +251,7 @@ def trace_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any])
     tr = reader.trace(view.index)
     out = view.to_json()
     op = reader.graph_op(tr.graph_id, tr.op_name, tr.process)
-    out["stack"] = _stack_json(reader, op.stack_frame_ids, tr.process) if op else []
+    out["stack"] = _stack_json(run, reader, op.stack_frame_ids, tr.process) if op else []
     out["outputs"] = tr.outputs_json()
     out["graph_ids"] = list(tr.graph_ids)
     out["has_values"] = tr.tensor_value is not None
@@ -280,7 +279,7 @@ def graph_op_route(
         "graph_ids": reader.graph_chain(graph_id, process),
         "op": {"op_name": op.op_name, "op_type": op.op_type, "num_outputs": op.num_outputs,
                "device": op.device_name, "module_path": op.module_path,
-               "stack": _stack_json(reader, op.stack_frame_ids, process)},
+               "stack": _stack_json(run, reader, op.stack_frame_ids, process)},
         "inputs": inputs,
         "consumers": consumers,
     }  # fmt: skip

@@ -7,6 +7,8 @@ a 500 with a one-line message, never a traceback to the page.
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import mimetypes
@@ -45,13 +47,30 @@ class App:
     """The WSGI callable for one logdir.
 
     ``allowed_hosts``: the ``Host`` header values (without port) accepted; ``None``
-    accepts any. A server bound to loopback accepts only loopback names, so a web
-    page elsewhere cannot reach it through DNS rebinding.
+    accepts any; with ``any_ip``, any IP address is accepted too (a page whose origin
+    is an IP address is this server's own page). A server bound to loopback accepts
+    only loopback names, so a web page elsewhere cannot reach it through DNS rebinding.
+
+    ``token``: when set, every request must carry it, as the ``token`` query parameter,
+    the ``cookie_name`` cookie or an ``Authorization: token <token>`` header. The page
+    opened with ``?token=`` sets the cookie and redirects to itself without it, so that
+    the token leaves the address bar and the page's own requests carry the cookie.
     """
 
-    def __init__(self, runs: RunSet, allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES):
+    def __init__(
+        self,
+        runs: RunSet,
+        allowed_hosts: frozenset[str] | None = LOOPBACK_NAMES,
+        *,
+        token: str | None = None,
+        any_ip: bool = False,
+        cookie_name: str = "nanscope_token",
+    ) -> None:
         self.runs = runs
         self.allowed_hosts = allowed_hosts
+        self.any_ip = any_ip
+        self.token = token
+        self.cookie_name = cookie_name
         rules = [Rule(path, endpoint=path, methods=["GET"]) for path in ROUTES]
         rules += [
             Rule("/", endpoint="index", methods=["GET"]),
@@ -72,14 +91,53 @@ class App:
             name = host.split("]")[0] + "]"
         else:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return name in self.allowed_hosts
+        if name in self.allowed_hosts:
+            return True
+        if self.any_ip:
+            try:
+                ipaddress.ip_address(name.strip("[]"))
+            except ValueError:
+                return False
+            return True
+        return False
+
+    def _token_ok(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        auth = request.headers.get("Authorization", "")
+        scheme, _, value = auth.partition(" ")
+        for given in (
+            request.args.get("token"),
+            request.cookies.get(self.cookie_name),
+            value.strip() if scheme.lower() in ("token", "bearer") else None,
+        ):
+            # Compared in constant time: the answer's timing says nothing of the token.
+            if given and hmac.compare_digest(given.encode(), self.token.encode()):
+                return True
+        return False
 
     def dispatch(self, request: Request) -> Response:
         if not self._host_ok(request):
+            if self.any_ip:
+                how = "by this machine's address or name, or start the server with --allow-host"
+            else:
+                how = "via 127.0.0.1"
             return _json_response(
-                {"error": f"host {request.host!r} is not served here; open the page via 127.0.0.1"},
-                403,
+                {"error": f"host {request.host!r} is not served here; open the page {how}"}, 403
             )
+        if not self._token_ok(request):
+            return _json_response(
+                {
+                    "error": "this server needs its token: open the URL that nanscope serve "
+                    "printed (it ends in ?token=...)"
+                },
+                401,
+            )
+        if self.token is not None and "token" in request.args and request.path == "/":
+            # Keep the token in a cookie and take it out of the address bar and history.
+            resp = Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
+            resp.set_cookie(self.cookie_name, self.token, httponly=True, samesite="Lax")
+            return resp
         adapter = self.url_map.bind_to_environ(request.environ)
         try:
             endpoint, args = adapter.match()

@@ -3,25 +3,39 @@
 A *run* is one directory holding a dump (its file sets: one per process or host).
 ``nanscope serve LOGDIR`` shows every run found under ``LOGDIR`` (the logdir itself
 when it is a dump), and new ones as they appear.
+
+Requests never wait on the filesystem walk: the run index is a snapshot, refreshed
+incrementally (only directories whose modification time changed are listed again)
+by a watcher thread, or by one request at a time when there is none. Readers of one
+run share it: decoding takes a shared lock, and only catching up with the files
+(when they changed) takes it exclusively.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nanscope.format import files
-from nanscope.reader import DumpReader
+from nanscope.reader import TRACES, DumpReader
 
 T = TypeVar("T")
 
 # How deep below the logdir runs are looked for (logdir/experiment/seed/run is depth 3).
 MAX_DEPTH = 4
 _METADATA_GLOB = f"{files.PREFIX}.*.{files.METADATA}"
+# A directory (or dump file) changed this recently may change again within the same
+# timestamp tick, unseen by a comparison of times: such entries are looked at again.
+_RACY_NS = 2_000_000_000
+# The watcher spends at most about this share of a core walking the logdir.
+_WATCH_DUTY = 0.1
 
 
 class RunNotFound(LookupError):
@@ -34,70 +48,245 @@ def find_runs(logdir: Path, max_depth: int = MAX_DEPTH) -> list[str]:
     Symbolic links to directories are not followed, so a run cannot lead the
     server outside the logdir, and hidden directories are skipped.
     """
-    found: list[str] = []
-    base_depth = len(logdir.parts)
-    for dirpath, dirnames, _ in os.walk(logdir, followlinks=False):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if len(here.parts) - base_depth >= max_depth:
-            dirnames[:] = []
-        if any(p.is_file() for p in here.glob(_METADATA_GLOB)):
-            found.append(here.relative_to(logdir).as_posix() or ".")
-    return found
+    return _RunIndex(logdir, max_depth).scan()
+
+
+@dataclass(frozen=True)
+class _Dir:
+    mtime_ns: int
+    children: tuple[str, ...]  # subdirectories: not hidden, not symbolic links
+    is_run: bool
+
+
+class _RunIndex:
+    """The directories below a logdir as last listed, and which of them hold a dump.
+
+    :meth:`scan` stats every known directory but lists again only those whose
+    modification time changed (an entry added, removed or renamed in it), so a
+    rescan of a large, quiet tree costs one ``stat`` per directory.
+    """
+
+    def __init__(self, logdir: Path, max_depth: int = MAX_DEPTH) -> None:
+        self.logdir = logdir
+        self.max_depth = max_depth
+        self._dirs: dict[str, _Dir] = {}
+
+    def _list(self, path: str, depth: int, mtime_ns: int) -> _Dir:
+        children: list[str] = []
+        is_run = False
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if e.name.startswith("."):
+                        continue
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            if depth < self.max_depth:
+                                children.append(e.name)
+                        elif not is_run and fnmatch.fnmatchcase(e.name, _METADATA_GLOB):
+                            is_run = e.is_file()
+                    except OSError:
+                        continue
+        except OSError:  # unreadable or gone: nothing below it, as os.walk would
+            pass
+        return _Dir(mtime_ns, tuple(sorted(children)), is_run)
+
+    def scan(self) -> list[str]:
+        """The runs, in walk order (each directory before the sorted ones below it)."""
+        racy = time.time_ns() - _RACY_NS
+        old, new = self._dirs, {}
+        found: list[str] = []
+        stack: list[tuple[str, int]] = [(".", 0)]
+        root = str(self.logdir)
+        while stack:
+            rel, depth = stack.pop()
+            path = root if rel == "." else os.path.join(root, rel)
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            entry = old.get(rel)
+            if entry is None or entry.mtime_ns != mtime or mtime >= racy:
+                entry = self._list(path, depth, mtime)
+            new[rel] = entry
+            if entry.is_run:
+                found.append(rel)
+            prefix = "" if rel == "." else rel + "/"
+            stack.extend((prefix + c, depth + 1) for c in reversed(entry.children))
+        self._dirs = new
+        return found
+
+
+class SharedLock:
+    """Many holders of the shared side at once, or one of the exclusive side.
+
+    A thread waiting for the exclusive side goes before threads arriving for the
+    shared side, so a refresh is not starved by a stream of readers. Not reentrant.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int, int], ...] | None:
+    """What changes when a dump's files do (names, sizes, times, inodes); ``None`` when
+    the directory cannot be listed or something in it changed too recently to trust times."""
+    racy = time.time_ns() - _RACY_NS
+    out = []
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                st = e.stat()
+                if st.st_mtime_ns >= racy:
+                    return None
+                out.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    except OSError:
+        return None
+    return tuple(sorted(out))
 
 
 class Run:
-    """One dump: its reader (opened on first use), a lock, and caches tied to its contents."""
+    """One dump: its reader (opened on first use), shared by the server's threads."""
 
     def __init__(self, name: str, path: Path, refresh_interval: float) -> None:
         self.name = name
         self.path = path
         self.refresh_interval = refresh_interval
-        # The reader is not thread-safe; the server's threads take turns.
-        self.lock = threading.RLock()
+        # Decoding only reads the reader's state; update() changes it. See reading().
+        self._rw = SharedLock()
+        self._refreshing = threading.Lock()  # one thread catches up at a time
         self._reader: DumpReader | None = None
+        self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         self.error: str | None = None
         self._last_refresh = 0.0
         self._cache: dict[Any, Any] = {}
         self._cache_key: tuple[int, int, int] | None = None
+        self._key_locks: dict[Any, threading.Lock] = {}
+        self._key_locks_lock = threading.Lock()
 
-    def reader(self) -> DumpReader:
-        """The open reader, caught up with the files at most every ``refresh_interval`` s.
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[DumpReader]:
+        """The open reader, caught up with the files at most every ``refresh_interval`` s,
+        for the duration of the ``with`` block (many threads at once).
 
-        Call with :attr:`lock` held. Raises ``DumpNotFoundError`` when the dump
-        cannot be opened.
+        Raises ``DumpNotFoundError`` when the dump cannot be opened. Do not nest.
         """
-        now = time.monotonic()
-        if self._reader is None:
-            self._reader = DumpReader(self.path)
-            self._last_refresh = now
-            self.error = None
-        elif now - self._last_refresh >= self.refresh_interval:
-            self._reader.update()
-            self._last_refresh = now
-        r = self._reader
+        self._catch_up()
+        with self._rw.shared():
+            if self._reader is None:  # another thread's attempt to open it failed
+                raise files.DumpNotFoundError(self.error or f"{self.path}: no dump")
+            yield self._reader
+
+    def _catch_up(self) -> None:
+        if (
+            self._reader is not None
+            and time.monotonic() - self._last_refresh < self.refresh_interval
+        ):
+            return
+        # While one thread catches up, the others read what there is (once it is open).
+        if not self._refreshing.acquire(blocking=self._reader is None):
+            return
+        try:
+            now = time.monotonic()
+            if self._reader is None:
+                signature = _signature(self.path)
+                with self._rw.exclusive():
+                    try:
+                        self._reader = DumpReader(self.path)
+                    except files.DumpNotFoundError as exc:
+                        self.error = str(exc)
+                        raise
+                    self.error = None
+                    self._changed(self._reader)
+                self._signature, self._last_refresh = signature, now
+            elif now - self._last_refresh >= self.refresh_interval:
+                self._last_refresh = now
+                # Taken before update(), so that what is written meanwhile is read next time.
+                signature = _signature(self.path)
+                if signature is None or signature != self._signature:
+                    with self._rw.exclusive():
+                        self._reader.update()
+                        self._changed(self._reader)
+                    self._signature = signature
+        finally:
+            self._refreshing.release()
+
+    def _changed(self, r: DumpReader) -> None:
+        """After the reader read more (exclusive side held): drop stale caches, warm lazy state."""
         key = (r.generation, r.num_executions(), r.num_graph_execution_traces())
         if key != self._cache_key:
             self._cache.clear()
+            self._key_locks.clear()  # nobody computes while the exclusive side is held
             self._cache_key = key
-        return r
+            # Op types of traces are resolved lazily and interned into the reader's string
+            # table; resolved here, later calls under the shared side only read them.
+            if r.num(TRACES):
+                r.trace_op_types()
 
     def cached(self, key: Any, compute: Callable[[], T]) -> T:
-        """``compute()``, remembered until the dump changes. Call with :attr:`lock` held."""
-        if key not in self._cache:
-            self._cache[key] = compute()
-        value: T = self._cache[key]
-        return value
+        """``compute()``, remembered until the dump changes; computed once when many ask at
+        once. Call inside :meth:`reading`."""
+        try:
+            hit: T = self._cache[key]
+            return hit
+        except KeyError:
+            pass
+        with self._key_locks_lock:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._cache:
+                self._cache[key] = compute()
+            value: T = self._cache[key]
+            return value
 
     def close(self) -> None:
-        with self.lock:
+        with self._rw.exclusive():
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
 
 
 class RunSet:
-    """Every run under a logdir; rediscovers new runs at most every ``refresh_interval`` s."""
+    """Every run under a logdir; new runs are found at most ``refresh_interval`` s late.
+
+    The index is refreshed by :meth:`watch`'s thread when one runs (the server starts
+    it), else by the request that finds it due (others do not wait for it);
+    ``refresh_interval=0`` refreshes it on every call.
+    """
 
     def __init__(self, logdir: str | os.PathLike[str], refresh_interval: float = 1.0) -> None:
         self.logdir = Path(logdir).resolve()
@@ -107,51 +296,92 @@ class RunSet:
                 f"{logdir}: {what}; pass the logdir your program writes its dump to"
             )
         self.refresh_interval = refresh_interval
+        self._index = _RunIndex(self.logdir)
+        # Replaced, never changed in place: readers take it without a lock.
         self._runs: dict[str, Run] = {}
-        self._lock = threading.Lock()
+        self._scan_lock = threading.Lock()
         self._last_scan = -float("inf")
+        self.last_scan_s = 0.0
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.refresh()
+
+    def refresh(self, wait: bool = True) -> None:
+        """Look for new runs now (with ``wait`` false: unless another thread is looking)."""
+        if not self._scan_lock.acquire(blocking=wait):
+            return
+        try:
+            started = time.monotonic()
+            names = self._index.scan()
+            runs = self._runs
+            new = [n for n in names if n not in runs]
+            if new:
+                self._runs = {
+                    **runs,
+                    **{n: Run(n, self.logdir / n, self.refresh_interval) for n in new},
+                }
+            self._last_scan = time.monotonic()
+            self.last_scan_s = self._last_scan - started
+        finally:
+            self._scan_lock.release()
+
+    def watch(self) -> None:
+        """Keep the index fresh from a daemon thread (stopped by :meth:`close`)."""
+        if self._watcher is not None:
+            return
+
+        def loop() -> None:
+            # A large logdir is walked less often, so that walking it stays a small load.
+            while not self._stop.wait(max(self.refresh_interval, self.last_scan_s / _WATCH_DUTY)):
+                with contextlib.suppress(Exception):  # keep watching; the next walk may succeed
+                    self.refresh()
+
+        self._watcher = threading.Thread(target=loop, daemon=True, name="nanscope-runs")
+        self._watcher.start()
+
+    def _maybe_refresh(self) -> None:
+        if self._watcher is not None:
+            return
+        if self.refresh_interval <= 0:
+            self.refresh()
+        elif time.monotonic() - self._last_scan >= self.refresh_interval:
+            self.refresh(wait=False)
 
     def names(self) -> list[str]:
-        self._scan()
+        self._maybe_refresh()
         return list(self._runs)
-
-    def _scan(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last_scan < self.refresh_interval:
-                return
-            self._last_scan = now
-            for name in find_runs(self.logdir):
-                if name not in self._runs:
-                    self._runs[name] = Run(name, self.logdir / name, self.refresh_interval)
 
     def get(self, name: str | None) -> Run:
         """The run called ``name``; ``None`` means the only run."""
-        self._scan()
+        self._maybe_refresh()
+        runs = self._runs
         if name is None or name == "":
-            if len(self._runs) == 1:
-                return next(iter(self._runs.values()))
-            if not self._runs:
+            if len(runs) == 1:
+                return next(iter(runs.values()))
+            if not runs:
                 raise RunNotFound(f"no dump under {self.logdir} yet")
             raise RunNotFound(
-                f"{len(self._runs)} runs under the logdir; name one with run= "
-                f"({', '.join(list(self._runs)[:5])})"
+                f"{len(runs)} runs under the logdir; name one with run= "
+                f"({', '.join(list(runs)[:5])})"
             )
-        run = self._runs.get(name)
+        run = runs.get(name)
         if run is None:
             raise RunNotFound(f"no run {name!r} under the logdir; /api/runs lists them")
         return run
 
     def preload(self) -> None:
         """Open every run's reader now (so the first page shows without waiting)."""
-        for name in self.names():
-            run = self._runs[name]
-            with run.lock:
-                try:
-                    run.reader()
-                except (files.DumpNotFoundError, OSError) as exc:
-                    run.error = str(exc)
+        for run in list(self._runs.values()):
+            try:
+                with run.reading():
+                    pass
+            except (files.DumpNotFoundError, OSError) as exc:
+                run.error = str(exc)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
         for run in list(self._runs.values()):
             run.close()
