@@ -8,6 +8,8 @@ decodes a whole dump.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +80,57 @@ def consumers(
     return found
 
 
+class _TraceGroups:
+    """Each (process, graph, op name)'s traces, in order: a sorted index built in one
+    vectorised pass, so that finding the trace nearest an event is a binary search
+    instead of a scan of every trace before it (the GUI asks for each input and
+    consumer of every graph op it shows)."""
+
+    def __init__(self, rows: np.ndarray, procs: np.ndarray) -> None:
+        self.rows, self.procs = rows, procs
+        order = np.lexsort((rows["name"], rows["graph"], procs))  # stable: by position within
+        self.order = order
+        self.groups: dict[tuple[int, int, int], tuple[int, int]] = {}
+        if not len(order):
+            return
+        p, g, n = procs[order], rows["graph"][order], rows["name"][order]
+        starts = np.flatnonzero(
+            np.r_[True, (p[1:] != p[:-1]) | (g[1:] != g[:-1]) | (n[1:] != n[:-1])]
+        )
+        ends = np.r_[starts[1:], len(order)]
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.groups[(int(p[start]), int(g[start]), int(n[start]))] = (start, end)
+
+    def nearest(
+        self, key: tuple[int, int, int], slot: int | None, near: int, later: bool
+    ) -> int | None:
+        span = self.groups.get(key)
+        if span is None:
+            return None
+        positions = self.order[span[0] : span[1]]
+        cut = int(np.searchsorted(positions, near, side="right"))
+        candidates = positions[cut:] if later else positions[:cut][::-1]
+        if slot is not None:
+            candidates = candidates[self.rows["slot"][candidates] == slot]
+        return int(candidates[0]) if len(candidates) else None
+
+
+_groups_lock = threading.Lock()
+_groups: weakref.WeakKeyDictionary[DumpReader, _TraceGroups] = weakref.WeakKeyDictionary()
+
+
+def _trace_groups(reader: DumpReader) -> _TraceGroups:
+    rows, procs = reader.index(TRACES), reader.processes_of(TRACES)
+    with _groups_lock:
+        groups = _groups.get(reader)
+    # The index is a new array whenever the dump grew or was re-read.
+    if groups is None or groups.rows is not rows or groups.procs is not procs:
+        groups = _TraceGroups(rows, procs)
+        with _groups_lock:
+            _groups[reader] = groups
+    return groups
+
+
 def nearest_trace(
     reader: DumpReader,
     process: int,
@@ -92,17 +145,7 @@ def nearest_trace(
     gid, nid = reader.string_id(graph_id), reader.string_id(op_name)
     if gid is None or nid is None:
         return None
-    rows = reader.index(TRACES)
-    procs = reader.processes_of(TRACES)
-    lo, hi = (near + 1, len(rows)) if later else (0, near + 1)
-    part = rows[lo:hi]
-    mask = (part["graph"] == gid) & (part["name"] == nid) & (procs[lo:hi] == process)
-    if slot is not None:
-        mask &= part["slot"] == slot
-    hits = np.flatnonzero(mask)
-    if not hits.size:
-        return None
-    return lo + int(hits[0] if later else hits[-1])
+    return _trace_groups(reader).nearest((process, gid, nid), slot, near, later)
 
 
 def graph_op_edges(
