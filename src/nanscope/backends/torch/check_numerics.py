@@ -54,10 +54,9 @@ from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import (
     FLOAT_DTYPES,
-    host_arrays,
+    host_parts,
     tensor_all_finite,
     tensor_counts,
-    without_broadcast,
 )
 from nanscope.errors import Birth, Frame, NonFiniteError
 from nanscope.events import Phase
@@ -137,7 +136,7 @@ def _counted(ni: int, pi: int, nn: int) -> str:
 
 def _has_nan(t: torch.Tensor) -> bool:
     if t.device.type == "cpu":
-        return any(bool(np.isnan(a).any()) for a in host_arrays(without_broadcast(t)[0]))
+        return any(bool(np.isnan(a).any()) for a in host_parts(t)[0])
     return bool(torch.isnan(t).any())
 
 

@@ -38,24 +38,27 @@ _CHUNK = 1 << 22
 
 def host_view(t: torch.Tensor) -> np.ndarray:
     """A flat numpy view (or, for bfloat16, a float32 copy) of a CPU tensor's values."""
+    return _numpy(t).ravel(order="K")
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as numpy sees them, with its strides (bfloat16 widened: a copy)."""
     if t.dtype == torch.bfloat16:
         t = t.detach().float()
     elif t.is_conj() or t.is_neg():
         t = t.detach().resolve_conj().resolve_neg()
     try:
-        a = t.numpy()
+        return t.numpy()
     except RuntimeError:  # requires grad
-        a = t.detach().numpy()
-    # Counting does not care about order: ravel in memory order never copies a
-    # transposed view, where reshape(-1) would.
-    return a.ravel(order="K")
+        return t.detach().numpy()
 
 
 def without_broadcast(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``t`` with its broadcast (stride-0) dimensions cut to one, and how often each element repeats.
 
     An ``expand``ed view costs no memory; counting one copy of it and
-    multiplying keeps its summary free too.
+    multiplying keeps its summary free too. (PyTorch ops: for device tensors
+    and bfloat16, which numpy has no type for.)
     """
     repeats = 1
     for d in range(t.dim()):
@@ -65,35 +68,54 @@ def without_broadcast(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t, repeats
 
 
-def _walkable(t: torch.Tensor) -> bool:
-    """Whether each element of ``t`` is in its memory once, with no gaps (any dimension order)."""
-    if t.is_contiguous():
+def host_parts(t: torch.Tensor) -> tuple[Iterator[np.ndarray], int]:
+    """Flat arrays that together hold each distinct element of a CPU tensor once, and how
+    often each repeats in the tensor (an ``expand``ed view's stride-0 dimensions).
+
+    Runs no PyTorch op (but for bfloat16), so a dispatch mode of the program's own sees
+    none of nanscope's. A layout with overlapping elements (a sliding window) is copied a
+    slab of its first dimension at a time, never whole.
+    """
+    if t.dtype == torch.bfloat16:
+        t, repeats = without_broadcast(t)
+        return _slabs(_numpy(t)), repeats
+    a = _numpy(t)
+    cut = tuple(
+        slice(0, 1) if stride == 0 and size > 1 else slice(None)
+        for size, stride in zip(a.shape, a.strides, strict=True)
+    )
+    repeats = 1
+    for size, part in zip(a.shape, cut, strict=True):
+        if part.stop == 1:
+            repeats *= size
+    return _slabs(a[cut]), repeats
+
+
+def _walkable(a: np.ndarray) -> bool:
+    """Whether each element of ``a`` is in its memory once, with no gaps (any axis order)."""
+    if a.flags.c_contiguous or a.flags.f_contiguous:
         return True
-    expected = 1
-    for size, stride in sorted(
-        (d for d in zip(t.shape, t.stride(), strict=True) if d[0] != 1), key=lambda d: d[1]
-    ):
+    expected = a.itemsize
+    dims = sorted(
+        (d for d in zip(a.shape, a.strides, strict=True) if d[0] != 1), key=lambda d: d[1]
+    )
+    for size, stride in dims:
         if stride != expected:
             return False
         expected *= size
     return True
 
 
-def host_arrays(t: torch.Tensor) -> Iterator[np.ndarray]:
-    """Flat arrays that together hold each element of a CPU tensor once.
-
-    A layout with overlapping elements (a sliding window) is copied a slab of
-    its first dimension at a time, never whole.
-    """
-    if t.numel() <= _CHUNK or t.dim() == 0 or _walkable(t):
-        yield host_view(t)
+def _slabs(a: np.ndarray) -> Iterator[np.ndarray]:
+    if a.size <= _CHUNK or a.ndim == 0 or _walkable(a):
+        yield a.ravel(order="K")  # a view where the layout allows it, else a bounded copy
         return
-    if t.size(0) == 1:
-        yield from host_arrays(t.select(0, 0))
+    if a.shape[0] == 1:
+        yield from _slabs(a[0])
         return
-    step = max(1, _CHUNK // (t.numel() // t.size(0)))
-    for i in range(0, t.size(0), step):
-        yield from host_arrays(t.narrow(0, i, min(step, t.size(0) - i)))
+    step = max(1, _CHUNK // (a.size // a.shape[0]))
+    for i in range(0, a.shape[0], step):
+        yield from _slabs(a[i : i + step])
 
 
 def all_finite(a: np.ndarray) -> bool:
@@ -121,9 +143,9 @@ def counts(a: np.ndarray) -> tuple[int, int, int, int, int, int]:
 
 def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     """:func:`counts` over a CPU float tensor of any layout, without materialising views."""
-    base, repeats = without_broadcast(t)
+    parts, repeats = host_parts(t)
     total = np.zeros(6, dtype=np.int64)
-    for a in host_arrays(base):
+    for a in parts:
         total += counts(a)
     ni, pi, nn, neg, zero, pos = (int(v) * repeats for v in total)
     return ni, pi, nn, neg, zero, pos
@@ -131,7 +153,7 @@ def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
 
 def tensor_all_finite(t: torch.Tensor) -> bool:
     """True when a CPU float tensor of any layout holds no Inf and no NaN."""
-    return all(all_finite(a) for a in host_arrays(without_broadcast(t)[0]))
+    return all(all_finite(a) for a in host_parts(t)[0])
 
 
 def any_nonfinite(a: np.ndarray) -> bool:

@@ -3,7 +3,6 @@
 // count_tensor once per output tensor.
 #include "counts.h"
 
-#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,82 +69,116 @@ void count_special(const T* p, int64_t n, Special* s) {
 
 namespace {
 
-constexpr int64_t kChunk = int64_t{1} << 22;  // elements copied at once from a layout we cannot walk
-
-// Counts over a tensor whose memory it can walk directly.
-bool count_dense(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
-  int64_t n = t.numel();
-  if (n == 0) return true;
-  const void* data = t.const_data_ptr();
-  if (data == nullptr) return false;
-  auto run = [&](auto* p) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+// Counts over n elements `stride` apart; a strided run is gathered into a
+// small buffer first, so the count loops stay the vectorised ones.
+template <typename T>
+void count_run(const T* p, int64_t n, int64_t stride, Counts* c, Special* s, bool want_special) {
+  auto count = [&](const T* q, int64_t m) {
     Counts mine;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      count_plain<T>(p, n, &mine);
+      count_plain<T>(q, m, &mine);
     } else {
-      count_widened<T>(p, n, &mine);
+      count_widened<T>(q, m, &mine);
     }
-    if (want_special && mine.bad > 0) count_special<T>(p, n, s);
+    if (want_special && mine.bad > 0) count_special<T>(q, m, s);
     c->neg += mine.neg;
     c->zero += mine.zero;
     c->bad += mine.bad;
   };
-  switch (t.scalar_type()) {
-    case at::kFloat: run(static_cast<const float*>(data)); break;
-    case at::kDouble: run(static_cast<const double*>(data)); break;
-    case at::kHalf: run(static_cast<const at::Half*>(data)); break;
-    case at::kBFloat16: run(static_cast<const at::BFloat16*>(data)); break;
-    default: return false;
+  if (stride == 1) {
+    count(p, n);
+    return;
   }
-  return true;
+  T buf[1024];
+  for (int64_t i = 0; i < n; i += 1024) {
+    int64_t m = std::min<int64_t>(1024, n - i);
+    for (int64_t j = 0; j < m; ++j) buf[j] = p[(i + j) * stride];
+    count(buf, m);
+  }
 }
 
-bool walkable(const at::Tensor& t) {
-  if (!t.is_non_overlapping_and_dense() || t.is_neg() || t.is_conj()) return false;
-  for (auto st : t.strides()) {
-    if (st < 0) return false;
-  }
-  return true;
-}
+struct Dim {
+  int64_t size, stride;
+};
 
-// Counts over any layout, copying at most kChunk elements at a time: a view
-// whose elements overlap (a sliding window) or run backwards is counted a
-// slab of its first dimension at a time, never materialised whole.
-bool count_any(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
-  if (walkable(t)) return count_dense(t, c, s, want_special);
-  if (t.numel() <= kChunk || t.dim() == 0) {
-    at::Tensor copy = t.resolve_neg().contiguous();
-    return count_dense(copy, c, s, want_special);
+// Counts over a strided layout by walking it in place: any view (transposed,
+// sliced, a sliding window whose elements overlap) is counted element by
+// element as it appears, and nothing is copied or dispatched (an op run here
+// would be seen by the program's own dispatch modes).
+template <typename T>
+void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special* s,
+                bool want_special) {
+  // Innermost (smallest stride) last; a dense layout in any order is one run.
+  std::sort(dims.begin(), dims.end(),
+            [](const Dim& x, const Dim& y) { return x.stride > y.stride; });
+  int64_t expected = 1;
+  bool dense = true;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    dense = dense && it->stride == expected;
+    expected *= it->size;
   }
-  if (t.size(0) == 1) return count_any(t.select(0, 0), c, s, want_special);
-  const int64_t row = t.numel() / t.size(0);
-  const int64_t step = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, row));
-  for (int64_t i = 0; i < t.size(0); i += step) {
-    if (!count_any(t.narrow(0, i, std::min(step, t.size(0) - i)), c, s, want_special)) return false;
+  if (dims.empty() || dense) {
+    count_run<T>(base, expected, 1, c, s, want_special);
+    return;
   }
-  return true;
+  const Dim inner = dims.back();
+  dims.pop_back();
+  c10::SmallVector<int64_t, 8> at(dims.size(), 0);
+  const T* p = base;
+  while (true) {
+    count_run<T>(p, inner.size, inner.stride, c, s, want_special);
+    int64_t d = static_cast<int64_t>(dims.size()) - 1;
+    for (; d >= 0; --d) {  // the odometer: next position of the outer dimensions
+      if (++at[d] < dims[d].size) {
+        p += dims[d].stride;
+        break;
+      }
+      p -= dims[d].stride * (dims[d].size - 1);
+      at[d] = 0;
+    }
+    if (d < 0) return;
+  }
 }
 
 }  // namespace
 
-bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special) {
-  if (t0.numel() == 0) return true;
-  if (walkable(t0)) return count_dense(t0, c, s, want_special);
-  at::DisableRecordFunctionGuard no_record;
+bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
+  const int64_t n = t.numel();
+  if (n == 0) return true;
+  const void* data = t.const_data_ptr();
+  if (data == nullptr) return false;
   // A broadcast (expand) repeats each element along its stride-0 dimensions:
-  // count one copy and multiply, as a free view must stay free to summarise.
-  at::Tensor t = t0;
+  // count one copy and multiply, so a free view stays free to summarise.
   int64_t repeats = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    if (t.stride(d) == 0 && t.size(d) > 1) {
-      repeats *= t.size(d);
-      t = t.narrow(d, 0, 1);
+  c10::SmallVector<Dim, 8> dims;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.size(d), stride = t.stride(d);
+    if (size == 1) continue;
+    if (stride == 0) {
+      repeats *= size;
+    } else if (stride < 0) {
+      return false;  // PyTorch makes none; not worth a path
+    } else {
+      dims.push_back({size, stride});
     }
   }
   Counts once;
   Special special;
-  if (!count_any(t, &once, &special, want_special)) return false;
+  switch (t.scalar_type()) {
+    case at::kFloat: count_walk<float>(static_cast<const float*>(data), dims, &once, &special, want_special); break;
+    case at::kDouble: count_walk<double>(static_cast<const double*>(data), dims, &once, &special, want_special); break;
+    case at::kHalf: count_walk<at::Half>(static_cast<const at::Half*>(data), dims, &once, &special, want_special); break;
+    case at::kBFloat16: count_walk<at::BFloat16>(static_cast<const at::BFloat16*>(data), dims, &once, &special, want_special); break;
+    default: return false;
+  }
+  if (t.is_neg()) {
+    // The values are the memory's negated: negatives and positives trade
+    // places, and so do -Inf and +Inf (without the special counts, only
+    // whether any element is Inf/NaN is asked, which negation keeps).
+    const int64_t distinct = n / repeats;
+    once.neg = distinct - once.neg - once.zero - special.nan;
+    std::swap(special.ninf, special.pinf);
+  }
   c->neg += once.neg * repeats;
   c->zero += once.zero * repeats;
   c->bad += once.bad * repeats;
