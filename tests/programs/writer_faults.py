@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -89,10 +90,25 @@ session = nanscope.enable_dump_debug_info(
 )
 writer = session.writer
 rss_at_fault = 0
+
+
+def until_noticed() -> None:
+    """Wait until the writer has met the fault (its flushes come every 0.2 s; on an idle
+    machine a whole outage of training steps can take less)."""
+    for _ in range(1200):
+        if writer.failing:
+            return
+        time.sleep(0.05)
+    raise SystemExit("the writer never noticed the fault")
+
+
 for step in range(steps):
     if step == fault_step:
+        session.flush()  # what came before the fault is on the disk
         rss_at_fault = status("VmRSS")
         inject()
+    if step == fault_step + 5 and fault != "none":
+        until_noticed()
     if step == recover_step and fault == "full":
         filler.unlink()
     probs = torch.softmax(model(x), dim=1)

@@ -241,6 +241,7 @@ class DumpWriter:
         self._report_due = False  # the .nsdrops report is out of date
         self._close_deadline = 0.0
         self._abandon = False  # closing on a failed disk: queued events are only counted
+        self._closing = False  # close() was called: the writer thread decides _abandon
 
         try:
             self._create_files(origin_window, framework, world_size)
@@ -531,6 +532,12 @@ class DumpWriter:
                 return
             time.sleep(0.001)
 
+    @property
+    def failing(self) -> bool:
+        """Whether the disk fails now (full, gone, read-only or not responding); the
+        writer keeps recording in memory and retries by itself."""
+        return self._fault is not None
+
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Write everything enqueued so far to disk; True when done within ``timeout``.
 
@@ -557,7 +564,7 @@ class DumpWriter:
         try:
             lifecycle.unregister(self)
             self._close_deadline = time.monotonic() + (60.0 if timeout is None else timeout)
-            self._abandon = self._fault is not None
+            self._closing = True
             if self._thread.is_alive() and threading.current_thread() is not self._thread:
                 self._put(CloseRequest())
                 self._wake.set()
@@ -620,6 +627,8 @@ class DumpWriter:
         """Process queued items until none is left or ``deadline`` passes; True on close."""
         queue = self._queue
         done = 0
+        if self._closing and not self._abandon and self._fault is not None:
+            self._abandon = not self._disk_came_back()
         while queue:
             done += 1
             if not done % 512 and time.monotonic() >= deadline:
@@ -735,6 +744,19 @@ class DumpWriter:
         self.stats.executions_evicted = self._executions.evicted
         self.stats.traces_evicted = self._traces.evicted
         return ops
+
+    def _disk_came_back(self) -> bool:
+        """Closing while the disk failed: one more try now, whatever the backoff (a disk
+        that freed up since the last try takes the queued events after all). Not on a hung
+        disk, whose exit must not wait."""
+        if isinstance(self._fault, StalledError) or not self._retry:
+            return self._fault is None
+        self._flush(sync=True)
+        if self._disk.wait_idle(
+            min(self.io_timeout, max(0.0, self._close_deadline - time.monotonic()))
+        ):
+            self._collect()
+        return self._fault is None
 
     def _collect(self) -> None:
         """Take the result of the disk thread's last job, if it finished."""
