@@ -22,6 +22,7 @@ from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
 from nanscope.format.strings import StringTable
+from nanscope.reader import _fastscan
 from nanscope.reader._data import Problem
 from nanscope.reader._decode import DecodeError, RowData, parse_event
 from nanscope.reader._logs import describe, open_regular, unreadable
@@ -78,6 +79,10 @@ _SLICE = 1 << 20
 class EventFile:
     """Index rows of one event file; ``name`` and ``graph`` index :attr:`strings`."""
 
+    # Read records in bulk where that is safe (:mod:`._fastscan`); False decodes each one
+    # with protobuf (the reference the fast path is tested against).
+    fast = True
+
     def __init__(
         self,
         path: Path,
@@ -93,6 +98,7 @@ class EventFile:
         self._fh: BinaryIO | None = None
         self.reset_count = -1
         self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
+        self.fast_decoded = 0  # of those, records the fast path (:mod:`._fastscan`) read
         self._reset()
 
     def _reset(self) -> None:
@@ -277,78 +283,46 @@ class EventFile:
     # -- the scanning path -----------------------------------------------------------------
 
     def _scan(self, start: int, size: int, problems: list[Problem], confirm: bool) -> np.ndarray:
-        out: list[RowData] = []
-        offsets: list[tuple[int, int]] = []
+        """Index the records in ``[start, size)``; what is wrong with them goes to ``problems``.
+
+        Each chunk is read by :mod:`._fastscan` when it can vouch for it (whole chunks
+        whose framing is clean; within them, the records laid out as TensorFlow and
+        nanscope write them), and record by record with protobuf otherwise: both give
+        the same rows and the same problems, in the same order.
+        """
+        parts: list[np.ndarray] = []
+        local: dict[str, int] = {}  # strings numbered per scan; interned in row order below
         offset = start
         self.torn_at = None
         want = CHUNK
         while offset < size:
             blob = self.read(offset, min(want, size - offset))
             want = CHUNK
-            result = scan(blob, str(self.path), base=offset)
-            for err in result.errors:
-                problems.append(Problem("error", describe(err)))
-            for rec in result.records:
-                try:
-                    event = parse_event(rec.payload)
-                except DecodeError as exc:
-                    problems.append(
-                        Problem(
-                            "error",
-                            f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped",
-                        )
-                    )
-                    continue
-                if event.WhichOneof("what") != self._field:
-                    continue
-                self.decoded += 1
-                damage: list[str] = []
-                out.append(self._row_of(event, damage))
-                for what in damage:  # the row is kept: only that output's health is unknown
-                    problems.append(
-                        Problem("error", f"{self.path}: record at byte offset {rec.offset}: {what}")
-                    )
-                offsets.append((rec.offset, len(rec.payload) + OVERHEAD))
-            if result.torn and result.end == offset:
+            framed = _fastscan.frame(blob) if self.fast else None
+            if framed is not None:
+                parts.append(self._fast_chunk(blob, offset, framed, local, problems))
+                end, torn = offset + framed.end, framed.torn
+            else:
+                result = scan(blob, str(self.path), base=offset)
+                for err in result.errors:
+                    problems.append(Problem("error", describe(err)))
+                out: list[tuple[int, int, RowData]] = []
+                for rec in result.records:
+                    row = self._careful_record(rec.payload, rec.offset, problems)
+                    if row is not None:
+                        out.append((rec.offset, len(rec.payload) + OVERHEAD, row))
+                parts.append(self._rows(out, local))
+                end, torn = result.end, result.torn
+            if torn and end == offset:
                 if offset + len(blob) >= size:
                     self.torn_at = offset  # the file ends in a partial record
                     break
                 # One record larger than a chunk: read exactly that record next.
                 want = int.from_bytes(blob[:8], "little") + OVERHEAD
                 continue
-            offset = result.end
-        rows = np.zeros(len(out), dtype=INDEX_DTYPE)
-        if out:
-            intern = self._intern
-            rows["offset"] = [o for o, _ in offsets]
-            rows["length"] = [n for _, n in offsets]
-            rows["name"] = [intern(r[0]) for r in out]
-            rows["graph"] = [intern(r[1]) for r in out]
-            cols = list(zip(*(r[2:] for r in out), strict=True))
-            for name, col in zip(
-                (
-                    "slot",
-                    "wall_time",
-                    "step",
-                    "sequence",
-                    "size",
-                    "neg_inf",
-                    "pos_inf",
-                    "nan",
-                    "nonfinite",
-                    "phase",
-                    "device",
-                ),
-                cols,
-                strict=True,
-            ):
-                if name == "size":
-                    continue
-                rows[name] = (
-                    np.minimum(np.asarray(col, dtype=np.int64), _I32_MAX)
-                    if name in _NARROW
-                    else col
-                )
+            offset = end
+        rows = np.concatenate(parts) if parts else np.zeros(0, dtype=INDEX_DTYPE)
+        self._intern_local(rows, local)
         if confirm:
             # Without a sidecar, what was scanned is final: keep it and resume
             # from its end (a torn tail is read again by the next update).
@@ -356,3 +330,120 @@ class EventFile:
             self._confirmed_end = self.torn_at if self.torn_at is not None else min(offset, size)
             return np.zeros(0, dtype=INDEX_DTYPE)
         return rows
+
+    def _careful_record(
+        self, payload: bytes, offset: int, problems: list[Problem]
+    ) -> RowData | None:
+        """One record decoded with protobuf: its row, or None (not an event of this file)."""
+        try:
+            event = parse_event(payload)
+        except DecodeError as exc:
+            problems.append(
+                Problem("error", f"{self.path}: record at byte offset {offset}: {exc}; skipped")
+            )
+            return None
+        if event.WhichOneof("what") != self._field:
+            return None
+        self.decoded += 1
+        damage: list[str] = []
+        row = self._row_of(event, damage)
+        for what in damage:  # the row is kept: only that output's health is unknown
+            problems.append(
+                Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
+            )
+        return row
+
+    def _fast_chunk(
+        self,
+        blob: bytes,
+        base: int,
+        framed: _fastscan.Framed,
+        local: dict[str, int],
+        problems: list[Problem],
+    ) -> np.ndarray:
+        """The rows of a chunk whose framing is clean (see :mod:`._fastscan`)."""
+        n = len(framed.starts)
+        offsets = base + framed.starts - HEADER_SIZE
+        fr = _fastscan.top_level(blob, framed, self._field, self._row_of)
+        distinct = self._rows([(0, 0, row) for row in fr.rows], local)
+        rows = np.zeros(n, dtype=INDEX_DTYPE)
+        keep = np.zeros(n, dtype=bool)
+        picked = distinct[fr.which]
+        picked["wall_time"] = fr.wall_time
+        picked["step"] = fr.step
+        rows[fr.index] = picked
+        keep[fr.index] = True
+        self.decoded += len(fr.index)
+        self.fast_decoded += len(fr.index)
+        # Problems in record order, as the careful path says them: the records it reads,
+        # and the fast records whose field it would find damaged.
+        damaged = [i for i, d in enumerate(fr.damage) if d]
+        hurt = fr.index[np.isin(fr.which, damaged)] if damaged else fr.index[:0]
+        which_of = dict(zip(fr.index.tolist(), fr.which.tolist(), strict=True)) if damaged else {}
+        careful = set(fr.careful.tolist())
+        for i in sorted(careful.union(hurt.tolist())):
+            offset = int(offsets[i])
+            if i in careful:
+                a = int(framed.starts[i])
+                payload = blob[a : a + int(framed.lengths[i])]
+                row = self._careful_record(payload, offset, problems)
+                if row is not None:
+                    rows[i] = self._rows([(0, 0, row)], local)[0]
+                    keep[i] = True
+            else:
+                for what in fr.damage[which_of[i]]:
+                    problems.append(
+                        Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
+                    )
+        rows["offset"] = offsets
+        rows["length"] = framed.lengths + OVERHEAD
+        return rows[keep]
+
+    @staticmethod
+    def _rows(out: list[tuple[int, int, RowData]], local: dict[str, int]) -> np.ndarray:
+        """Index rows of ``(offset, length, row)``; strings numbered in ``local``."""
+        rows = np.zeros(len(out), dtype=INDEX_DTYPE)
+        if not out:
+            return rows
+        rows["offset"] = [o for o, _, _ in out]
+        rows["length"] = [n for _, n, _ in out]
+        rows["name"] = [local.setdefault(r[0], len(local)) for _, _, r in out]
+        rows["graph"] = [local.setdefault(r[1], len(local)) for _, _, r in out]
+        cols = list(zip(*(r[2:] for _, _, r in out), strict=True))
+        for name, col in zip(_ROW_COLUMNS, cols, strict=True):
+            if name == "size":
+                continue
+            rows[name] = (
+                np.minimum(np.asarray(col, dtype=np.int64), _I32_MAX) if name in _NARROW else col
+            )
+        return rows
+
+    def _intern_local(self, rows: np.ndarray, local: dict[str, int]) -> None:
+        """Replace per-scan string numbers by the table's, interning names then graphs in
+        row order (the order in which decoding every record one by one interns them)."""
+        if not len(rows):
+            return
+        strings = list(local)
+        remap = np.zeros(len(strings), dtype=np.uint32)
+        for column in ("name", "graph"):
+            codes, first = np.unique(rows[column], return_index=True)
+            for code in codes[np.argsort(first, kind="stable")].tolist():
+                remap[code] = self._intern(strings[code])
+        rows["name"] = remap[rows["name"]]
+        rows["graph"] = remap[rows["graph"]]
+
+
+# The columns of a RowData after its two strings, in order.
+_ROW_COLUMNS = (
+    "slot",
+    "wall_time",
+    "step",
+    "sequence",
+    "size",
+    "neg_inf",
+    "pos_inf",
+    "nan",
+    "nonfinite",
+    "phase",
+    "device",
+)
