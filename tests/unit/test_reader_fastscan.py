@@ -9,6 +9,8 @@ and on damaged dumps, where it leaves what it cannot vouch for to the careful pa
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -48,6 +50,7 @@ def read_index(dump: Path, fast: bool) -> dict[str, Any]:
     """Everything the index holds, strings resolved, and what was said about the dump."""
     old = EventFile.fast
     EventFile.fast = fast
+    EventFile.write_sidecar = False  # both read the records (sidecars: tested below)
     try:
         with DumpReader(dump) as r:
             out: dict[str, Any] = {"problems": [(p.severity, p.message) for p in r.problems]}
@@ -64,6 +67,7 @@ def read_index(dump: Path, fast: bool) -> dict[str, Any]:
             return out
     finally:
         EventFile.fast = old
+        EventFile.write_sidecar = True
 
 
 def assert_same_index(dump: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -232,3 +236,88 @@ def test_live_tensorflow_dump(tmp_path: Path, mode: str) -> None:
     fast, careful = assert_same_index(dump)
     assert fast["fast"] == fast["decoded"] > 0
     assert careful["problems"] == []
+
+
+# -- the sidecar left next to a dump without one ---------------------------------------
+
+
+def digests(dump: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dump.iterdir()}
+
+
+def settle(dump: Path) -> None:
+    """Files as a finished run leaves them: not modified for a while."""
+    for p in dump.iterdir():
+        os.utime(p, (p.stat().st_atime - 60, p.stat().st_mtime - 60))
+
+
+def open_with_sidecars(dump: Path) -> dict[str, Any]:
+    with DumpReader(dump) as r:
+        return {
+            "decoded": r.decoded_for_index(),
+            "problems": [(p.severity, p.message) for p in r.problems],
+            **{
+                kind: (
+                    r.index(kind).tobytes(),
+                    [r.string(int(s)) for s in r.index(kind)["name"]],
+                    [r.string(int(s)) for s in r.index(kind)["graph"]],
+                )
+                for kind in (EXECUTIONS, TRACES)
+            },
+        }
+
+
+@pytest.mark.parametrize("name", ["FULL_HEALTH", "CURT_HEALTH", "FULL_TENSOR", "NO_TENSOR"])
+def test_sidecar_written_on_first_read(golden: Path, tmp_path: Path, name: str) -> None:
+    dump = tmp_path / name
+    shutil.copytree(golden / name, dump)
+    settle(dump)
+    before = digests(dump)
+    careful = read_index(dump, False)
+    first = open_with_sidecars(dump)
+    after = digests(dump)
+    written = sorted(set(after) - set(before))
+    assert written == sorted(
+        p.name + ".nsidx"
+        for p in dump.iterdir()
+        if p.suffix in (".execution", ".graph_execution_traces") and p.stat().st_size
+    )
+    assert {k: after[k] for k in before} == before  # TensorFlow's files untouched
+    assert not [p for p in dump.iterdir() if p.name.endswith(".tmp")]
+    second = open_with_sidecars(dump)
+    assert first["decoded"] > 0 and second["decoded"] == 0  # the second open read no record
+    for result in (first, second):
+        assert result["problems"] == careful["problems"] == []
+        for kind in (EXECUTIONS, TRACES):
+            assert result[kind][0] == careful[kind], kind
+            assert result[kind][1:] == (careful[kind + " names"], careful[kind + " graphs"])
+    assert digests(dump) == after  # the second open wrote nothing
+
+
+def test_no_sidecar_for_damaged_or_fresh_files(golden: Path, tmp_path: Path) -> None:
+    dump, traces = copy_dump(golden, tmp_path)
+    data = bytearray(traces.read_bytes())
+    data[record_starts(bytes(data))[5] + 30] ^= 0x01
+    traces.write_bytes(bytes(data))
+    settle(dump)
+    open_with_sidecars(dump)
+    # The damaged file: no sidecar (it could not repeat the problem); the sound one: one.
+    assert not Path(str(traces) + ".nsidx").exists()
+    (execution,) = dump.glob("*.execution")
+    assert Path(str(execution) + ".nsidx").exists()
+    # A file just written (a writer may still be appending): no sidecar.
+    fresh, _ = copy_dump(golden, tmp_path / "fresh")
+    for p in fresh.iterdir():
+        os.utime(p)  # modified just now
+    open_with_sidecars(fresh)
+    assert not list(fresh.glob("*.nsidx"))
+
+
+def test_existing_sidecar_is_never_replaced(golden: Path, tmp_path: Path) -> None:
+    dump, traces = copy_dump(golden, tmp_path)
+    junk = Path(str(traces) + ".nsidx")
+    junk.write_bytes(b"not a sidecar")
+    settle(dump)
+    result = open_with_sidecars(dump)
+    assert junk.read_bytes() == b"not a sidecar"  # ignored as damaged, left as it was
+    assert result["decoded"] > 0

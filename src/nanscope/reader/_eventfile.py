@@ -10,7 +10,10 @@ is indexed again from scratch.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -20,7 +23,7 @@ import numpy as np
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
+from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, frame, scan
 from nanscope.format.strings import StringTable
 from nanscope.reader import _fastscan
 from nanscope.reader._data import Problem
@@ -28,6 +31,8 @@ from nanscope.reader._decode import DecodeError, RowData, parse_event
 from nanscope.reader._logs import describe, open_regular, unreadable
 
 CHUNK = 32 << 20
+# A file not modified for this long is taken as finished: its sidecar may be written.
+SETTLED_S = 5.0
 
 
 ROW_DTYPE = sidecar.ROW_DTYPE
@@ -82,6 +87,9 @@ class EventFile:
     # Read records in bulk where that is safe (:mod:`._fastscan`); False decodes each one
     # with protobuf (the reference the fast path is tested against).
     fast = True
+    # After indexing a file without a sidecar (TensorFlow's), leave one next to it so that the
+    # next open reads no record (see :meth:`_leave_sidecar`); False never writes anything.
+    write_sidecar = True
 
     def __init__(
         self,
@@ -95,6 +103,7 @@ class EventFile:
         self._row_of = row_of
         self._field = field  # "execution" or "graph_execution_trace"
         self._intern = strings.intern
+        self._strings = strings
         self._fh: BinaryIO | None = None
         self.reset_count = -1
         self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
@@ -172,12 +181,16 @@ class EventFile:
         if self._sidecar_ok and self.index_path.exists():
             self._read_sidecar(size)
         if self._confirmed_end < size:
+            no_sidecar = not self.index_path.exists()
+            said = len(problems)
             self._tail = self._scan(
                 self._confirmed_end,
                 size,
                 problems,
-                confirm=not self.index_path.exists() or not self._sidecar_ok,
+                confirm=no_sidecar or not self._sidecar_ok,
             )
+            if first and no_sidecar and len(problems) == said and self.write_sidecar:
+                self._leave_sidecar(size)
         else:
             self._tail = np.zeros(0, dtype=INDEX_DTYPE)
         if len(self._confirmed) > 1:
@@ -188,6 +201,63 @@ class EventFile:
         return (
             first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
         )
+
+    def _leave_sidecar(self, size: int) -> None:
+        """Write the sidecar of a file indexed from its records, for the next open.
+
+        Only for a whole file read without a word of complaint (no damage, no torn
+        tail: a sidecar cannot repeat what was said of a record) and left alone for
+        :data:`SETTLED_S` (a writer still appending would leave a tail that every
+        update reads again); only when the directory is writable, and never over a
+        sidecar that exists (written to a temporary name, then linked into place,
+        which fails when the name is taken). The data file is never touched. Any
+        error leaves things as they were: the sidecar is a hint.
+        """
+        rows = self._confirmed[0] if len(self._confirmed) == 1 else None
+        if rows is None or not len(rows) or self.torn_at is not None:
+            return
+        offsets, lengths = rows["offset"].astype(np.int64), rows["length"].astype(np.int64)
+        if offsets[0] != 0 or offsets[-1] + lengths[-1] != size:
+            return
+        if np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+            return  # records that are not rows (another kind of event): rows must tile
+        if any(np.any(rows[c] >= _I32_MAX) for c in _NARROW):
+            return  # a count the index saturated: the sidecar would hold a wrong one
+        try:
+            if time.time() - os.stat(self.path).st_mtime < SETTLED_S:
+                return
+            directory = self.path.parent
+            if not os.access(directory, os.W_OK) or self.index_path.exists():
+                return
+        except OSError:
+            return
+        # The sidecar's own string table: "" first, then the strings its rows use.
+        used = np.unique(np.concatenate([rows["name"], rows["graph"]]))
+        used = used[used != 0]
+        table = np.zeros(int(max(used.max(initial=0), 0)) + 1, dtype=np.uint32)
+        table[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
+        out = np.zeros(len(rows), dtype=ROW_DTYPE)
+        for name in INDEX_DTYPE.names or ():
+            out[name] = rows[name]
+        out["name"] = table[rows["name"]]
+        out["graph"] = table[rows["graph"]]
+        out["size"] = -1  # not kept in the index: unknown (docs/FORMAT.md)
+        strings = self._strings.strings
+        chunks = [sidecar.strings_chunk([strings[i] for i in used.tolist()])]
+        chunks += sidecar.rows_chunks(out)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.index_path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(frame(chunk))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, self.index_path)  # fails when a sidecar appeared meanwhile
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     # -- the sidecar path ------------------------------------------------------------------
 
@@ -366,13 +436,16 @@ class EventFile:
         offsets = base + framed.starts - HEADER_SIZE
         fr = _fastscan.top_level(blob, framed, self._field, self._row_of)
         distinct = self._rows([(0, 0, row) for row in fr.rows], local)
-        rows = np.zeros(n, dtype=INDEX_DTYPE)
-        keep = np.zeros(n, dtype=bool)
         picked = distinct[fr.which]
         picked["wall_time"] = fr.wall_time
         picked["step"] = fr.step
-        rows[fr.index] = picked
-        keep[fr.index] = True
+        if len(fr.index) == n:  # the common case: every record read in bulk
+            rows, keep = picked, None
+        else:
+            rows = np.zeros(n, dtype=INDEX_DTYPE)
+            keep = np.zeros(n, dtype=bool)
+            rows[fr.index] = picked
+            keep[fr.index] = True
         self.decoded += len(fr.index)
         self.fast_decoded += len(fr.index)
         # Problems in record order, as the careful path says them: the records it reads,
@@ -388,6 +461,7 @@ class EventFile:
                 payload = blob[a : a + int(framed.lengths[i])]
                 row = self._careful_record(payload, offset, problems)
                 if row is not None:
+                    assert keep is not None  # careful records are not in fr.index
                     rows[i] = self._rows([(0, 0, row)], local)[0]
                     keep[i] = True
             else:
@@ -397,7 +471,8 @@ class EventFile:
                     )
         rows["offset"] = offsets
         rows["length"] = framed.lengths + OVERHEAD
-        return rows[keep]
+        kept: np.ndarray = rows if keep is None else rows[keep]
+        return kept
 
     @staticmethod
     def _rows(out: list[tuple[int, int, RowData]], local: dict[str, int]) -> np.ndarray:

@@ -33,6 +33,7 @@ from nanscope.format.records import HEADER_SIZE, MAX_RECORD_SIZE, OVERHEAD, mask
 from nanscope.reader._decode import DecodeError, RowData, parse_event
 
 _HEADER = struct.Struct("<QI")
+_LENGTH = struct.Struct("<Q")
 _LENGTH_CRCS: dict[int, int] = {}  # record lengths repeat: their length CRCs too
 _PAD = 16  # zeros after the chunk, so that gathers near its end stay inside the buffer
 _MASK_DELTA = np.uint32(0xA282EAD8)
@@ -69,36 +70,52 @@ def frame(blob: bytes) -> Framed | None:
     for it; anything it would report as an error is left to it.
     """
     size = len(blob)
-    unpack = _HEADER.unpack_from
+    unpack = _LENGTH.unpack_from
     starts: list[int] = []
-    lengths: list[int] = []
+    append = starts.append
     pos = 0
-    # The one per-record loop: the next record's position depends on this one's length.
-    while pos + HEADER_SIZE <= size:
-        length, length_crc = unpack(blob, pos)
-        if length > MAX_RECORD_SIZE or _length_crc(length) != length_crc:
-            return None
-        end = pos + OVERHEAD + length
+    last = size - HEADER_SIZE
+    # The one per-record loop, as short as it can be: the next record's position depends
+    # on this one's length. Everything else is checked below, over all records at once.
+    while pos <= last:
+        end = pos + OVERHEAD + unpack(blob, pos)[0]
         if end > size:
             break
-        starts.append(pos + HEADER_SIZE)
-        lengths.append(length)
+        append(pos)
         pos = end
-    s = np.asarray(starts, dtype=np.int64)
-    n = np.asarray(lengths, dtype=np.int64)
-    if len(s):
-        value = google_crc32c.value
-        crcs = np.fromiter(
-            (value(blob[a : a + b]) for a, b in zip(starts, lengths, strict=True)),
-            dtype=np.uint32,
-            count=len(starts),
-        )
-        masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + _MASK_DELTA
-        buf = np.frombuffer(blob, dtype=np.uint8)
-        stored = buf[(s + n)[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
-        if np.any(masked != stored):
+    if pos <= last:
+        # The record that does not fit: a torn tail only if its header is sound.
+        length, length_crc = _HEADER.unpack_from(blob, pos)
+        if length > MAX_RECORD_SIZE or _length_crc(length) != length_crc:
             return None
-    return Framed(s, n, pos, pos < size)
+    buf = np.frombuffer(blob, dtype=np.uint8)
+    s = np.asarray(starts, dtype=np.int64)
+    if not len(s):
+        return Framed(s, s, pos, pos < size)
+    lengths = _gather(buf, s, 8).view("<u8")[:, 0]
+    if np.any(lengths > MAX_RECORD_SIZE):
+        return None
+    stored = _gather(buf, s + 8, 4).view("<u4")[:, 0]
+    sizes, which = np.unique(lengths, return_inverse=True)
+    expected = np.array([_length_crc(int(n)) for n in sizes.tolist()], dtype=np.uint32)
+    if np.any(expected[which] != stored):
+        return None
+    n = lengths.astype(np.int64)
+    first = s + HEADER_SIZE
+    value = google_crc32c.value
+    crcs = np.array(
+        [value(blob[a:b]) for a, b in zip(first.tolist(), (first + n).tolist(), strict=True)],
+        dtype=np.uint32,
+    )
+    masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + _MASK_DELTA
+    if np.any(masked != _gather(buf, first + n, 4).view("<u4")[:, 0]):
+        return None
+    return Framed(first, n, pos, pos < size)
+
+
+def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``width`` bytes at each of ``at``, one row each (contiguous, for ``view``)."""
+    return buf[at[:, None] + np.arange(width)]
 
 
 def _varints(buf: np.ndarray, pos: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,17 +183,9 @@ def top_level(
     fast = np.flatnonzero(ok)
     careful = np.flatnonzero(~ok)
     # Each distinct field decoded once: the key is the field's bytes, tag and length included.
-    key_start = pos[fast].tolist()
-    key_end = end[fast].tolist()
-    distinct: dict[bytes, int] = {}
-    which = np.fromiter(
-        (
-            distinct.setdefault(blob[a:b], len(distinct))
-            for a, b in zip(key_start, key_end, strict=True)
-        ),
-        dtype=np.int64,
-        count=len(fast),
-    )
+    keys = [blob[a:b] for a, b in zip(pos[fast].tolist(), end[fast].tolist(), strict=True)]
+    distinct = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    which = np.array([distinct[key] for key in keys], dtype=np.int64)
     rows: list[RowData] = []
     damage: list[list[str]] = []
     refused = np.zeros(len(distinct), dtype=bool)
