@@ -22,7 +22,7 @@ import pytest
 
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, frame
-from nanscope.reader import EXECUTIONS, TRACES, DumpReader, _eventfile
+from nanscope.reader import EXECUTIONS, TRACES, DumpReader, _eventfile, _fastscan
 from nanscope.reader._eventfile import EventFile
 
 DATA = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
@@ -100,6 +100,36 @@ def test_golden_in_small_chunks(golden: Path, small_chunks: None) -> None:
         assert fast["fast"] > 0
 
 
+@pytest.fixture(params=["probe 4096", "probe 6"])
+def probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The framing walk's period guess after 6 records: exercised on small dumps too."""
+    monkeypatch.setattr(_fastscan, "_PROBE", int(request.param.split()[1]))
+
+
+def test_period_guess_on_golden(golden: Path, probe: None) -> None:
+    for name in GOLDEN:
+        fast, _ = assert_same_index(golden / name)
+        assert fast["fast"] == fast["decoded"] > 0
+
+
+def test_period_guess_is_checked() -> None:
+    """Lengths that repeat, then do not: every record found where the loop finds it."""
+    from nanscope.format.records import scan
+
+    payloads = [bytes(n) for n in [5, 9, 5, 9, 5, 9, 5, 9, 5, 9, 5, 7, 5, 9, 5, 9, 5, 9, 5]]
+    blob = b"".join(frame(p) for p in payloads) + frame(bytes(40))[:30]
+    for probe_size in (2, 4, 6, 4096):
+        _fastscan._PROBE = probe_size
+        try:
+            framed = _fastscan.frame(blob)
+        finally:
+            _fastscan._PROBE = 4096
+        assert framed is not None
+        result = scan(blob, "x")
+        assert [r.offset + HEADER_SIZE for r in result.records] == framed.starts.tolist()
+        assert (framed.end, framed.torn) == (result.end, result.torn)
+
+
 # -- damaged dumps ---------------------------------------------------------------------
 
 
@@ -118,7 +148,7 @@ def record_starts(data: bytes) -> list[int]:
     return starts
 
 
-def test_torn_tail(golden: Path, tmp_path: Path) -> None:
+def test_torn_tail(golden: Path, tmp_path: Path, probe: None) -> None:
     _dump, traces = copy_dump(golden, tmp_path)
     data = traces.read_bytes()
     starts = record_starts(data)
@@ -128,7 +158,7 @@ def test_torn_tail(golden: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["payload", "length", "footer"])
-def test_flipped_byte(golden: Path, tmp_path: Path, where: str) -> None:
+def test_flipped_byte(golden: Path, tmp_path: Path, where: str, probe: None) -> None:
     dump, traces = copy_dump(golden, tmp_path)
     data = bytearray(traces.read_bytes())
     at = record_starts(bytes(data))[10]
@@ -149,7 +179,9 @@ def replace_record(path: Path, index: int, payload: bytes) -> int:
     return at
 
 
-def test_records_the_fast_path_does_not_vouch_for(golden: Path, tmp_path: Path) -> None:
+def test_records_the_fast_path_does_not_vouch_for(
+    golden: Path, tmp_path: Path, probe: None
+) -> None:
     """Well-framed records in other layouts: decoded one by one, in their place."""
     dump, traces = copy_dump(golden, tmp_path)
     data = traces.read_bytes()

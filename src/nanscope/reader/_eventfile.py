@@ -1,8 +1,13 @@
 """The columnar index of one ``.execution`` or ``.graph_execution_traces`` file.
 
 Rows come from the sidecar index when the writer left one that agrees with the
-data file, and otherwise from decoding the records themselves (TensorFlow's
-dumps, a damaged sidecar, or the tail that the writer has not indexed yet).
+data file, and otherwise from the records themselves (TensorFlow's dumps, a
+damaged sidecar, or the tail that the writer has not indexed yet). Records are
+read in bulk where :mod:`._fastscan` can vouch for them (numpy over the framing
+and the top-level fields, each distinct trace or execution decoded once) and one
+by one with protobuf otherwise; both give the same rows and problems. A file
+indexed from its records, whole and without a problem, gets a sidecar written
+next to it (:meth:`EventFile._leave_sidecar`), so that the next open reads none.
 ``update()`` is incremental: an appended file is read from where the last
 call stopped; a file that was replaced (a circular buffer's periodic rewrite)
 is indexed again from scratch.
@@ -75,6 +80,23 @@ def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
     d[:, _DST_TAIL:] = s[:, _SRC_TAIL:]
     counts = s[:, _SRC_COUNTS:_SRC_TAIL].view("<i8")
     d[:, _DST_COUNTS:_DST_TAIL].view("<i4")[:] = np.minimum(counts, _I32_MAX)
+
+
+def sidecar_rows(src: np.ndarray) -> np.ndarray:
+    """Index rows (:data:`INDEX_DTYPE`) as sidecar rows (:data:`ROW_DTYPE`), ``size`` -1
+    (unknown: the index does not keep it); the inverse of :func:`copy_rows` for counts
+    that were not saturated."""
+    n = len(src)
+    out = np.empty(n, dtype=ROW_DTYPE)
+    if not n:
+        return out
+    s = np.ascontiguousarray(src).view(np.uint8).reshape(n, INDEX_DTYPE.itemsize)
+    d = out.view(np.uint8).reshape(n, ROW_DTYPE.itemsize)
+    d[:, :_HEAD] = s[:, :_HEAD]
+    d[:, _SRC_TAIL:] = s[:, _DST_TAIL:]
+    d[:, _SRC_COUNTS:_SRC_TAIL].view("<i8")[:] = s[:, _DST_COUNTS:_DST_TAIL].view("<i4")
+    out["size"] = -1
+    return out
 
 
 _SAMPLES = 64
@@ -209,7 +231,7 @@ class EventFile:
         tail: a sidecar cannot repeat what was said of a record) and left alone for
         :data:`SETTLED_S` (a writer still appending would leave a tail that every
         update reads again); only when the directory is writable, and never over a
-        sidecar that exists (written to a temporary name, then linked into place,
+        sidecar that exists (written to a temporary name, then hard-linked into place,
         which fails when the name is taken). The data file is never touched. Any
         error leaves things as they were: the sidecar is a hint.
         """
@@ -236,12 +258,9 @@ class EventFile:
         used = used[used != 0]
         table = np.zeros(int(max(used.max(initial=0), 0)) + 1, dtype=np.uint32)
         table[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
-        out = np.zeros(len(rows), dtype=ROW_DTYPE)
-        for name in INDEX_DTYPE.names or ():
-            out[name] = rows[name]
+        out = sidecar_rows(rows)
         out["name"] = table[rows["name"]]
         out["graph"] = table[rows["graph"]]
-        out["size"] = -1  # not kept in the index: unknown (docs/FORMAT.md)
         strings = self._strings.strings
         chunks = [sidecar.strings_chunk([strings[i] for i in used.tolist()])]
         chunks += sidecar.rows_chunks(out)
@@ -250,8 +269,7 @@ class EventFile:
             with os.fdopen(fd, "wb") as fh:
                 for chunk in chunks:
                     fh.write(frame(chunk))
-                fh.flush()
-                os.fsync(fh.fileno())
+            # Not fsynced: a sidecar cut short by a crash fails its CRCs and is ignored.
             os.link(tmp, self.index_path)  # fails when a sidecar appeared meanwhile
         except OSError:
             pass
@@ -369,8 +387,13 @@ class EventFile:
             blob = self.read(offset, min(want, size - offset))
             want = CHUNK
             framed = _fastscan.frame(blob) if self.fast else None
-            if framed is not None:
-                parts.append(self._fast_chunk(blob, offset, framed, local, problems))
+            fast = (
+                _fastscan.top_level(blob, framed, self._field, self._row_of)
+                if framed is not None
+                else None
+            )
+            if framed is not None and fast is not None:
+                parts.append(self._fast_chunk(blob, offset, framed, fast, local, problems))
                 end, torn = offset + framed.end, framed.torn
             else:
                 result = scan(blob, str(self.path), base=offset)
@@ -428,13 +451,13 @@ class EventFile:
         blob: bytes,
         base: int,
         framed: _fastscan.Framed,
+        fr: _fastscan.FastRows,
         local: dict[str, int],
         problems: list[Problem],
     ) -> np.ndarray:
         """The rows of a chunk whose framing is clean (see :mod:`._fastscan`)."""
         n = len(framed.starts)
         offsets = base + framed.starts - HEADER_SIZE
-        fr = _fastscan.top_level(blob, framed, self._field, self._row_of)
         distinct = self._rows([(0, 0, row) for row in fr.rows], local)
         picked = distinct[fr.which]
         picked["wall_time"] = fr.wall_time
