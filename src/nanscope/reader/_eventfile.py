@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,6 +131,7 @@ class EventFile:
         self.reset_count = -1
         self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
         self.fast_decoded = 0  # of those, records the fast path (:mod:`._fastscan`) read
+        self._sidecar_thread: threading.Thread | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -144,6 +146,7 @@ class EventFile:
         self.torn_at: int | None = None
         self.rows = np.zeros(0, dtype=INDEX_DTYPE)
         self.reset_count += 1
+        self.join_sidecar()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -165,7 +168,14 @@ class EventFile:
         self._confirmed = [rows[:n_confirmed]] if n_confirmed else []
         self._tail = rows[n_confirmed:]
 
+    def join_sidecar(self) -> None:
+        """Wait for the sidecar being written in the background, if any (:meth:`_leave_sidecar`)."""
+        if self._sidecar_thread is not None:
+            self._sidecar_thread.join()
+            self._sidecar_thread = None
+
     def close(self) -> None:
+        self.join_sidecar()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -212,7 +222,16 @@ class EventFile:
                 confirm=no_sidecar or not self._sidecar_ok,
             )
             if first and no_sidecar and len(problems) == said and self.write_sidecar:
-                self._leave_sidecar(size)
+                rows = self._confirmed[0] if len(self._confirmed) == 1 else None
+                if rows is not None and self.torn_at is None:
+                    # In the background: the index is ready, the first alert needs no sidecar.
+                    # Not a daemon: the process waits for it at exit (no half-written file).
+                    self._sidecar_thread = threading.Thread(
+                        target=self._leave_sidecar,
+                        args=(rows, size),
+                        name=f"nanscope-sidecar {self.path.name}",
+                    )
+                    self._sidecar_thread.start()
         else:
             self._tail = np.zeros(0, dtype=INDEX_DTYPE)
         if len(self._confirmed) > 1:
@@ -224,7 +243,7 @@ class EventFile:
             first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
         )
 
-    def _leave_sidecar(self, size: int) -> None:
+    def _leave_sidecar(self, rows: np.ndarray, size: int) -> None:
         """Write the sidecar of a file indexed from its records, for the next open.
 
         Only for a whole file read without a word of complaint (no damage, no torn
@@ -234,9 +253,15 @@ class EventFile:
         sidecar that exists (written to a temporary name, then hard-linked into place,
         which fails when the name is taken). The data file is never touched. Any
         error leaves things as they were: the sidecar is a hint.
+
+        Runs in a thread of its own; ``rows`` (the file's confirmed rows) is only read,
+        and the reader never changes an array in place once it is confirmed.
         """
-        rows = self._confirmed[0] if len(self._confirmed) == 1 else None
-        if rows is None or not len(rows) or self.torn_at is not None:
+        with contextlib.suppress(Exception):  # a hint that could not be left changes nothing
+            self._write_sidecar(rows, size)
+
+    def _write_sidecar(self, rows: np.ndarray, size: int) -> None:
+        if not len(rows):
             return
         offsets, lengths = rows["offset"].astype(np.int64), rows["length"].astype(np.int64)
         if offsets[0] != 0 or offsets[-1] + lengths[-1] != size:
