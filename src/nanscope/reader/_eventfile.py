@@ -7,7 +7,8 @@ read in bulk where :mod:`._fastscan` can vouch for them (numpy over the framing
 and the top-level fields, each distinct trace or execution decoded once) and one
 by one with protobuf otherwise; both give the same rows and problems. A file
 indexed from its records, whole and without a problem, gets a sidecar written
-next to it (:meth:`EventFile._leave_sidecar`), so that the next open reads none.
+next to it in a background thread (:meth:`EventFile._leave_sidecar`), so that the
+next open reads none.
 ``update()`` is incremental: an appended file is read from where the last
 call stopped; a file that was replaced (a circular buffer's periodic rewrite)
 is indexed again from scratch.
