@@ -35,6 +35,12 @@ memory per task, ``ru_maxrss``), with nanscope and TensorFlow's
 * ``page``: 200 decoded traces at 90% of the dump;
 * ``analyze``: ``nanscope.analysis.analyze`` (the report's root cause; nanscope only).
 
+**A dump written by TensorFlow itself** (``--tf-written on``, the default; ``only`` for this
+alone): bench/scale_dumps.py's ``generate_tf`` runs a ``tf.function`` under
+``enable_dump_debug_info`` (FULL_HEALTH) until ``--sizes`` traces are written, with -inf
+born at 95% of the calls. nanscope's first open indexes the records and leaves a sidecar,
+its second open reads it; both against ``DebugDataReader`` on the same dump.
+
 TensorFlow's reader takes the first file set's graphs only, so it cannot read
 the traces of other ranks (their graph ids are unknown to it); when it fails on
 the multi-rank dump, the same number of traces is also written as a
@@ -45,6 +51,7 @@ size's time, scaled by size, says it would not finish.
     .venv/bin/python bench/scale.py                                   # 1M traces, 4 ranks
     .venv/bin/python bench/scale.py --sizes 1e6,1e7 --keep /tmp/scale_dumps
     .venv/bin/python bench/scale.py --generate /tmp/scale_one --traces 2e6 --ranks 8
+    .venv/bin/python bench/scale.py --tf-written only --sizes 1e6 --repeats 5
 
 ``--at-head`` measures ``src/`` of the commit at HEAD (a ``git archive`` copy on the
 children's ``PYTHONPATH``) instead of the working tree, for a repository being edited while
