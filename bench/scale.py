@@ -35,6 +35,12 @@ memory per task, ``ru_maxrss``), with nanscope and TensorFlow's
 * ``page``: 200 decoded traces at 90% of the dump;
 * ``analyze``: ``nanscope.analysis.analyze`` (the report's root cause; nanscope only).
 
+**A dump written by TensorFlow itself** (``--tf-written on``, the default; ``only`` for this
+alone): bench/scale_dumps.py's ``generate_tf`` runs a ``tf.function`` under
+``enable_dump_debug_info`` (FULL_HEALTH) until ``--sizes`` traces are written, with -inf
+born at 95% of the calls. nanscope's first open indexes the records and leaves a sidecar,
+its second open reads it; both against ``DebugDataReader`` on the same dump.
+
 TensorFlow's reader takes the first file set's graphs only, so it cannot read
 the traces of other ranks (their graph ids are unknown to it); when it fails on
 the multi-rank dump, the same number of traces is also written as a
@@ -45,6 +51,7 @@ size's time, scaled by size, says it would not finish.
     .venv/bin/python bench/scale.py                                   # 1M traces, 4 ranks
     .venv/bin/python bench/scale.py --sizes 1e6,1e7 --keep /tmp/scale_dumps
     .venv/bin/python bench/scale.py --generate /tmp/scale_one --traces 2e6 --ranks 8
+    .venv/bin/python bench/scale.py --tf-written only --sizes 1e6 --repeats 5
 
 ``--at-head`` measures ``src/`` of the commit at HEAD (a ``git archive`` copy on the
 children's ``PYTHONPATH``) instead of the working tree, for a repository being edited while
@@ -67,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import ChildFailed, log, run_timed, source_state, use_head_snapshot
-from scale_dumps import dump_name, generate
+from scale_dumps import dump_name, generate, generate_tf
 from scale_report import Results, report
 
 
@@ -119,6 +126,9 @@ def main() -> int:
     ap.add_argument("--generate", metavar="DIR", help="only write one dump (--traces) to DIR")
     ap.add_argument("--repeats", type=int, default=3, help="nanscope children per task (median)")
     ap.add_argument("--skip-tf", action="store_true", help="do not run TensorFlow's reader")
+    ap.add_argument("--tf-written", choices=("on", "off", "only"), default="on",
+                    help="also (or only) a dump written by TensorFlow itself: nanscope's first "
+                    "and second open against DebugDataReader")  # fmt: skip
     ap.add_argument("--tf-budget", type=float, default=300.0,
                     help="seconds a TensorFlow task may take (killed after)")  # fmt: skip
     ap.add_argument(
@@ -175,6 +185,9 @@ def run(args: argparse.Namespace, root: Path) -> int:
             src=src,
         )
 
+    if args.tf_written == "only":
+        print("\n".join(tf_written_section(args, root, sizes)))
+        return 0
     tf_on: str | None = None  # "multi" or "single" once probed
     tf_multi_error = ""
     sections: list[dict[str, Any]] = []
@@ -235,7 +248,86 @@ def run(args: argparse.Namespace, root: Path) -> int:
     end_state = source_state() if not args.at_head else start_state
     text, problems = report(args, sections, tf_on, tf_multi_error, started, start_state, end_state)
     print(text)
+    if args.tf_written == "on":
+        print("\n".join(tf_written_section(args, root, sizes)))
     return 1 if problems else 0
+
+
+def settle(dump: str, seconds: float = 6.0) -> None:
+    """Wait until no file of ``dump`` was modified in the last ``seconds``: the reader writes
+    a sidecar only for settled files (a writer may still be appending to fresh ones)."""
+    newest = max(p.stat().st_mtime for p in Path(dump).iterdir())
+    time.sleep(max(0.0, newest + seconds - time.time()))
+
+
+def tf_written_section(args: argparse.Namespace, root: Path, sizes: list[int]) -> list[str]:
+    """A dump written by TensorFlow itself (no sidecar), read side by side.
+
+    nanscope's *first* open indexes the records (bulk scan) and leaves a sidecar; its
+    *second* open reads that sidecar. Before each first open the sidecars are deleted,
+    so every repeat is a first read. TensorFlow's ``DebugDataReader`` has no index:
+    ``open`` is its ``update()``, ``first`` reads the traces one by one (bench/dump_reads.py).
+    The page cache is warm for both (``warm``): "cold" is a fresh process, not a cold disk.
+    """
+    lines = ["", "## A dump written by TensorFlow (no sidecar)", ""]
+    lines.append(
+        "| traces | reader | task | open s | open + first alert s | vs TF first alert "
+        "| vs TF open | peak MiB | sidecar used |"
+    )
+    lines.append("|---:|---|---|---:|---:|---:|---:|---:|---|")
+    for size in sizes:
+        rec = generate_tf(root / f"tf_traces{size}", traces=size, seed=args.seed)
+        dump = rec["dump"]
+        traces = rec["ranks"][0]["traces"]
+        for p in Path(dump).glob("*.nsidx"):
+            p.unlink()
+        settle(dump)
+        warm(dump)
+        runs: dict[str, list[dict[str, Any]]] = {"first open": [], "second open": []}
+        for rep in range(args.repeats):
+            for p in Path(dump).glob("*.nsidx"):
+                p.unlink()
+            log(f"round {rep + 1}: nanscope on the TensorFlow-written dump")
+            runs["first open"].append(run_read("nanscope", "first", dump))
+            runs["second open"].append(run_read("nanscope", "first", dump))
+        tf: dict[str, dict[str, Any]] = {}
+        if not args.skip_tf:
+            for task in ("open", "first"):
+                tf[task] = run_read("tensorflow", task, dump, timeout=args.tf_budget)
+        tf_first = tf.get("first", {}).get("cold_s")
+        tf_open = tf.get("open", {}).get("open_s")
+
+        def ratio(base: float | None, ours: float) -> str:
+            return f"{base / ours:.1f}x" if base and ours else "-"
+
+        for task, results in runs.items():
+            ok = [r for r in results if "error" not in r]
+            if not ok:
+                lines.append(f"| {traces:,} | nanscope | {task} | failed | | | | | |")
+                continue
+            med = sorted(ok, key=lambda r: r["cold_s"])[len(ok) // 2]
+            lines.append(
+                f"| {traces:,} | nanscope | {task} | {med['open_s']:.2f} | {med['cold_s']:.2f} "
+                f"| {ratio(tf_first, med['cold_s'])} | {ratio(tf_open, med['cold_s'])} "
+                f"| {med['peak_rss_mib']:,.0f} | {med.get('sidecar_used')} |"
+            )
+        for task, res in tf.items():
+            if "error" in res:
+                lines.append(
+                    f"| {traces:,} | TensorFlow | {task} | {res['error'][:60]} | | | | | |"
+                )
+                continue
+            first = f"{res['cold_s']:.2f}" if task == "first" else "-"
+            lines.append(
+                f"| {traces:,} | TensorFlow | {task} | {res['open_s']:.2f} | {first} | | "
+                f"| {res['peak_rss_mib']:,.0f} | - |"
+            )
+        lines.append(
+            f"\nnanscope: median of {args.repeats} fresh processes; TensorFlow: one. "
+            f"Written by TensorFlow in {rec['wall_s']:.0f} s ({rec['trace_bytes'] / 2**20:,.0f} "
+            "MiB of traces)."
+        )
+    return lines
 
 
 if __name__ == "__main__":

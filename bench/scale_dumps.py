@@ -341,7 +341,107 @@ def generate(
     return record
 
 
-CHILDREN = {"write-rank": child_write_rank}
+def child_write_tf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Write a dump with TensorFlow's own ``enable_dump_debug_info`` (a child).
+
+    A ``tf.function`` of ``LAYERS`` dense layers (MatMul, BiasAdd, Relu, with the
+    constants and reads that TensorFlow traces too) runs until ``cfg["traces"]``
+    graph execution traces are written, in FULL_HEALTH mode, without a circular
+    buffer. At 95% of the steps its input holds a zero, and the ``Log`` at the
+    top makes -inf that flows down the layers. The dump has no sidecar: it is
+    TensorFlow's, byte for byte.
+    """
+    perf = time.perf_counter
+    t0 = perf()
+    import numpy as np
+    import tensorflow as tf
+
+    layers = 40
+    rng = np.random.default_rng(cfg["seed"])
+    weights = [tf.constant(rng.normal(size=(16, 16)) / 4, dtype=tf.float32) for _ in range(layers)]
+    biases = [tf.constant(rng.normal(size=(16,)), dtype=tf.float32) for _ in range(layers)]
+
+    @tf.function
+    def train_step(x: Any) -> Any:
+        h = tf.math.log(x)
+        for w, b in zip(weights, biases, strict=True):
+            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w), b))
+        return tf.reduce_sum(h)
+
+    good = np.ones((4, 16), dtype=np.float32)
+    bad = good.copy()
+    bad[0, 3] = 0.0
+    writer = tf.debugging.experimental.enable_dump_debug_info(
+        cfg["dump"], tensor_debug_mode="FULL_HEALTH", circular_buffer_size=-1
+    )
+    train_step(good)  # one call: how many traces a call writes
+    writer.FlushExecutionFiles()
+    writer.FlushNonExecutionFiles()
+    per_call = _count_traces(cfg["dump"])
+    steps = max(1, -(-cfg["traces"] // per_call))
+    bad_step = int(0.95 * steps)
+    for step in range(1, steps):
+        train_step(bad if step == bad_step else good)
+    writer.FlushExecutionFiles()
+    writer.FlushNonExecutionFiles()
+    tf.debugging.experimental.disable_dump_debug_info()
+    return {"rank": 0, "traces": steps * per_call, "executions": steps, "per_call": per_call,
+            "write_s": perf() - t0}  # fmt: skip
+
+
+def _count_traces(dump: str) -> int:
+    """Graph execution traces in ``dump`` so far (TFRecord headers only)."""
+    n = 0
+    for p in Path(dump).glob("*.graph_execution_traces"):
+        data = p.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            pos += 16 + int.from_bytes(data[pos : pos + 8], "little")
+            n += pos <= len(data)
+    return n
+
+
+def generate_tf(dump: str | os.PathLike[str], *, traces: int, seed: int = 0) -> dict[str, Any]:
+    """Write a dump with TensorFlow itself (see :func:`child_write_tf`); reused like
+    :func:`generate`'s. TensorFlow writes about ``traces`` (whole calls, rounded up)."""
+    dump = Path(dump)
+    params = {"traces": traces, "seed": seed, "writer": "tensorflow", "version": 1}
+    record_path = dump.with_name(dump.name + ".json")
+    if record_path.exists() and dump.is_dir():
+        record: dict[str, Any] = json.loads(record_path.read_text())
+        if record.get("params") == params:
+            record["reused"] = True
+            return record
+    if dump.exists():
+        shutil.rmtree(dump)
+    record_path.unlink(missing_ok=True)
+    log(f"generate {traces:,} traces with TensorFlow: {dump}")
+    started = time.perf_counter()
+    child = start_child(
+        "scale_dumps", "write-tf", {**params, "dump": str(dump)}, label="write with TensorFlow",
+        script=HERE,
+    )  # fmt: skip
+    try:
+        res = child.wait()
+    except ChildFailed as exc:
+        exc.exit()
+    sizes = {p.name: p.stat().st_size for p in dump.iterdir()}
+    record = {
+        "params": params,
+        "dump": str(dump),
+        "wall_s": time.perf_counter() - started,
+        "ranks": [res],
+        "bytes": sum(sizes.values()),
+        "trace_bytes": sum(v for k, v in sizes.items() if k.endswith(".graph_execution_traces")),
+        "index_bytes": 0,
+        "reused": False,
+    }
+    log(f"  {res['traces']:,} traces, {res['executions']:,} executions in {record['wall_s']:.1f}s")
+    record_path.write_text(json.dumps(record))
+    return record
+
+
+CHILDREN = {"write-rank": child_write_rank, "write-tf": child_write_tf}
 
 
 def main() -> None:

@@ -1,8 +1,14 @@
 """The columnar index of one ``.execution`` or ``.graph_execution_traces`` file.
 
 Rows come from the sidecar index when the writer left one that agrees with the
-data file, and otherwise from decoding the records themselves (TensorFlow's
-dumps, a damaged sidecar, or the tail that the writer has not indexed yet).
+data file, and otherwise from the records themselves (TensorFlow's dumps, a
+damaged sidecar, or the tail that the writer has not indexed yet). Records are
+read in bulk where :mod:`._fastscan` can vouch for them (numpy over the framing
+and the top-level fields, each distinct trace or execution decoded once) and one
+by one with protobuf otherwise; both give the same rows and problems. A file
+indexed from its records, whole and without a problem, gets a sidecar written
+next to it in a background thread (:meth:`EventFile._leave_sidecar`), so that the
+next open reads none.
 ``update()`` is incremental: an appended file is read from where the last
 call stopped; a file that was replaced (a circular buffer's periodic rewrite)
 is indexed again from scratch.
@@ -10,7 +16,11 @@ is indexed again from scratch.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -20,13 +30,16 @@ import numpy as np
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, scan
+from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, frame, scan
 from nanscope.format.strings import StringTable
+from nanscope.reader import _fastscan
 from nanscope.reader._data import Problem
 from nanscope.reader._decode import DecodeError, RowData, parse_event
 from nanscope.reader._logs import describe, open_regular, unreadable
 
 CHUNK = 32 << 20
+# A file not modified for this long is taken as finished: its sidecar may be written.
+SETTLED_S = 5.0
 
 
 ROW_DTYPE = sidecar.ROW_DTYPE
@@ -71,12 +84,36 @@ def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
     d[:, _DST_COUNTS:_DST_TAIL].view("<i4")[:] = np.minimum(counts, _I32_MAX)
 
 
+def sidecar_rows(src: np.ndarray) -> np.ndarray:
+    """Index rows (:data:`INDEX_DTYPE`) as sidecar rows (:data:`ROW_DTYPE`), ``size`` -1
+    (unknown: the index does not keep it); the inverse of :func:`copy_rows` for counts
+    that were not saturated."""
+    n = len(src)
+    out = np.empty(n, dtype=ROW_DTYPE)
+    if not n:
+        return out
+    s = np.ascontiguousarray(src).view(np.uint8).reshape(n, INDEX_DTYPE.itemsize)
+    d = out.view(np.uint8).reshape(n, ROW_DTYPE.itemsize)
+    d[:, :_HEAD] = s[:, :_HEAD]
+    d[:, _SRC_TAIL:] = s[:, _DST_TAIL:]
+    d[:, _SRC_COUNTS:_SRC_TAIL].view("<i8")[:] = s[:, _DST_COUNTS:_DST_TAIL].view("<i4")
+    out["size"] = -1
+    return out
+
+
 _SAMPLES = 64
 _SLICE = 1 << 20
 
 
 class EventFile:
     """Index rows of one event file; ``name`` and ``graph`` index :attr:`strings`."""
+
+    # Read records in bulk where that is safe (:mod:`._fastscan`); False decodes each one
+    # with protobuf (the reference the fast path is tested against).
+    fast = True
+    # After indexing a file without a sidecar (TensorFlow's), leave one next to it so that the
+    # next open reads no record (see :meth:`_leave_sidecar`); False never writes anything.
+    write_sidecar = True
 
     def __init__(
         self,
@@ -90,9 +127,12 @@ class EventFile:
         self._row_of = row_of
         self._field = field  # "execution" or "graph_execution_trace"
         self._intern = strings.intern
+        self._strings = strings
         self._fh: BinaryIO | None = None
         self.reset_count = -1
         self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
+        self.fast_decoded = 0  # of those, records the fast path (:mod:`._fastscan`) read
+        self._sidecar_thread: threading.Thread | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -107,6 +147,7 @@ class EventFile:
         self.torn_at: int | None = None
         self.rows = np.zeros(0, dtype=INDEX_DTYPE)
         self.reset_count += 1
+        self.join_sidecar()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -128,7 +169,14 @@ class EventFile:
         self._confirmed = [rows[:n_confirmed]] if n_confirmed else []
         self._tail = rows[n_confirmed:]
 
+    def join_sidecar(self) -> None:
+        """Wait for the sidecar being written in the background, if any (:meth:`_leave_sidecar`)."""
+        if self._sidecar_thread is not None:
+            self._sidecar_thread.join()
+            self._sidecar_thread = None
+
     def close(self) -> None:
+        self.join_sidecar()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -166,12 +214,25 @@ class EventFile:
         if self._sidecar_ok and self.index_path.exists():
             self._read_sidecar(size)
         if self._confirmed_end < size:
+            no_sidecar = not self.index_path.exists()
+            said = len(problems)
             self._tail = self._scan(
                 self._confirmed_end,
                 size,
                 problems,
-                confirm=not self.index_path.exists() or not self._sidecar_ok,
+                confirm=no_sidecar or not self._sidecar_ok,
             )
+            if first and no_sidecar and len(problems) == said and self.write_sidecar:
+                rows = self._confirmed[0] if len(self._confirmed) == 1 else None
+                if rows is not None and self.torn_at is None:
+                    # In the background: the index is ready, the first alert needs no sidecar.
+                    # Not a daemon: the process waits for it at exit (no half-written file).
+                    self._sidecar_thread = threading.Thread(
+                        target=self._leave_sidecar,
+                        args=(rows, size),
+                        name=f"nanscope-sidecar {self.path.name}",
+                    )
+                    self._sidecar_thread.start()
         else:
             self._tail = np.zeros(0, dtype=INDEX_DTYPE)
         if len(self._confirmed) > 1:
@@ -182,6 +243,65 @@ class EventFile:
         return (
             first or len(self.rows) != before or before_end != self._confirmed_end + self._tail.size
         )
+
+    def _leave_sidecar(self, rows: np.ndarray, size: int) -> None:
+        """Write the sidecar of a file indexed from its records, for the next open.
+
+        Only for a whole file read without a word of complaint (no damage, no torn
+        tail: a sidecar cannot repeat what was said of a record) and left alone for
+        :data:`SETTLED_S` (a writer still appending would leave a tail that every
+        update reads again); only when the directory is writable, and never over a
+        sidecar that exists (written to a temporary name, then hard-linked into place,
+        which fails when the name is taken). The data file is never touched. Any
+        error leaves things as they were: the sidecar is a hint.
+
+        Runs in a thread of its own; ``rows`` (the file's confirmed rows) is only read,
+        and the reader never changes an array in place once it is confirmed.
+        """
+        with contextlib.suppress(Exception):  # a hint that could not be left changes nothing
+            self._write_sidecar(rows, size)
+
+    def _write_sidecar(self, rows: np.ndarray, size: int) -> None:
+        if not len(rows):
+            return
+        offsets, lengths = rows["offset"].astype(np.int64), rows["length"].astype(np.int64)
+        if offsets[0] != 0 or offsets[-1] + lengths[-1] != size:
+            return
+        if np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+            return  # records that are not rows (another kind of event): rows must tile
+        if any(np.any(rows[c] >= _I32_MAX) for c in _NARROW):
+            return  # a count the index saturated: the sidecar would hold a wrong one
+        try:
+            if time.time() - os.stat(self.path).st_mtime < SETTLED_S:
+                return
+            directory = self.path.parent
+            if not os.access(directory, os.W_OK) or self.index_path.exists():
+                return
+        except OSError:
+            return
+        # The sidecar's own string table: "" first, then the strings its rows use.
+        used = np.unique(np.concatenate([rows["name"], rows["graph"]]))
+        used = used[used != 0]
+        table = np.zeros(int(max(used.max(initial=0), 0)) + 1, dtype=np.uint32)
+        table[used] = np.arange(1, len(used) + 1, dtype=np.uint32)
+        out = sidecar_rows(rows)
+        out["name"] = table[rows["name"]]
+        out["graph"] = table[rows["graph"]]
+        strings = self._strings.strings
+        chunks = [sidecar.strings_chunk([strings[i] for i in used.tolist()])]
+        chunks += sidecar.rows_chunks(out)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.index_path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(frame(chunk))
+            # Not fsynced: a sidecar cut short by a crash fails its CRCs and is ignored.
+            os.link(tmp, self.index_path)  # fails when a sidecar appeared meanwhile
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     # -- the sidecar path ------------------------------------------------------------------
 
@@ -277,78 +397,51 @@ class EventFile:
     # -- the scanning path -----------------------------------------------------------------
 
     def _scan(self, start: int, size: int, problems: list[Problem], confirm: bool) -> np.ndarray:
-        out: list[RowData] = []
-        offsets: list[tuple[int, int]] = []
+        """Index the records in ``[start, size)``; what is wrong with them goes to ``problems``.
+
+        Each chunk is read by :mod:`._fastscan` when it can vouch for it (whole chunks
+        whose framing is clean; within them, the records laid out as TensorFlow and
+        nanscope write them), and record by record with protobuf otherwise: both give
+        the same rows and the same problems, in the same order.
+        """
+        parts: list[np.ndarray] = []
+        local: dict[str, int] = {}  # strings numbered per scan; interned in row order below
         offset = start
         self.torn_at = None
         want = CHUNK
         while offset < size:
             blob = self.read(offset, min(want, size - offset))
             want = CHUNK
-            result = scan(blob, str(self.path), base=offset)
-            for err in result.errors:
-                problems.append(Problem("error", describe(err)))
-            for rec in result.records:
-                try:
-                    event = parse_event(rec.payload)
-                except DecodeError as exc:
-                    problems.append(
-                        Problem(
-                            "error",
-                            f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped",
-                        )
-                    )
-                    continue
-                if event.WhichOneof("what") != self._field:
-                    continue
-                self.decoded += 1
-                damage: list[str] = []
-                out.append(self._row_of(event, damage))
-                for what in damage:  # the row is kept: only that output's health is unknown
-                    problems.append(
-                        Problem("error", f"{self.path}: record at byte offset {rec.offset}: {what}")
-                    )
-                offsets.append((rec.offset, len(rec.payload) + OVERHEAD))
-            if result.torn and result.end == offset:
+            framed = _fastscan.frame(blob) if self.fast else None
+            fast = (
+                _fastscan.top_level(blob, framed, self._field, self._row_of)
+                if framed is not None
+                else None
+            )
+            if framed is not None and fast is not None:
+                parts.append(self._fast_chunk(blob, offset, framed, fast, local, problems))
+                end, torn = offset + framed.end, framed.torn
+            else:
+                result = scan(blob, str(self.path), base=offset)
+                for err in result.errors:
+                    problems.append(Problem("error", describe(err)))
+                out: list[tuple[int, int, RowData]] = []
+                for rec in result.records:
+                    row = self._careful_record(rec.payload, rec.offset, problems)
+                    if row is not None:
+                        out.append((rec.offset, len(rec.payload) + OVERHEAD, row))
+                parts.append(self._rows(out, local))
+                end, torn = result.end, result.torn
+            if torn and end == offset:
                 if offset + len(blob) >= size:
                     self.torn_at = offset  # the file ends in a partial record
                     break
                 # One record larger than a chunk: read exactly that record next.
                 want = int.from_bytes(blob[:8], "little") + OVERHEAD
                 continue
-            offset = result.end
-        rows = np.zeros(len(out), dtype=INDEX_DTYPE)
-        if out:
-            intern = self._intern
-            rows["offset"] = [o for o, _ in offsets]
-            rows["length"] = [n for _, n in offsets]
-            rows["name"] = [intern(r[0]) for r in out]
-            rows["graph"] = [intern(r[1]) for r in out]
-            cols = list(zip(*(r[2:] for r in out), strict=True))
-            for name, col in zip(
-                (
-                    "slot",
-                    "wall_time",
-                    "step",
-                    "sequence",
-                    "size",
-                    "neg_inf",
-                    "pos_inf",
-                    "nan",
-                    "nonfinite",
-                    "phase",
-                    "device",
-                ),
-                cols,
-                strict=True,
-            ):
-                if name == "size":
-                    continue
-                rows[name] = (
-                    np.minimum(np.asarray(col, dtype=np.int64), _I32_MAX)
-                    if name in _NARROW
-                    else col
-                )
+            offset = end
+        rows = np.concatenate(parts) if parts else np.zeros(0, dtype=INDEX_DTYPE)
+        self._intern_local(rows, local)
         if confirm:
             # Without a sidecar, what was scanned is final: keep it and resume
             # from its end (a torn tail is read again by the next update).
@@ -356,3 +449,125 @@ class EventFile:
             self._confirmed_end = self.torn_at if self.torn_at is not None else min(offset, size)
             return np.zeros(0, dtype=INDEX_DTYPE)
         return rows
+
+    def _careful_record(
+        self, payload: bytes, offset: int, problems: list[Problem]
+    ) -> RowData | None:
+        """One record decoded with protobuf: its row, or None (not an event of this file)."""
+        try:
+            event = parse_event(payload)
+        except DecodeError as exc:
+            problems.append(
+                Problem("error", f"{self.path}: record at byte offset {offset}: {exc}; skipped")
+            )
+            return None
+        if event.WhichOneof("what") != self._field:
+            return None
+        self.decoded += 1
+        damage: list[str] = []
+        row = self._row_of(event, damage)
+        for what in damage:  # the row is kept: only that output's health is unknown
+            problems.append(
+                Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
+            )
+        return row
+
+    def _fast_chunk(
+        self,
+        blob: bytes,
+        base: int,
+        framed: _fastscan.Framed,
+        fr: _fastscan.FastRows,
+        local: dict[str, int],
+        problems: list[Problem],
+    ) -> np.ndarray:
+        """The rows of a chunk whose framing is clean (see :mod:`._fastscan`)."""
+        n = len(framed.starts)
+        offsets = base + framed.starts - HEADER_SIZE
+        distinct = self._rows([(0, 0, row) for row in fr.rows], local)
+        picked = distinct[fr.which]
+        picked["wall_time"] = fr.wall_time
+        picked["step"] = fr.step
+        if len(fr.index) == n:  # the common case: every record read in bulk
+            rows, keep = picked, None
+        else:
+            rows = np.zeros(n, dtype=INDEX_DTYPE)
+            keep = np.zeros(n, dtype=bool)
+            rows[fr.index] = picked
+            keep[fr.index] = True
+        self.decoded += len(fr.index)
+        self.fast_decoded += len(fr.index)
+        # Problems in record order, as the careful path says them: the records it reads,
+        # and the fast records whose field it would find damaged.
+        damaged = [i for i, d in enumerate(fr.damage) if d]
+        hurt = fr.index[np.isin(fr.which, damaged)] if damaged else fr.index[:0]
+        which_of = dict(zip(fr.index.tolist(), fr.which.tolist(), strict=True)) if damaged else {}
+        careful = set(fr.careful.tolist())
+        for i in sorted(careful.union(hurt.tolist())):
+            offset = int(offsets[i])
+            if i in careful:
+                a = int(framed.starts[i])
+                payload = blob[a : a + int(framed.lengths[i])]
+                row = self._careful_record(payload, offset, problems)
+                if row is not None:
+                    assert keep is not None  # careful records are not in fr.index
+                    rows[i] = self._rows([(0, 0, row)], local)[0]
+                    keep[i] = True
+            else:
+                for what in fr.damage[which_of[i]]:
+                    problems.append(
+                        Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
+                    )
+        rows["offset"] = offsets
+        rows["length"] = framed.lengths + OVERHEAD
+        kept: np.ndarray = rows if keep is None else rows[keep]
+        return kept
+
+    @staticmethod
+    def _rows(out: list[tuple[int, int, RowData]], local: dict[str, int]) -> np.ndarray:
+        """Index rows of ``(offset, length, row)``; strings numbered in ``local``."""
+        rows = np.zeros(len(out), dtype=INDEX_DTYPE)
+        if not out:
+            return rows
+        rows["offset"] = [o for o, _, _ in out]
+        rows["length"] = [n for _, n, _ in out]
+        rows["name"] = [local.setdefault(r[0], len(local)) for _, _, r in out]
+        rows["graph"] = [local.setdefault(r[1], len(local)) for _, _, r in out]
+        cols = list(zip(*(r[2:] for _, _, r in out), strict=True))
+        for name, col in zip(_ROW_COLUMNS, cols, strict=True):
+            if name == "size":
+                continue
+            rows[name] = (
+                np.minimum(np.asarray(col, dtype=np.int64), _I32_MAX) if name in _NARROW else col
+            )
+        return rows
+
+    def _intern_local(self, rows: np.ndarray, local: dict[str, int]) -> None:
+        """Replace per-scan string numbers by the table's, interning names then graphs in
+        row order (the order in which decoding every record one by one interns them)."""
+        if not len(rows):
+            return
+        strings = list(local)
+        remap = np.zeros(len(strings), dtype=np.uint32)
+        for column in ("name", "graph"):
+            codes, first = np.unique(rows[column], return_index=True)
+            for code in codes[np.argsort(first, kind="stable")].tolist():
+                remap[code] = self._intern(strings[code])
+        rows["name"] = remap[rows["name"]]
+        rows["graph"] = remap[rows["graph"]]
+
+
+# The columns of a RowData after its two strings, in order.
+_ROW_COLUMNS = (
+    "slot",
+    "wall_time",
+    "step",
+    "sequence",
+    "size",
+    "neg_inf",
+    "pos_inf",
+    "nan",
+    "nonfinite",
+    "phase",
+    "device",
+)
