@@ -49,7 +49,7 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import _disable_current_modes
 
 from nanscope._paths import is_library_file, is_nanscope_file
-from nanscope.backends.torch.context import RunContext
+from nanscope.backends.torch.context import RunContext, subclasses
 from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
 from nanscope.backends.torch.summaries import (
@@ -932,18 +932,6 @@ def _birth_of(lineage: _Lineage) -> Birth:
 # -- the session -------------------------------------------------------------------------------
 
 
-def _scaler_classes() -> list[type]:
-    """``torch.amp.GradScaler`` and its subclasses defined so far."""
-    found: list[type] = []
-    todo: list[type] = [torch.amp.GradScaler]
-    while todo:
-        cls = todo.pop()
-        if cls not in found:
-            found.append(cls)
-            todo.extend(cls.__subclasses__())
-    return found
-
-
 class TorchCheckNumerics:
     """The session object behind :func:`nanscope.enable_check_numerics` for PyTorch."""
 
@@ -1018,7 +1006,7 @@ class TorchCheckNumerics:
 
             return checked
 
-        for cls in _scaler_classes():
+        for cls in (torch.amp.GradScaler, *subclasses(torch.amp.GradScaler)):
             if "scale" in cls.__dict__:
                 self._patch(cls, "scale", scale)
             if "update" in cls.__dict__:

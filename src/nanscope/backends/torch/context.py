@@ -190,7 +190,7 @@ class RunContext:
         from torch.amp.grad_scaler import GradScaler
 
         # Subclasses that define their own (FSDP's ShardedGradScaler.update).
-        for cls in (GradScaler, *_subclasses(GradScaler)):
+        for cls in (GradScaler, *subclasses(GradScaler)):
             for name in ("step", "update"):
                 if name in vars(cls):
                     self._wrap(cls, name, functools.partial(self._scaler_call, name))
@@ -380,7 +380,7 @@ class RunContext:
         update weights by hand, or accumulate gradients before their first
         update, ever ask."""
         if self._optimizer_exists is None:
-            classes = {torch.optim.Optimizer, *_subclasses(torch.optim.Optimizer)}
+            classes = {torch.optim.Optimizer, *subclasses(torch.optim.Optimizer)}
             self._optimizer_exists = any(type(o) in classes for o in gc.get_objects())
         return self._optimizer_exists
 
@@ -414,7 +414,7 @@ class RunContext:
         return Phase.FORWARD
 
 
-def _subclasses(cls: type) -> list[type]:
+def subclasses(cls: type) -> list[type]:
     """Every subclass of ``cls`` defined so far, at any depth."""
     found: list[type] = []
     todo: list[type] = list(cls.__subclasses__())

@@ -36,11 +36,6 @@ DTYPE_ENUM[torch.complex128] = 18
 _CHUNK = 1 << 22
 
 
-def host_view(t: torch.Tensor) -> np.ndarray:
-    """A flat numpy view (or, for bfloat16, a float32 copy) of a CPU tensor's values."""
-    return _numpy(t).ravel(order="K")
-
-
 def _numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as numpy sees them, with its strides (bfloat16 widened: a copy)."""
     if t.dtype == torch.bfloat16:
@@ -154,10 +149,6 @@ def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
 def tensor_all_finite(t: torch.Tensor) -> bool:
     """True when a CPU float tensor of any layout holds no Inf and no NaN."""
     return all(all_finite(a) for a in host_parts(t)[0])
-
-
-def any_nonfinite(a: np.ndarray) -> bool:
-    return not all_finite(a)
 
 
 def shape_slots(t: torch.Tensor) -> list[float]:
