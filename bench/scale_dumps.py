@@ -263,6 +263,20 @@ def dump_name(traces: int, ranks: int) -> str:
     return f"traces{traces}_ranks{ranks}"
 
 
+def _reuse(dump: Path, record_path: Path, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The generation record of ``dump`` if it was made with ``params``; otherwise
+    ``None``, with the old dump and its record removed (so that it is made again)."""
+    if record_path.exists() and dump.is_dir():
+        record: dict[str, Any] = json.loads(record_path.read_text())
+        if record.get("params") == params:
+            record["reused"] = True
+            return record
+    if dump.exists():
+        shutil.rmtree(dump)
+    record_path.unlink(missing_ok=True)
+    return None
+
+
 def generate(
     dump: str | os.PathLike[str],
     *,
@@ -287,14 +301,9 @@ def generate(
     params = {"traces": traces, "executions": executions, "ranks": ranks, "files": files,
               "frames": frames, "seed": seed, "version": GENERATOR_VERSION}  # fmt: skip
     record_path = dump.with_name(dump.name + ".json")
-    if record_path.exists() and dump.is_dir():
-        record: dict[str, Any] = json.loads(record_path.read_text())
-        if record.get("params") == params:
-            record["reused"] = True
-            return record
-    if dump.exists():
-        shutil.rmtree(dump)
-    record_path.unlink(missing_ok=True)
+    reused = _reuse(dump, record_path, params)
+    if reused is not None:
+        return reused
     write_modules(src, files, frames, seed)
     run_id = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8]
     cfg = {**params, "dump": str(dump), "src": str(src.resolve()), "run_id": run_id}
@@ -407,14 +416,9 @@ def generate_tf(dump: str | os.PathLike[str], *, traces: int, seed: int = 0) -> 
     dump = Path(dump)
     params = {"traces": traces, "seed": seed, "writer": "tensorflow", "version": 1}
     record_path = dump.with_name(dump.name + ".json")
-    if record_path.exists() and dump.is_dir():
-        record: dict[str, Any] = json.loads(record_path.read_text())
-        if record.get("params") == params:
-            record["reused"] = True
-            return record
-    if dump.exists():
-        shutil.rmtree(dump)
-    record_path.unlink(missing_ok=True)
+    reused = _reuse(dump, record_path, params)
+    if reused is not None:
+        return reused
     log(f"generate {traces:,} traces with TensorFlow: {dump}")
     started = time.perf_counter()
     child = start_child(
