@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,30 @@ from nanscope.format.proto import tensor_pb2
 from nanscope.format.records import scan
 from nanscope.format.tensors import DataType
 from nanscope.reader import Execution
+
+# TensorFlow 2.21's own dumps, one directory per name (tests/data/make_tf_dumps.py writes them).
+TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
+TF_DUMP_NAMES = (
+    "NO_TENSOR",
+    "CURT_HEALTH",
+    "CONCISE_HEALTH",
+    "FULL_HEALTH",
+    "SHAPE",
+    "FULL_TENSOR",
+    "FULL_HEALTH_circular",
+    "FULL_HEALTH_eager_only",
+)
+
+
+def extract_tf_dumps(root: Path, only: str | None = None) -> Path:
+    """TensorFlow's golden dumps extracted under ``root`` (``only``: that one's directory
+    alone, with no ``expected.json``); returns ``root``."""
+    with tarfile.open(TF_DUMPS) as tar:
+        members = (
+            None if only is None else [m for m in tar.getmembers() if m.name.startswith(f"{only}/")]
+        )
+        tar.extractall(root, members=members, filter="data")
+    return root
 
 
 def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.parse
 import urllib.request
@@ -41,7 +40,7 @@ if not os.path.exists(CHROMIUM):
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent  # noqa: E402
 from nanscope.server import serve_in_thread  # noqa: E402
 
-from ..helpers import write_small_dump  # noqa: E402
+from ..helpers import extract_tf_dumps, write_small_dump  # noqa: E402
 
 ARGS = [
     "--no-sandbox",
@@ -62,7 +61,6 @@ def images(tmp_path: Path) -> Path:
     return DOC_IMAGES if os.environ.get("NANSCOPE_SCREENSHOTS") else tmp_path
 
 
-TF_DUMPS = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 BIG_TRACES = 200_000
 INJECT = '<img src=x onerror="window.__pwned=1">'
 OPS = [
@@ -123,9 +121,7 @@ def write_inject(root: Path) -> None:
 
 def extract_tf(root: Path) -> None:
     """TensorFlow's own FULL_HEALTH dump (tests/data/tf_dumps.tar.xz), as run "tf"."""
-    with tarfile.open(TF_DUMPS) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith("FULL_HEALTH/")]
-        tar.extractall(root, members=members, filter="data")
+    extract_tf_dumps(root, only="FULL_HEALTH")
     (root / "FULL_HEALTH").rename(root / "tf")
 
 

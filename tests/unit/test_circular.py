@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEve
 from nanscope.events._streams import MAX_ANCHORS
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
 
-DATA = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
+from ..helpers import extract_tf_dumps
 
 
 def health(neg_inf: int = 0, pos_inf: int = 0, nan: int = 0, size: int = 10) -> np.ndarray:
@@ -277,9 +276,7 @@ def test_gaps_are_per_process(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tf_circular(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DumpReader]:
-    root = tmp_path_factory.mktemp("tf_dumps")
-    with tarfile.open(DATA) as tar:
-        tar.extractall(root, filter="data")
+    root = extract_tf_dumps(tmp_path_factory.mktemp("tf_dumps"))
     with nanscope.open_dump(root / "FULL_HEALTH_circular") as r:
         yield r
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +20,13 @@ import pytest
 import nanscope
 from nanscope.reader import EXECUTIONS, TRACES
 
-DATA = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
+from ..helpers import TF_DUMP_NAMES, extract_tf_dumps
 
 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("tf_dumps")
-    with tarfile.open(DATA) as tar:
-        tar.extractall(root, filter="data")
+    root = extract_tf_dumps(tmp_path_factory.mktemp("tf_dumps"))
     return root, json.loads((root / "expected.json").read_text())
-
-
-DUMPS = [
-    "NO_TENSOR",
-    "CURT_HEALTH",
-    "CONCISE_HEALTH",
-    "FULL_HEALTH",
-    "SHAPE",
-    "FULL_TENSOR",
-    "FULL_HEALTH_circular",
-    "FULL_HEALTH_eager_only",
-]
 
 
 def as_floats(values: list[Any] | None) -> list[float] | None:
@@ -58,7 +43,7 @@ def same(a: list[float] | None, b: np.ndarray | None) -> bool:
     )
 
 
-@pytest.mark.parametrize("name", DUMPS)
+@pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_counts_and_run_facts(golden: tuple[Path, dict[str, Any]], name: str) -> None:
     root, expected = golden
     exp = expected[name]
@@ -81,7 +66,7 @@ def test_counts_and_run_facts(golden: tuple[Path, dict[str, Any]], name: str) ->
             )
 
 
-@pytest.mark.parametrize("name", DUMPS)
+@pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_every_execution_agrees(golden: tuple[Path, dict[str, Any]], name: str) -> None:
     root, expected = golden
     with nanscope.open_dump(root / name) as r:
@@ -119,7 +104,7 @@ def test_every_execution_agrees(golden: tuple[Path, dict[str, Any]], name: str) 
             assert stack == exp["stack"]
 
 
-@pytest.mark.parametrize("name", DUMPS)
+@pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_every_trace_agrees(golden: tuple[Path, dict[str, Any]], name: str) -> None:
     root, expected = golden
     with nanscope.open_dump(root / name) as r:
@@ -141,7 +126,7 @@ def test_every_trace_agrees(golden: tuple[Path, dict[str, Any]], name: str) -> N
                 assert list(tr.tensor_value.shape) == exp["tensor_value"]["shape"]
 
 
-@pytest.mark.parametrize("name", DUMPS)
+@pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_first_nonfinite_agrees(golden: tuple[Path, dict[str, Any]], name: str) -> None:
     root, expected = golden
     exp = expected[name]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,25 +24,12 @@ from nanscope.format.records import HEADER_SIZE, frame
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader, _eventfile, _fastscan
 from nanscope.reader._eventfile import EventFile
 
-DATA = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
-GOLDEN = [
-    "NO_TENSOR",
-    "CURT_HEALTH",
-    "CONCISE_HEALTH",
-    "FULL_HEALTH",
-    "SHAPE",
-    "FULL_TENSOR",
-    "FULL_HEALTH_circular",
-    "FULL_HEALTH_eager_only",
-]
+from ..helpers import TF_DUMP_NAMES, extract_tf_dumps
 
 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tf_dumps")
-    with tarfile.open(DATA) as tar:
-        tar.extractall(root, filter="data")
-    return root
+    return extract_tf_dumps(tmp_path_factory.mktemp("tf_dumps"))
 
 
 def read_index(dump: Path, fast: bool) -> dict[str, Any]:
@@ -79,7 +65,7 @@ def assert_same_index(dump: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return fast, careful
 
 
-@pytest.mark.parametrize("name", GOLDEN)
+@pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_golden_tf_dumps_fast_equals_careful(golden: Path, name: str) -> None:
     fast, careful = assert_same_index(golden / name)
     assert careful["problems"] == []
@@ -107,7 +93,7 @@ def probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_period_guess_on_golden(golden: Path, probe: None) -> None:
-    for name in GOLDEN:
+    for name in TF_DUMP_NAMES:
         fast, _ = assert_same_index(golden / name)
         assert fast["fast"] == fast["decoded"] > 0
 

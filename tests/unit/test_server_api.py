@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,12 @@ import nanscope
 from nanscope.server.api import ROUTES
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import RunSet
-from tests.helpers import marked_line, write_small_dump
+from tests.helpers import extract_tf_dumps, marked_line, write_small_dump
 
 pytest.importorskip("torch")
 import torch
 
 DOC = Path(nanscope.__file__).parent / "server" / "http_api.md"
-TF_DUMPS = Path(__file__).parents[1] / "data" / "tf_dumps.tar.xz"
 
 
 def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:
@@ -55,10 +53,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> RunSet:
 @pytest.fixture(scope="module")
 def tf_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """TensorFlow's own dumps, one run per mode, under one logdir."""
-    root = tmp_path_factory.mktemp("tf")
-    with tarfile.open(TF_DUMPS) as tar:
-        tar.extractall(root, filter="data")
-    return root
+    return extract_tf_dumps(tmp_path_factory.mktemp("tf"))
 
 
 def origin_index(runs: RunSet) -> int:
