@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from nanscope.events import _wire as wire
-from nanscope.events._model import ExecutionEvent, Pending, TraceEvent
+from nanscope.events._model import CollectiveTag, ExecutionEvent, Pending, TraceEvent
 from nanscope.format.health import IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode
+from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.tensors import array_to_proto
 
 _V = wire.varint
@@ -21,6 +22,15 @@ _TAG = {f: wire.tag(f, wire.LEN) for f in (4, 5, 7, 8, 9, 10, 1004, 1006)}
 _TAG_VARINT = {f: wire.tag(f, wire.VARINT) for f in (1003, 1005)}
 # TensorFlow's NO_TENSOR graph trace: an empty float32 tensor of shape [0].
 _NO_TENSOR_PROTO = b"\x08\x01" + wire.len_field(2, wire.len_field(2, b""))
+
+
+def collective_field(tag: CollectiveTag) -> bytes:
+    """An execution's ``collective`` field (1007). Collectives are few: protobuf encodes it."""
+    op = pb.CollectiveOp(
+        group=tag.group, group_desc=tag.group_desc, group_size=tag.group_size, kind=tag.kind,
+        sequence=tag.sequence, peer=tag.peer, framework_sequence=tag.framework_sequence,
+    )  # fmt: skip
+    return wire.len_field(1007, op.SerializeToString())
 
 
 def resolve(summaries: Sequence[np.ndarray | None] | Pending) -> Sequence[np.ndarray | None]:
@@ -178,6 +188,8 @@ class Encoder:
         if not no_tensor and ev.input_summaries:
             for s in resolve(ev.input_summaries):
                 parts.append(field(1006, s))
+        if ev.collective is not None:
+            parts.append(collective_field(ev.collective))
         body = b"".join(parts)
         payload = b"".join(
             (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -33,6 +33,23 @@ class Pending(Protocol):
 
 
 Summaries = Sequence["np.ndarray | None"]
+
+
+class CollectiveTag(NamedTuple):
+    """Which ``torch.distributed`` operation an execution was (the ``collective`` field).
+
+    Every member of a group issues the group's collectives in the same order:
+    ``sequence`` numbers them per group (send and receive: per group, peer and
+    direction), so equal tags on two ranks are one operation (docs/FORMAT.md).
+    """
+
+    group: str
+    kind: str  # "collective", "send" or "recv"
+    sequence: int
+    group_desc: str = ""
+    group_size: int = 0
+    peer: int = -1  # send/recv: the peer's global rank
+    framework_sequence: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +77,7 @@ class ExecutionEvent:
     forward_sequence: int = 0
     forward_stack: int = -1
     wall_time: float = 0.0
+    collective: CollectiveTag | None = None
 
 
 @dataclass(slots=True)

@@ -203,7 +203,8 @@ class DumpWriter:
         self.rank = default_rank() if rank is None else rank
         self.host_name = host_name or socket.gethostname()
         self.pid = os.getpid()
-        self.start_time = time.time()
+        # Clock anchors, taken together (DebugMetadata.clock_wall/clock_monotonic).
+        self.start_time, self.start_monotonic = time.time(), time.monotonic()
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.backpressure_timeout = backpressure_timeout
@@ -299,6 +300,7 @@ class DumpWriter:
         md.pid = self.pid
         md.tensor_debug_mode = self.mode.value  # type: ignore[assignment]
         md.circular_buffer_size = self.circular_buffer_size
+        md.clock_wall, md.clock_monotonic = self.start_time, self.start_monotonic
         metadata.write(meta.SerializeToString())
         for op in metadata.take():
             op.run()

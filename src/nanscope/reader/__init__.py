@@ -3,6 +3,7 @@
 from nanscope.format.records import RecordError
 from nanscope.reader._data import (
     PHASES,
+    Collective,
     Execution,
     GraphExecutionTrace,
     GraphInfo,
@@ -26,6 +27,7 @@ __all__ = [
     "PHASES",
     "TRACES",
     "UNREADABLE",
+    "Collective",
     "DecodeError",
     "DumpError",
     "DumpReader",

@@ -45,6 +45,38 @@ def _shape(
 
 
 @dataclass(frozen=True)
+class Collective:
+    """The ``torch.distributed`` operation an execution was (nanscope's ``collective`` field).
+
+    Equal ``(group, kind, sequence)`` on two ranks (and, for send and receive,
+    peers that name each other) are one operation: every member of a group
+    issues the group's collectives in the same order.
+    """
+
+    group: str
+    kind: str  # "collective", "send" or "recv"
+    sequence: int
+    group_desc: str = ""
+    group_size: int = 0
+    peer: int | None = None  # send/recv: the peer's global rank
+
+    @property
+    def label(self) -> str:
+        """``collective #12 of group 0 (default_pg)``, ``send #3 to rank 1 in group 0``."""
+        group = f"group {self.group}" + (f" ({self.group_desc})" if self.group_desc else "")
+        if self.kind == "send":
+            return f"send #{self.sequence} to rank {self.peer} in {group}"
+        if self.kind == "recv":
+            return f"receive #{self.sequence} from rank {self.peer} in {group}"
+        return f"collective #{self.sequence} of {group}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "group_desc": self.group_desc, "group_size": self.group_size,
+                "kind": self.kind, "sequence": self.sequence, "peer": self.peer,
+                "label": self.label}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ProcessInfo:
     """One file set: a TensorFlow host, or one nanscope process (a rank)."""
 
@@ -62,6 +94,9 @@ class ProcessInfo:
     tensor_debug_mode: TensorDebugMode | None
     circular_buffer_size: int | None
     start_time: float
+    # Clock anchors taken together at start (None: not recorded, as in TensorFlow's dumps).
+    clock_wall: float | None = None
+    clock_monotonic: float | None = None
 
     @property
     def label(self) -> str:
@@ -134,6 +169,7 @@ class Execution:
     input_debug_tensor_values: tuple[np.ndarray | None, ...] = ()
     # Each input's health where the record holds its summary (None: not recorded).
     input_health: tuple[Health | None, ...] = ()
+    collective: Collective | None = None  # a torch.distributed operation
     tensor_values: tuple[np.ndarray | None, ...] | None = field(default=None, repr=False)
     # What is wrong with this record's tensors ("<file>: record at byte offset N: output 0:
     # ..."), also in the reader's problems: an output refused here reads as not recorded.
@@ -179,7 +215,8 @@ class Execution:
         """The execution as a list row: what ran, where, and its outputs' health."""
         return {**_row_json(self, self.health, self.recorded), "op_type": self.op_type,
                 "phase": PHASES.get(self.phase, ""), "num_outputs": self.num_outputs,
-                "shape": self.shape}  # fmt: skip
+                "shape": self.shape,
+                "collective": self.collective.to_json() if self.collective else None}  # fmt: skip
 
 
 @dataclass(frozen=True)

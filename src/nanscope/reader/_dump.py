@@ -25,6 +25,7 @@ from nanscope.format.records import RecordError, scan
 from nanscope.format.strings import StringTable
 from nanscope.reader._data import (
     PHASES,
+    Collective,
     Execution,
     GraphExecutionTrace,
     GraphInfo,
@@ -319,6 +320,8 @@ class DumpReader:
                 tensor_debug_mode=mode,
                 circular_buffer_size=m.circular_buffer_size if has_ext else None,
                 start_time=wall_time(event),
+                clock_wall=m.clock_wall or None,
+                clock_monotonic=m.clock_monotonic or None,
             )
             return
         if proc.info is None:
@@ -671,6 +674,7 @@ class DumpReader:
             forward_stack_frame_ids=tuple(ex.forward_code_location.stack_frame_ids),
             input_debug_tensor_values=tuple(inputs),
             input_health=health.per_output(mode, inputs),
+            collective=_collective(ex),
             tensor_values=full,
             problems=self._damage(where, found),
         )
@@ -788,6 +792,14 @@ class DumpReader:
         offset = proc.source_files[file_index][2]
         event = proc.source_log.read_event(offset)
         return list(event.source_file.lines)
+
+
+def _collective(ex: pb.Execution) -> Collective | None:
+    if not ex.HasField("collective"):
+        return None
+    c = ex.collective
+    return Collective(group=c.group, kind=c.kind, sequence=c.sequence, group_desc=c.group_desc,
+                      group_size=c.group_size, peer=c.peer if c.kind in ("send", "recv") else None)  # fmt: skip
 
 
 def open_dump(logdir: str | os.PathLike[str]) -> DumpReader:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from nanscope.backends.torch import collectives
+
 # Views whose elements are exactly those of their input: their summary is the
 # input's (with its own rank), so they are never summarised again.
 SAME_ELEMENT_VIEWS = frozenset(
@@ -58,6 +60,9 @@ class OpInfo:
     collective: bool = False  # in COLLECTIVES
     uninitialised: bool = False  # an allocation (UNINITIALISED): its values are garbage
     view: bool = False  # its outputs alias its first input without writing to it
+    distributed: bool = (
+        False  # a torch.distributed operation, numbered in its group (collectives.py)
+    )
 
 
 # Schema types whose Python-number arguments are values (x / 0.0), unlike dims and sizes.
@@ -97,6 +102,7 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         same_elements=packet in SAME_ELEMENT_VIEWS and name != "aten.view.dtype",
         inplace=inplace,
         collective=packet in COLLECTIVES,
+        distributed=collectives.is_operation(name),
         uninitialised=packet in UNINITIALISED,
         view=view,
         record_values=packet not in UNINITIALISED

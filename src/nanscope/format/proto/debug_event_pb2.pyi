@@ -68,7 +68,7 @@ class DebugEvent(_message.Message):
     def __init__(self, wall_time: _Optional[float] = ..., step: _Optional[int] = ..., debug_metadata: _Optional[_Union[DebugMetadata, _Mapping]] = ..., source_file: _Optional[_Union[SourceFile, _Mapping]] = ..., stack_frame_with_id: _Optional[_Union[StackFrameWithId, _Mapping]] = ..., graph_op_creation: _Optional[_Union[GraphOpCreation, _Mapping]] = ..., debugged_graph: _Optional[_Union[DebuggedGraph, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., graph_execution_trace: _Optional[_Union[GraphExecutionTrace, _Mapping]] = ..., graph_id: _Optional[str] = ..., debugged_device: _Optional[_Union[DebuggedDevice, _Mapping]] = ...) -> None: ...
 
 class DebugMetadata(_message.Message):
-    __slots__ = ("tensorflow_version", "file_version", "tfdbg_run_id", "framework", "nanscope_version", "process_rank", "world_size", "pid", "tensor_debug_mode", "circular_buffer_size")
+    __slots__ = ("tensorflow_version", "file_version", "tfdbg_run_id", "framework", "nanscope_version", "process_rank", "world_size", "pid", "tensor_debug_mode", "circular_buffer_size", "clock_wall", "clock_monotonic")
     TENSORFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
     FILE_VERSION_FIELD_NUMBER: _ClassVar[int]
     TFDBG_RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,8 @@ class DebugMetadata(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     TENSOR_DEBUG_MODE_FIELD_NUMBER: _ClassVar[int]
     CIRCULAR_BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_WALL_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_MONOTONIC_FIELD_NUMBER: _ClassVar[int]
     tensorflow_version: str
     file_version: str
     tfdbg_run_id: str
@@ -89,7 +91,9 @@ class DebugMetadata(_message.Message):
     pid: int
     tensor_debug_mode: TensorDebugMode
     circular_buffer_size: int
-    def __init__(self, tensorflow_version: _Optional[str] = ..., file_version: _Optional[str] = ..., tfdbg_run_id: _Optional[str] = ..., framework: _Optional[str] = ..., nanscope_version: _Optional[str] = ..., process_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., circular_buffer_size: _Optional[int] = ...) -> None: ...
+    clock_wall: float
+    clock_monotonic: float
+    def __init__(self, tensorflow_version: _Optional[str] = ..., file_version: _Optional[str] = ..., tfdbg_run_id: _Optional[str] = ..., framework: _Optional[str] = ..., nanscope_version: _Optional[str] = ..., process_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., circular_buffer_size: _Optional[int] = ..., clock_wall: _Optional[float] = ..., clock_monotonic: _Optional[float] = ...) -> None: ...
 
 class SourceFile(_message.Message):
     __slots__ = ("file_path", "host_name", "lines")
@@ -168,7 +172,7 @@ class DebuggedDevice(_message.Message):
     def __init__(self, device_name: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class Execution(_message.Message):
-    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos")
+    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos", "collective")
     OP_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +188,7 @@ class Execution(_message.Message):
     FORWARD_CODE_LOCATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     INPUT_TENSOR_PROTOS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     op_type: str
     num_outputs: int
     graph_id: str
@@ -199,7 +204,26 @@ class Execution(_message.Message):
     forward_code_location: CodeLocation
     sequence: int
     input_tensor_protos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorProto]
-    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ...) -> None: ...
+    collective: CollectiveOp
+    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ...) -> None: ...
+
+class CollectiveOp(_message.Message):
+    __slots__ = ("group", "group_desc", "group_size", "kind", "sequence", "peer", "framework_sequence")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_DESC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    group_desc: str
+    group_size: int
+    kind: str
+    sequence: int
+    peer: int
+    framework_sequence: int
+    def __init__(self, group: _Optional[str] = ..., group_desc: _Optional[str] = ..., group_size: _Optional[int] = ..., kind: _Optional[str] = ..., sequence: _Optional[int] = ..., peer: _Optional[int] = ..., framework_sequence: _Optional[int] = ...) -> None: ...
 
 class GraphExecutionTrace(_message.Message):
     __slots__ = ("tfdbg_context_id", "op_name", "output_slot", "tensor_debug_mode", "tensor_proto", "device_name", "sequence")

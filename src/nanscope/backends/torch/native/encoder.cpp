@@ -63,7 +63,7 @@ bool Encoder::devices_known(const Event& ev) const {
 }
 
 bool Encoder::encodable(const Event& ev, py::handle host) {
-  if (ev.parts != nullptr || ev.inputs != nullptr) return false;
+  if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) return false;
   if (!devices_known(ev)) {
     device_ids = host.attr("device_ids")().cast<std::vector<int64_t>>();
     return devices_known(ev);

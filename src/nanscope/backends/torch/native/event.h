@@ -30,7 +30,7 @@ struct OpFlags {
   bool skip = false;
   bool same_elements = false;
   bool record_values = true;
-  bool collective = false;
+  bool collective = false;  // a torch.distributed operation: the Python side tags it
   bool uninitialised = false;
   bool view = false;
   std::vector<int> value_args;
@@ -57,6 +57,7 @@ struct Event {
   pvec<uint8_t> has{pool()};  // 1: computed here, 2: in `parts`, 0: none
   PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
   PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
+  PyObject* collective = nullptr; // owned: a torch.distributed operation's tag
 };
 
 }  // namespace nanscope

@@ -99,6 +99,9 @@ struct Ctx : at::ObserverContext, Pooled {
   const OpFlags* op = nullptr;
   Tensors ins;
   c10::SmallVector<double, 2> values;
+  // A torch.distributed operation's arguments (its process group among them),
+  // copied at the start: by the end, the stack that held them holds its outputs.
+  std::vector<c10::IValue> args;
 };
 
 struct State {
@@ -606,10 +609,11 @@ constexpr auto kFullWait = std::chrono::milliseconds(200);
 // Drops an event that will not be buffered, with the Python objects it owns.
 void drop(Event& ev) {
   S->dropped.fetch_add(1);
-  if (ev.parts == nullptr && ev.inputs == nullptr) return;
+  if (ev.parts == nullptr && ev.inputs == nullptr && ev.collective == nullptr) return;
   py::gil_scoped_acquire gil;
   Py_CLEAR(ev.parts);
   Py_CLEAR(ev.inputs);
+  Py_CLEAR(ev.collective);
 }
 
 // Buffers an event for the drain thread. Memory stays bounded and the
@@ -645,20 +649,22 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   const int mode = S->mode;
   const bool values = mode != kNoTensor && op.record_values;
 
-  if (op.collective && values && mode != kShape && !outs.empty()) {
-    bool all_cpu = true;
-    for (const auto& t : outs) all_cpu = all_cpu && t.is_cpu();
-    if (all_cpu) {
-      py::gil_scoped_acquire gil;
-      py::tuple out(fn.outputs().size());
-      for (size_t i = 0; i < fn.outputs().size(); ++i) {
-        out[i] = torch::jit::toPyObject(fn.outputs()[i]);
-      }
-      S->host.attr("wait_collective")(out);
-    }
+  // A torch.distributed operation (few per step): the Python side numbers it
+  // in its group's order, and waits for a collective whose outputs it summarises.
+  PyObject* tag = nullptr;
+  if (op.collective) {
+    py::gil_scoped_acquire gil;
+    const auto& fin = c.args;
+    const auto& fout = fn.outputs();
+    py::tuple in(fin.size()), out(fout.size());
+    for (size_t i = 0; i < fin.size(); ++i) in[i] = torch::jit::toPyObject(fin[i]);
+    for (size_t i = 0; i < fout.size(); ++i) out[i] = torch::jit::toPyObject(fout[i]);
+    py::object t = S->host.attr("collective")(op.index, in, out, values && mode != kShape);
+    if (!t.is_none()) tag = t.release().ptr();
   }
 
   Event ev;
+  ev.collective = tag;
   ev.op = op.index;
   ev.wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   {
@@ -823,6 +829,7 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
   c->session = S->session.load(std::memory_order_relaxed);
   c->op = op;
   auto inputs = fn.inputs();
+  if (op->collective) c->args.assign(inputs.begin(), inputs.end());
   size_t vi = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::IValue& v = inputs[i];
@@ -923,6 +930,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     for (Event& ev : s->events) {  // left by an op that ended after the last drain
       Py_CLEAR(ev.parts);
       Py_CLEAR(ev.inputs);
+      Py_CLEAR(ev.collective);
     }
     s->events.clear();
     s->taken.clear();
@@ -1074,12 +1082,14 @@ py::list drain(size_t limit) {
     }
     py::object parts = ev.parts ? py::reinterpret_steal<py::object>(ev.parts) : py::none();
     py::object inputs = ev.inputs ? py::reinterpret_steal<py::object>(ev.inputs) : py::none();
-    ev.parts = ev.inputs = nullptr;
+    py::object tag =
+        ev.collective ? py::reinterpret_steal<py::object>(ev.collective) : py::none();
+    ev.parts = ev.inputs = ev.collective = nullptr;
     out.append(py::make_tuple(
         ev.op, as_tuple(ev.out_ids), as_tuple(ev.in_ids), as_tuple(ev.out_dev), sums,
         py::bytes(reinterpret_cast<const char*>(ev.has.data()), ev.has.size()), parts, inputs,
         ev.stack, ev.module, ev.phase, ev.step, ev.serial, ev.fwd_serial, ev.fwd_stack,
-        ev.link_target, ev.wall));
+        ev.link_target, ev.wall, tag));
   }
   return out;
 }

@@ -16,12 +16,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from nanscope.backends.torch.collectives import CollectiveCounter, wait_for_functional
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.device_buffer import DeviceBuffer
-from nanscope.backends.torch.ops import tensors_of
+from nanscope.backends.torch.ops import OpInfo, tensors_of
 from nanscope.backends.torch.summaries import summarize_device, summarize_host
 from nanscope.backends.torch.suspension import not_recorded
 from nanscope.events import DumpWriter
+from nanscope.events._model import CollectiveTag
 from nanscope.format.modes import TensorDebugMode
 
 DtypeFilter = Callable[[torch.dtype], bool]
@@ -98,6 +100,7 @@ class RecorderBase:
         self.op_regex = setup.op_regex
         self.dtype_filter = setup.dtype_filter
         self.device_buffer = DeviceBuffer()
+        self.collectives = CollectiveCounter()
         self._warned = False
 
     def failed(self, exc: Exception) -> None:
@@ -105,6 +108,19 @@ class RecorderBase:
         if not self._warned:
             self._warned = True
             print(f"nanscope: could not record an op ({exc!r}); recording goes on", file=sys.stderr)
+
+    def distributed_op(
+        self, func: Any, info: OpInfo, args: tuple[Any, ...], out: Any, summarise: bool
+    ) -> CollectiveTag | None:
+        """A ``torch.distributed`` operation's tag; first waits for a collective on CPU
+        tensors to finish when its outputs are to be ``summarise``d (see wait_for_collective)."""
+        tag = self.collectives.tag(func, args, None)
+        if summarise:
+            if info.collective:
+                wait_for_collective(out)
+            elif info.name.startswith("_c10d_functional"):
+                wait_for_functional(out)
+        return tag
 
     def submit_device_summaries(self) -> None:
         """Start copying the device summaries collected so far to the host.

@@ -26,11 +26,11 @@ from nanscope.backends.torch.recorders.base import (
     DtypeFilter,
     RecorderBase,
     Setup,
-    wait_for_collective,
 )
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, summarize_host
 from nanscope.backends.torch.suspension import never_record_this_thread
 from nanscope.events import ExecutionEvent, Phase, register_source, unregister
+from nanscope.events._model import CollectiveTag
 from nanscope.format.modes import SUMMARY_LENGTH
 
 _PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
@@ -91,6 +91,7 @@ class NativeRecorder(RecorderBase):
         self.lib = lib
         self.ids = NativeIds(lib)
         self.ops: list[OpInfo] = []
+        self._funcs: dict[int, Any] = {}  # op index -> its overload (for distributed ops' schemas)
         self._devices: list[int] = []
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
@@ -127,6 +128,7 @@ class NativeRecorder(RecorderBase):
             func = getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
         if func is not None:
             info = describe(func, self.op_regex)
+            self._funcs[len(self.ops)] = func
         else:
             full = f"{namespace}.{op}.{overload or 'default'}"
             info = OpInfo(
@@ -142,7 +144,7 @@ class NativeRecorder(RecorderBase):
             info.skip,
             info.same_elements,
             info.record_values,
-            info.collective,
+            info.distributed,
             info.uninitialised,
             info.view,
             list(info.value_args),
@@ -186,8 +188,17 @@ class NativeRecorder(RecorderBase):
         inplace = self.ops[op].inplace
         return self.summarize_inputs(ins, [inplace and m for m in mutated], values)
 
-    def wait_collective(self, out: Any) -> None:
-        wait_for_collective(out)
+    def collective(
+        self, op: int, args: tuple[Any, ...], out: tuple[Any, ...], summarise: bool
+    ) -> CollectiveTag | None:
+        """A ``torch.distributed`` operation's tag (see :meth:`distributed_op`)."""
+        info = self.ops[op]
+        func = self._funcs.get(op)
+        if func is None:
+            return None
+        # The op's outputs as a dispatch mode sees them: one value, or a tuple of them.
+        result = out[0] if len(out) == 1 else out
+        return self.distributed_op(func, info, args, result, summarise)
 
     def forward_began(self) -> None:
         """An op that autograd recorded ran after ``backward()`` returned (see RunContext)."""
@@ -230,7 +241,7 @@ class NativeRecorder(RecorderBase):
         devices = self._devices
         for (
             op, out_ids, in_ids, out_dev, sums, has, parts, inputs,
-            stack, module, phase, step, serial, fwd_serial, fwd_stack, link_target, wall,
+            stack, module, phase, step, serial, fwd_serial, fwd_stack, link_target, wall, tag,
         ) in batch:  # fmt: skip
             if len(devices) <= max(out_dev, default=0):
                 self._register_devices()
@@ -257,6 +268,7 @@ class NativeRecorder(RecorderBase):
                 forward_sequence=self.lib.seq_of(fwd_serial) if fwd_serial >= 0 else 0,
                 forward_stack=fwd_stack,
                 wall_time=wall,
+                collective=tag,
             )
             seq = write(event, encode_now=True)
             if link_target:

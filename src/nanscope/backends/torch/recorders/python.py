@@ -20,11 +20,11 @@ from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
 from nanscope.backends.torch.recorders.base import (
     RecorderBase,
     Setup,
-    wait_for_collective,
 )
 from nanscope.backends.torch.summaries import summarize_host
 from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import ExecutionEvent, Phase
+from nanscope.events._model import CollectiveTag
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 
 _FORWARD_LINKS_MAX = 1 << 20
@@ -74,9 +74,11 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         info = self._ops[func]
         if not info.skip:
             try:
-                if info.collective and info.record_values and self._reads_values:
-                    wait_for_collective(out)
-                self._record(info, args, kwargs, out)
+                tag = None
+                if info.distributed:
+                    summarise = info.record_values and self._reads_values
+                    tag = self.distributed_op(func, info, args, out, summarise)
+                self._record(info, args, kwargs, out, tag)
             except Exception as exc:  # never break the user's program
                 self.failed(exc)
         return out
@@ -169,7 +171,12 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                 del cache[k]
 
     def _record(
-        self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any
+        self,
+        info: OpInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        out: Any,
+        collective: CollectiveTag | None = None,
     ) -> None:
         # The hot path of the recorder: one call per op, kept to plain Python
         # operations (no per-op allocation beyond the event itself).
@@ -242,6 +249,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                 step=step,
                 forward_sequence=forward_sequence,
                 forward_stack=forward_stack,
+                collective=collective,
             )
         )
         if node is None and phase != Phase.OPTIMIZER:
