@@ -102,6 +102,15 @@ struct Ctx : at::ObserverContext, Pooled {
   // A torch.distributed operation's arguments (its process group among them),
   // copied at the start: by the end, the stack that held them holds its outputs.
   std::vector<c10::IValue> args;
+  // Its input tensors' summaries taken before it ran (owned): whether this rank
+  // sent Inf/NaN into it. An in-place collective has overwritten them by the end.
+  PyObject* before = nullptr;
+  ~Ctx() {
+    if (before != nullptr) {
+      py::gil_scoped_acquire gil;
+      Py_CLEAR(before);
+    }
+  }
 };
 
 struct State {
@@ -724,7 +733,10 @@ void record(const at::RecordFunction& fn, Ctx& c) {
       ev.parts = parts.release().ptr();
     }
   }
-  if (bad) {
+  if (c.before != nullptr) {
+    ev.inputs = c.before;  // a distributed operation's inputs, as they were sent
+    c.before = nullptr;
+  } else if (bad) {
     // The rare case worth the cost: what went into an op that made Inf/NaN.
     py::gil_scoped_acquire gil;
     py::list vals;
@@ -855,6 +867,16 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
       if (value_pos) c->values.push_back(static_cast<double>(v.toInt()));
     } else {
       tensors_of(v, c->ins);
+    }
+  }
+  const int mode = S->mode;
+  if (op->collective && op->record_values && mode != kNoTensor && mode != kShape && !c->ins.empty()) {
+    // Few per step: what this rank sends, before the collective overwrites it.
+    py::gil_scoped_acquire gil;
+    try {
+      c->before = S->host.attr("sent")(py_tensors(c->ins)).release().ptr();
+    } catch (py::error_already_set& e) {
+      swallow(e, "nanscope: summarising a collective's inputs");
     }
   }
   return c;

@@ -188,6 +188,10 @@ class NativeRecorder(RecorderBase):
         inplace = self.ops[op].inplace
         return self.summarize_inputs(ins, [inplace and m for m in mutated], values)
 
+    def sent(self, ins: list[torch.Tensor]) -> list[Any]:
+        """A distributed operation's input summaries, taken before it runs."""
+        return self.summarize_inputs(ins, [False] * len(ins), [])
+
     def collective(
         self, op: int, args: tuple[Any, ...], out: tuple[Any, ...], summarise: bool
     ) -> CollectiveTag | None:

@@ -68,17 +68,25 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
     def handle(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     ) -> Any:
+        info = self._ops[func]
+        sent: list[Any] | None = None
+        if info.distributed and info.record_values and self._reads_values and not SUSPENDED.depth:
+            # What this rank sends, before an in-place collective overwrites it.
+            try:
+                ins = tensors_of(args, [])
+                sent = self.summarize_inputs(ins, [False] * len(ins), [])
+            except Exception as exc:
+                self.failed(exc)
         out = func(*args, **(kwargs or {}))
         if SUSPENDED.depth:
             return out
-        info = self._ops[func]
         if not info.skip:
             try:
                 tag = None
                 if info.distributed:
                     summarise = info.record_values and self._reads_values
                     tag = self.distributed_op(func, info, args, out, summarise)
-                self._record(info, args, kwargs, out, tag)
+                self._record(info, args, kwargs, out, tag, sent)
             except Exception as exc:  # never break the user's program
                 self.failed(exc)
         return out
@@ -177,6 +185,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         kwargs: dict[str, Any] | None,
         out: Any,
         collective: CollectiveTag | None = None,
+        sent: list[Any] | None = None,
     ) -> None:
         # The hot path of the recorder: one call per op, kept to plain Python
         # operations (no per-op allocation beyond the event itself).
@@ -206,6 +215,8 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         input_summaries: list[Any] = []
         if any(type(p) is tuple for p in parts):  # device summaries, resolved later
             summaries = PendingSummaries(parts)
+        if sent is not None:
+            input_summaries = sent
         elif self._health and any(_nonfinite(self.mode, p) for p in parts):
             # The rare case worth the cost: what went into an op that made Inf/NaN.
             values = [
