@@ -136,3 +136,28 @@ def tmpfs(path: Path, size: str = "16m") -> Iterator[Path]:
     finally:
         # Lazy: a test's process that still holds a file open must not make this fail.
         subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def shift_clock(logdir: Path, rank: int, seconds: float) -> None:
+    """Rewrite one rank's file set as if its wall clock had run ``seconds`` ahead (behind,
+    when negative): every record's ``wall_time`` and the metadata's clock anchor. The index
+    sidecars are removed, so that readers index the rewritten records."""
+    from nanscope.format.proto import debug_event_pb2 as pb
+    from nanscope.format.records import frame
+
+    (meta,) = logdir.glob(f"*-rank{rank}-pid*.metadata")
+    prefix = str(meta)[: -len(".metadata")]
+    for path in Path(prefix).parent.glob(Path(prefix).name + ".*"):
+        if path.suffix == ".nsidx":
+            path.unlink()
+            continue
+        if path.suffix == ".nsdrops":
+            continue
+        out = []
+        for payload in iter_payloads(path.read_bytes(), str(path)):
+            event = pb.DebugEvent.FromString(payload)
+            event.wall_time += seconds
+            if event.WhichOneof("what") == "debug_metadata" and event.debug_metadata.clock_wall:
+                event.debug_metadata.clock_wall += seconds
+            out.append(frame(event.SerializeToString()))
+        path.write_bytes(b"".join(out))

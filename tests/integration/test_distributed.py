@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from nanscope.server.api import ROUTES
 from nanscope.server.query import Query
 from nanscope.server.runs import RunSet
 
-from ..helpers import marked_line
+from ..helpers import marked_line, shift_clock
 
 PROGRAMS = Path(__file__).parents[1] / "programs"
 DDP_PROGRAM = PROGRAMS / "ddp_train.py"
@@ -336,6 +337,81 @@ def test_gui_api_lists_the_ranks_and_filters_by_process(ddp: DdpRun, reader: Dum
         assert (row["op_type"], row["step"], row["phase"]) == received
     finally:
         runs.close()
+
+
+def ddp_allreduces(r: DumpReader) -> dict[int | None, list[tuple[int, int, bool | None, bool]]]:
+    """rank -> its gradient allreduces, in order: (step, sequence, went in with Inf/NaN,
+    came out with Inf/NaN), read from the raw records (no analysis)."""
+    out: dict[int | None, list[tuple[int, int, bool | None, bool]]] = {}
+    for i in range(r.num_executions()):
+        e = r.execution(i)
+        if e.op_type == "c10d.allreduce_.default" and e.phase == 2:
+            assert e.collective is not None and e.collective.group == "0"
+            (h,) = e.input_health
+            sent = None if h is None else h.any_nonfinite
+            entry = (e.step, e.collective.sequence, sent, e.health.any_nonfinite)
+            out.setdefault(r.processes[e.process].rank, []).append(entry)
+    return out
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("skew", [5.0, -5.0])
+def test_cross_rank_origin_is_told_by_collectives_not_clocks(
+    ddp: DdpRun, skew: float, tmp_path: Path
+) -> None:
+    """Rank 0's clock runs 5 s ahead (or behind): the collectives still name the rank."""
+    logdir = tmp_path / "dump"
+    shutil.copytree(ddp.logdir, logdir)
+    shift_clock(logdir, 0, skew)
+    with open_dump(logdir) as r:
+        assert r.problems == []
+        # The oracle, from the raw records and the program's own injection: one numbering
+        # of the allreduces on every rank; at the bad step only the bad rank put Inf/NaN
+        # in, and every rank got Inf/NaN out.
+        ops = ddp_allreduces(r)
+        assert sorted(ops, key=str) == list(range(ddp.world))
+        numbering = {tuple((step, seq) for step, seq, _, _ in v) for v in ops.values()}
+        assert len(numbering) == 1
+        (at_bad_step,) = [seq for step, seq, _, _ in ops[0] if step == ddp.bad_step]
+        for rank, v in ops.items():
+            (copy,) = [c for c in v if c[0] == ddp.bad_step]
+            assert copy[2] is (rank == ddp.bad_rank) and copy[3] is True, (rank, copy)
+        by_clock = r.first_nonfinite()
+        assert by_clock is not None
+        if skew < 0:  # what a clock-based answer would say: rank 0, which only received it
+            assert r.processes[by_clock.process].rank == 0
+        a = analysis.analyze(r)
+        bad = process_of_rank(r, ddp.bad_rank)
+    o = a.origin
+    assert o is not None and a.ranks is not None
+    assert (o.op_type, o.rank, o.step, o.process) == (
+        "aten.log.default",
+        ddp.bad_rank,
+        ddp.bad_step,
+        bad,
+    )
+    assert a.cause is not None and (a.cause.op_type, a.cause.rank) == (
+        "aten.log.default",
+        ddp.bad_rank,
+    )
+    v = a.ranks.to_json()
+    assert (v["origin_process"], v["decided_by"]) == (bad, "collective")
+    spread = v["spread"]
+    assert spread["collective"]["sequence"] == at_bad_step and spread["step"] == ddp.bad_step
+    assert spread["op_type"] == "c10d.allreduce_.default"
+    assert spread["from"] == [bad]
+    assert sorted(spread["reached"]) == sorted(p.index for p in r.processes if p.index != bad)
+    for p in v["processes"]:
+        if p["process"] == bad:
+            assert p["role"] == "origin" and p["clock_offset"] == 0.0
+            continue
+        assert p["role"] == "received" and p["senders"] == [bad], p
+        assert p["via"]["collective"]["sequence"] == at_bad_step
+        # Aligned on the collective they shared: rank 0's offset undoes the skew.
+        expected = -skew if p["rank"] == 0 else 0.0
+        assert p["clock_offset"] == pytest.approx(expected, abs=0.5), p
+    assert not any("by clock" in n for n in a.notes)
 
 
 # -- TensorFlow MirroredStrategy over two logical CPUs -------------------------------------------

@@ -213,6 +213,11 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             came_in = any(t and t not in seen for t in ex.input_tensor_ids)
         if not contributors and came_in and alive_at_gap:
             contributors = set(alive_at_gap)
+        if not contributors and came_in and ex.collective is not None and bad:
+            # What a rank sends in a collective was gathered into a buffer of its own
+            # (DDP's gradient buckets), by copies into views that leave no data edge:
+            # the values came from the lineages this rank holds now.
+            contributors = set().union(*bad.values())
         if contributors:
             passed = _passed_on(contributors, out, lineages)
             for li in contributors - passed:
@@ -322,12 +327,14 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
     return lineages
 
 
-def find_lineages(reader: DumpReader) -> tuple[list[Lineage], bool]:
-    """Every lineage of the dump, births in order of wall time, and whether all were
-    followed to the end."""
+def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:
+    """Every lineage of the dump (but those of the processes in ``skip``), births in order of
+    wall time, and whether all were followed to the end."""
     out: list[Lineage] = []
     complete = True
     for p in range(len(reader.processes)):
+        if skip and p in skip:
+            continue
         lins, done = execution_lineages(reader, p)
         out.extend(lins)
         complete &= done

@@ -10,6 +10,7 @@ import numpy as np
 
 from nanscope.analysis._explain import born_from_output
 from nanscope.analysis._lineages import Lineage, find_lineages
+from nanscope.analysis._ranks import RankVerdict, analyze_ranks
 from nanscope.analysis._views import EventView, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
@@ -75,6 +76,8 @@ class Analysis:
     chain: list[EventView] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)
+    # Several processes: which rank it was born on, how that was told, how it spread.
+    ranks: RankVerdict | None = None
 
     @property
     def found(self) -> bool:
@@ -142,6 +145,7 @@ class Analysis:
             "lineages": [g.to_json() for g in self.lineages],
             "evicted": self.evicted,
             "chain": [c.to_json() for c in self.chain],
+            "ranks": self.ranks.to_json() if self.ranks is not None else None,
             "notes": self.notes,
             "problems": self.problems,
         }
@@ -257,6 +261,13 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     first = reader.first_nonfinite()
     if first is None:
         return result
+    # Several processes: the rank where it was born, by the collectives that carried it.
+    result.ranks = analyze_ranks(reader)
+    origin_process: int | None = None
+    if result.ranks is not None and result.ranks.origin is not None:
+        first = result.ranks.origin
+        origin_process = result.ranks.origin_process
+        result.notes.extend(result.ranks.notes)
     views = ViewBuilder(reader, lookback)
     try:
         origin = views.view(first.kind, first.index)
@@ -289,8 +300,9 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
                 return None
         return cache[key]
 
-    inf_at = reader.first_where("inf")[1]
-    nan_at = reader.first_where("nan")[1]
+    # The first -inf/+inf and NaN: the origin's rank's (every other rank's came later).
+    inf_at = reader.first_where("inf", process=origin_process)[1] or reader.first_where("inf")[1]
+    nan_at = reader.first_where("nan", process=origin_process)[1] or reader.first_where("nan")[1]
     result.first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
     result.first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
     _judge(reader, result, view)
@@ -302,7 +314,14 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
 
 def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
     """Lineages, the cause, whether any Inf/NaN was harmful, and the chain to the first NaN."""
-    lineages, complete = find_lineages(reader)
+    # Ranks that received their Inf/NaN from another need no lineages of their own: their
+    # values are the origin's (and following them on every rank of a large run is slow).
+    skip = (
+        {st.process for st in result.ranks.states if st.role == "received"}
+        if result.ranks
+        else set()
+    )
+    lineages, complete = find_lineages(reader, skip=skip)
     if not complete:
         result.notes.append(
             "Lineages were followed through the first "

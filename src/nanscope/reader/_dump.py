@@ -473,6 +473,13 @@ class DumpReader:
     def string_id(self, value: str) -> int | None:
         return self._strings.get(value)
 
+    def string_ids(self, prefixes: tuple[str, ...]) -> np.ndarray:
+        """The ids of every string that starts with one of ``prefixes`` (op types, say)."""
+        strings = self._strings.strings
+        return np.array(
+            [i for i, s in enumerate(strings) if s.startswith(prefixes)], dtype=np.int64
+        )
+
     def trace_op_types(self, indices: np.ndarray | None = None) -> np.ndarray:
         """The op type (string id) of every trace, or of the traces at ``indices``.
 

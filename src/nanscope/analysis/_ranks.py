@@ -1,0 +1,489 @@
+"""Across ranks: where an Inf/NaN was born, told by the collectives that carried it, not by clocks.
+
+A rank's values reach another rank only through a collective or a send and its
+receive. nanscope records each such operation with its group and its number in
+the group's order (``Execution.collective``), and the values each rank put into
+it (its input summaries, taken before it ran). So for every rank whose Inf/NaN
+arrived from outside, the report can name the operation that brought them and
+the ranks that sent them; the rank left, whose Inf/NaN nothing brought, is where
+it was born. Wall clocks are used only where no operation orders two births (two
+ranks went bad between the same collectives), after aligning them on the
+collectives the ranks shared, and the report says so.
+
+Only the index and a few records per rank are read: the rank's first alerts, the
+first collective that held Inf/NaN, and that collective's copy on the other ranks
+(found by a search over each rank's distributed operations); docs/SCALE.md has
+the figures. Rules and limits are in docs/ROOT_CAUSE.md, "Many ranks".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nanscope.format.health import Health
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, Collective, DumpReader, EventRef
+
+# Op types of torch.distributed operations (what the recorders tag).
+DISTRIBUTED_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
+# Records decoded while searching one rank for one operation, and around a birth.
+SEARCH_LIMIT = 64
+NEAR_LIMIT = 16
+
+
+@dataclass(frozen=True)
+class OpCopy:
+    """One rank's copy of a distributed operation: where it is and what went in and out."""
+
+    process: int
+    index: int  # the execution's index
+    collective: Collective
+    wall_time: float
+    step: int
+    op_type: str
+    sent: bool | None  # this rank's input held Inf/NaN (None: not recorded)
+    came_out: bool  # its output held Inf/NaN
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.collective.group, self.collective.kind, self.collective.sequence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"process": self.process, "index": self.index, "op_type": self.op_type,
+                "step": self.step, "wall_time": self.wall_time, "sent_nonfinite": self.sent,
+                "collective": self.collective.to_json()}  # fmt: skip
+
+
+@dataclass
+class RankState:
+    """One process in the cross-rank verdict."""
+
+    process: int
+    rank: int | None
+    label: str
+    first: EventRef | None  # its first Inf/NaN (any kind)
+    first_nan: EventRef | None
+    # "origin", "born" (on its own, not the origin), "received", "clean"
+    role: str = "clean"
+    via: OpCopy | None = None  # received: its copy of the operation that brought it
+    senders: list[int] = field(default_factory=list)  # received: the processes that sent it
+    birth: EventRef | None = None  # born: the event it was born at
+    clock_offset: float | None = None  # seconds to add to its wall times (the origin's clock)
+
+    def aligned(self, wall_time: float) -> float | None:
+        return None if self.clock_offset is None else wall_time + self.clock_offset
+
+    def to_json(self) -> dict[str, Any]:
+        def ref(r: EventRef | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {"kind": r.kind, "index": r.index, "wall_time": r.wall_time,
+                    "aligned_time": self.aligned(r.wall_time)}  # fmt: skip
+
+        return {"process": self.process, "rank": self.rank, "label": self.label,
+                "role": self.role, "first": ref(self.first), "first_nan": ref(self.first_nan),
+                "birth": ref(self.birth), "via": self.via.to_json() if self.via else None,
+                "senders": self.senders, "clock_offset": self.clock_offset}  # fmt: skip
+
+
+@dataclass
+class RankVerdict:
+    """Where the Inf/NaN of a many-process dump was born, and how it spread."""
+
+    origin_process: int | None
+    origin: EventRef | None  # the origin rank's first Inf/NaN
+    decided_by: str  # "collective", "clock" or "single" (one process had Inf/NaN)
+    states: list[RankState]
+    # The operation that first carried it off the origin's rank: each rank's copy.
+    spread: list[OpCopy] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def received(self) -> set[tuple[int, int]]:
+        """(process, execution index) of the operations through which ranks received it."""
+        return {(s.process, s.via.index) for s in self.states if s.via is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        spread = None
+        if self.spread:
+            first = self.spread[0]
+            reached = [c.process for c in self.spread if not c.sent and c.came_out]
+            spread = {"collective": first.collective.to_json(), "op_type": first.op_type,
+                      "step": first.step, "copies": [c.to_json() for c in self.spread],
+                      "from": [c.process for c in self.spread if c.sent], "reached": reached}  # fmt: skip
+        return {"origin_process": self.origin_process,
+                "origin": None if self.origin is None else
+                {"kind": self.origin.kind, "index": self.origin.index},
+                "decided_by": self.decided_by, "spread": spread,
+                "processes": [s.to_json() for s in self.states], "notes": self.notes}  # fmt: skip
+
+
+def _any(healths: tuple[Health | None, ...]) -> bool | None:
+    known = [h for h in healths if h is not None]
+    return any(h.any_nonfinite for h in known) if known else None
+
+
+class _Ops:
+    """Each process's distributed operations, found in the index and decoded on demand."""
+
+    def __init__(self, reader: DumpReader) -> None:
+        self.reader = reader
+        rows = reader.index(EXECUTIONS)
+        procs = reader.processes_of(EXECUTIONS)
+        ids = reader.string_ids(DISTRIBUTED_PREFIXES)
+        where = np.flatnonzero(np.isin(rows["name"], ids)) if ids.size else np.zeros(0, np.int64)
+        self.rows = where
+        # The index holds each process's events together: one slice of `where` per process.
+        self.bounds: dict[int, tuple[int, int]] = {}
+        if where.size:
+            owners = procs[where]
+            change = np.flatnonzero(np.diff(owners)) + 1
+            starts = np.concatenate([[0], change])
+            ends = np.concatenate([change, [where.size]])
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                self.bounds[int(owners[s])] = (s, e)
+        self.nonfinite = rows["nonfinite"][where] == 1 if where.size else np.zeros(0, bool)
+        self._cache: dict[int, OpCopy | None] = {}
+
+    def of(self, process: int) -> np.ndarray:
+        s, e = self.bounds.get(process, (0, 0))
+        return self.rows[s:e]
+
+    def copy(self, process: int, index: int) -> OpCopy | None:
+        """Execution ``index`` as a distributed operation (None: untagged or unreadable)."""
+        if index in self._cache:
+            return self._cache[index]
+        op: OpCopy | None = None
+        try:
+            ex = self.reader.execution(index)
+        except UNREADABLE:
+            ex = None
+        if ex is not None and ex.collective is not None:
+            op = OpCopy(process, index, ex.collective, ex.wall_time, ex.step, ex.op_type,
+                        _any(ex.input_health), ex.health.any_nonfinite)  # fmt: skip
+        self._cache[index] = op
+        return op
+
+    def first_nonfinite(self, process: int) -> OpCopy | None:
+        """The process's first distributed operation whose output held Inf/NaN."""
+        s, e = self.bounds.get(process, (0, 0))
+        hits = np.flatnonzero(self.nonfinite[s:e])
+        for h in hits[:NEAR_LIMIT].tolist():
+            op = self.copy(process, int(self.rows[s + h]))
+            if op is not None and op.collective.kind == "collective":
+                return op
+        return None
+
+    def find(self, process: int, key: tuple[str, str, int], near: int | None) -> OpCopy | None:
+        """The process's copy of the operation ``key`` (group, kind, sequence), by a search
+        over its operations (each group's are numbered in order), starting near
+        position ``near`` among them."""
+        mine = self.of(process)
+        if not mine.size:
+            return None
+        group, kind, seq = key
+        lo, hi = 0, len(mine) - 1
+        guess = min(max(near if near is not None else len(mine) // 2, lo), hi)
+        decoded = 0
+        while lo <= hi and decoded < SEARCH_LIMIT:
+            # From the guess, the nearest operation of the same group and kind.
+            j, op = guess, None
+            while j <= hi and decoded < SEARCH_LIMIT:
+                decoded += 1
+                cand = self.copy(process, int(mine[j]))
+                if cand is not None and (cand.collective.group, cand.collective.kind) == (
+                    group,
+                    kind,
+                ):
+                    op = cand
+                    break
+                j += 1
+            if op is None:
+                # Nothing of the group to the right of the guess: search the left half.
+                hi = guess - 1
+                guess = (lo + hi) // 2
+                continue
+            if op.collective.sequence == seq:
+                return op
+            if op.collective.sequence < seq:
+                lo = j + 1
+            else:
+                hi = guess - 1
+            guess = (lo + hi) // 2
+        return None
+
+    def find_send(self, process: int, to_rank: int | None, seq: int, group: str) -> OpCopy | None:
+        """The process's send numbered ``seq`` to ``to_rank`` in ``group``."""
+        for i in self.of(process)[: SEARCH_LIMIT * 64].tolist():
+            op = self.copy(process, int(i))
+            c = op.collective if op else None
+            if (
+                c
+                and c.kind == "send"
+                and c.group == group
+                and c.peer == to_rank
+                and c.sequence == seq
+            ):
+                return op
+        return None
+
+    def position(self, process: int, index: int) -> int:
+        return int(np.searchsorted(self.of(process), index))
+
+    def near(self, process: int, index: int, after: bool) -> OpCopy | None:
+        """The process's first collective after ``index`` (or the last at or before it)."""
+        mine = self.of(process)
+        pos = int(np.searchsorted(mine, index, side="right"))
+        order = (
+            range(pos, min(len(mine), pos + NEAR_LIMIT))
+            if after
+            else range(pos - 1, max(-1, pos - 1 - NEAR_LIMIT), -1)
+        )
+        for j in order:
+            op = self.copy(process, int(mine[j]))
+            if op is not None and op.collective.kind == "collective":
+                return op
+        return None
+
+
+def _firsts(reader: DumpReader, column: str) -> dict[int, EventRef]:
+    """Each process's first event with ``column`` > 0 (executions and traces; within a
+    process the earlier by its own clock)."""
+    out: dict[int, EventRef] = {}
+    for kind in (EXECUTIONS, TRACES):
+        rows, procs = reader.index(kind), reader.processes_of(kind)
+        if not len(rows):
+            continue
+        if column == "nan" and column in rows.dtype.names:
+            mask = rows["nan"] > 0
+        else:
+            mask = rows["nonfinite"] == 1
+        hits = np.flatnonzero(mask)
+        if not hits.size:
+            continue
+        owners, first = np.unique(procs[hits], return_index=True)
+        for p, f in zip(owners.tolist(), hits[first].tolist(), strict=True):
+            ref = EventRef(kind, f, p, float(rows["wall_time"][f]))
+            if p not in out or ref.wall_time < out[p].wall_time:
+                out[p] = ref
+    return out
+
+
+def _not_after(op: OpCopy, mark: EventRef) -> bool:
+    """Whether the operation ran no later than the event ``mark`` of the same process."""
+    if mark.kind == EXECUTIONS:
+        return op.index <= mark.index
+    return op.wall_time <= mark.wall_time  # a graph trace: the process's own clock orders them
+
+
+def _received_by_recv(reader: DumpReader, ops: _Ops, first: EventRef) -> OpCopy | None:
+    """The receive that wrote Inf/NaN the event ``first`` read, if one did."""
+    if first.kind != EXECUTIONS:
+        return None
+    try:
+        ex = reader.execution(first.index)
+    except UNREADABLE:
+        return None
+    bad_inputs = {t for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False)
+                  if t and h is not None and h.any_nonfinite}  # fmt: skip
+    if not bad_inputs:
+        return None
+    mine = ops.of(first.process)
+    pos = int(np.searchsorted(mine, first.index))
+    for j in range(pos - 1, max(-1, pos - 1 - SEARCH_LIMIT), -1):
+        op = ops.copy(first.process, int(mine[j]))
+        if op is None or op.collective.kind != "recv":
+            continue
+        try:
+            recv = reader.execution(op.index)
+        except UNREADABLE:
+            continue
+        if bad_inputs.intersection(recv.input_tensor_ids):
+            return op
+    return None
+
+
+def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
+    """The cross-rank verdict of a dump written by several processes (None for one process,
+    or when none had Inf/NaN)."""
+    processes = reader.processes
+    if len(processes) < 2:
+        return None
+    firsts = _firsts(reader, "nonfinite")
+    if not firsts:
+        return None
+    nans = _firsts(reader, "nan")
+    by_rank = {p.rank: p.index for p in processes if p.rank is not None}
+    ops = _Ops(reader)
+    states = [
+        RankState(p.index, p.rank, p.label, firsts.get(p.index), nans.get(p.index))
+        for p in processes
+    ]
+    notes: list[str] = []
+    senders_of: dict[tuple[str, str, int], list[OpCopy]] = {}
+
+    def copies(op: OpCopy) -> list[OpCopy]:
+        """Every rank's copy of the operation ``op`` (cached per operation)."""
+        got = senders_of.get(op.key)
+        if got is None:
+            near = ops.position(op.process, op.index)
+            got = [op]
+            for s in states:
+                if s.process != op.process:
+                    c = ops.find(s.process, op.key, near)
+                    if c is not None:
+                        got.append(c)
+            got.sort(key=lambda c: c.process)
+            senders_of[op.key] = got
+        return got
+
+    # 1. Who received their Inf/NaN, and from whom.
+    for s in states:
+        if s.first is None:
+            continue
+        # Its first NaN (else its first Inf/NaN): values a benign mask made earlier
+        # never cross ranks, so they do not decide where harmful values came from.
+        mark = s.first_nan or s.first
+        entry = ops.first_nonfinite(s.process)
+        # The first collective that gave it Inf/NaN, where its own contribution was finite.
+        if entry is not None and _not_after(entry, mark) and not entry.sent:
+            senders = [c for c in copies(entry) if c.process != s.process and c.sent]
+            if senders:
+                s.role, s.via, s.senders = "received", entry, [c.process for c in senders]
+                continue
+        recv = _received_by_recv(reader, ops, mark)
+        if recv is not None:
+            peer = by_rank.get(recv.collective.peer) if recv.collective.peer is not None else None
+            send = (ops.find_send(peer, s.rank, recv.collective.sequence, recv.collective.group)
+                    if peer is not None else None)  # fmt: skip
+            if send is not None and send.sent:
+                s.role, s.via, s.senders = "received", recv, [peer]  # type: ignore[list-item]
+                continue
+        s.role, s.birth = "born", mark
+
+    born = [s for s in states if s.role == "born"]
+    received = [s for s in states if s.role == "received"]
+    if not born:
+        # Every rank received from another: a cycle only damaged or partial records make.
+        notes.append("Every rank with Inf/NaN received it from another (records are missing?); "
+                     "the origin is chosen by clock.")  # fmt: skip
+        born = [s for s in states if s.first is not None]
+        for s in born:
+            s.birth = s.first_nan or s.first
+    # 2. Among ranks that went bad on their own, the earliest by the collectives' order.
+    origin, decided_by = _earliest(reader, ops, born, copies, notes)
+    if len(born) == 1 and not received:
+        decided_by = "single"
+    for s in born:
+        if s is not origin:
+            s.role = "born"
+    origin.role = "origin"
+    # 3. Clocks aligned on the origin's, by the operations each rank shares with it.
+    _align(ops, states, origin, copies)
+    spread = _spread(origin, received, copies)
+    return RankVerdict(
+        origin_process=origin.process,
+        origin=origin.first if origin.first is not None else origin.birth,
+        decided_by=decided_by,
+        states=states,
+        spread=spread,
+        notes=notes,
+    )
+
+
+def _earliest(
+    reader: DumpReader, ops: _Ops, born: list[RankState], copies: Any, notes: list[str]
+) -> tuple[RankState, str]:
+    """The first of several births: one that a collective orders before every other, else
+    the earliest by aligned clocks among those no collective orders."""
+    if len(born) == 1:
+        return born[0], "collective"
+    births = {s.birth.index for s in born if s.birth is not None and s.birth.kind == EXECUTIONS}
+    entries = [ops.copy(s.process, s.birth.index) for s in born if s.birth is not None]
+    if len(births) == len(born) and all(e is not None for e in entries):
+        keys = {e.key for e in entries if e is not None}
+        if len(keys) == 1 and not any(e.sent for e in entries if e is not None):
+            # Finite in, Inf/NaN out on every rank: the collective itself made it (a sum
+            # that overflowed its dtype). Every rank's copy is a birth; the lowest rank is named.
+            first = min(born, key=lambda s: (s.rank is None, s.rank, s.process))
+            notes.append(
+                f"Every rank's values were finite going into {entries[0].collective.label} "
+                "and Inf/NaN coming out: the collective made it (its result overflowed?)."
+            )
+            return first, "collective"
+    after = {s.process: ops.near(s.process, s.birth.index, after=True) for s in born if s.birth}
+    before = {s.process: ops.near(s.process, s.birth.index, after=False) for s in born if s.birth}
+
+    def precedes(a: RankState, b: RankState) -> bool:
+        na, pb = after.get(a.process), before.get(b.process)
+        return (na is not None and pb is not None and na.collective.group == pb.collective.group
+                and na.collective.sequence <= pb.collective.sequence)  # fmt: skip
+
+    first = [b for b in born if not any(precedes(a, b) for a in born if a is not b)]
+    if len(first) == 1:
+        return first[0], "collective"
+    # Concurrent: the same collectives on either side. Their clocks, aligned on the
+    # next collective they shared.
+    ref = first[0]
+    offsets: dict[int, float | None] = {ref.process: 0.0}
+    ref_next = after.get(ref.process)
+    for s in first[1:]:
+        offsets[s.process] = None
+        if ref_next is not None:
+            mine = next((c for c in copies(ref_next) if c.process == s.process), None)
+            if mine is not None:
+                offsets[s.process] = ref_next.wall_time - mine.wall_time
+
+    def when(s: RankState) -> float:
+        off = offsets.get(s.process)
+        assert s.birth is not None
+        return s.birth.wall_time + (off or 0.0)
+
+    first.sort(key=when)
+    names = ", ".join(s.label for s in first)
+    aligned = all(offsets.get(s.process) is not None for s in first)
+    notes.append(
+        f"{names} made Inf/NaN on their own between the same collectives: no collective "
+        f"orders them, so the earliest by clock is named ({first[0].label}"
+        + (
+            ", clocks aligned on the collective that followed)."
+            if aligned
+            else "; clocks not aligned)."
+        )
+    )
+    return first[0], "clock"
+
+
+def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -> None:
+    """Each rank's clock offset to the origin's, from one collective both took part in (the
+    one that spread the Inf/NaN, else the next after the origin's birth)."""
+    origin.clock_offset = 0.0
+    anchor_at = origin.birth or origin.first
+    anchor = ops.near(origin.process, anchor_at.index, after=True) if anchor_at else None
+    shared = {c.process: c for c in copies(anchor)} if anchor is not None else {}
+    for s in states:
+        if s is origin:
+            continue
+        mine = s.via if s.via is not None else shared.get(s.process)
+        theirs = None
+        if mine is not None:
+            theirs = next((c for c in copies(mine) if c.process == origin.process), None)
+        if mine is not None and theirs is not None:
+            # A collective ends at about the same moment on every member.
+            s.clock_offset = theirs.wall_time - mine.wall_time
+
+
+def _spread(origin: RankState, received: list[RankState], copies: Any) -> list[OpCopy]:
+    """Every rank's copy of the first operation that carried the origin's values away."""
+    direct = [s for s in received if s.via is not None and origin.process in s.senders]
+    if not direct:
+        return []
+    first = min(
+        direct, key=lambda s: (s.via.collective.kind != "collective", s.via.step, s.via.index)
+    )  # type: ignore[union-attr]
+    assert first.via is not None
+    if first.via.collective.kind != "collective":
+        return [first.via]
+    return list(copies(first.via))
