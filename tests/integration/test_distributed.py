@@ -42,6 +42,7 @@ from ..helpers import marked_line, shift_clock
 
 PROGRAMS = Path(__file__).parents[1] / "programs"
 DDP_PROGRAM = PROGRAMS / "ddp_train.py"
+PIPELINE_PROGRAM = PROGRAMS / "pipeline_train.py"
 TF_PROGRAM = PROGRAMS / "tf_mirrored.py"
 LAUNCH_TIMEOUT_S = 240
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -412,6 +413,73 @@ def test_cross_rank_origin_is_told_by_collectives_not_clocks(
         expected = -skew if p["rank"] == 0 else 0.0
         assert p["clock_offset"] == pytest.approx(expected, abs=0.5), p
     assert not any("by clock" in n for n in a.notes)
+
+
+# -- a two-stage pipeline: send and receive -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not HAS_TORCH:
+        pytest.skip("needs PyTorch")
+    logdir = tmp_path_factory.mktemp("pipeline") / "dump"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", str(PIPELINE_PROGRAM), str(logdir), str(PIPELINE_BAD_STEP), "4"]  # fmt: skip
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=clean_env(), timeout=LAUNCH_TIMEOUT_S
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return logdir
+
+
+PIPELINE_BAD_STEP = 2
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_pipeline_origin_is_the_stage_that_sent_it(pipeline: Path, tmp_path: Path) -> None:
+    """Rank 1's clock runs 5 s behind: its first Inf/NaN looks earliest, but it received it."""
+    logdir = tmp_path / "dump"
+    shutil.copytree(pipeline, logdir)
+    shift_clock(logdir, 1, -5.0)
+    with open_dump(logdir) as r:
+        assert r.problems == []
+        # The oracle, from the raw records: rank 0's activations sent at the bad step went
+        # out with Inf/NaN, and rank 1's receive of the same number took them in.
+        sends = {}
+        recvs = {}
+        for i in range(r.num_executions()):
+            e = r.execution(i)
+            c = e.collective
+            if c is not None and c.kind in ("send", "recv"):
+                rank = r.processes[e.process].rank
+                table = sends if c.kind == "send" else recvs
+                table[(rank, c.peer, c.sequence)] = (e.step, e.input_health[0])
+        bad_send = [k for k, (step, h) in sends.items()
+                    if k[0] == 0 and step == PIPELINE_BAD_STEP and h is not None and h.any_nonfinite]  # fmt: skip
+        assert len(bad_send) == 1
+        (_, _, seq) = bad_send[0]
+        assert (1, 0, seq) in recvs and recvs[(1, 0, seq)][0] == PIPELINE_BAD_STEP
+        by_clock = r.first_nonfinite()
+        assert by_clock is not None and r.processes[by_clock.process].rank == 1
+        a = analysis.analyze(r)
+        stage0, stage1 = process_of_rank(r, 0), process_of_rank(r, 1)
+    o = a.origin
+    assert o is not None and a.ranks is not None
+    assert (o.op_type, o.rank, o.step) == ("aten.log.default", 0, PIPELINE_BAD_STEP)
+    assert o.source is not None and o.source.line == marked_line(
+        str(PIPELINE_PROGRAM), "# <- origin"
+    )
+    v = a.ranks.to_json()
+    assert v["decided_by"] == "collective" and v["origin_process"] == stage0
+    (received,) = [p for p in v["processes"] if p["process"] == stage1]
+    assert received["role"] == "received" and received["senders"] == [stage0]
+    via = received["via"]["collective"]
+    assert (via["kind"], via["peer"], via["sequence"]) == ("recv", 0, seq)
+    spread = v["spread"]
+    assert [c["collective"]["kind"] for c in spread["copies"]] == ["send", "recv"]
+    assert (spread["from"], spread["reached"]) == ([stage0], [stage1])
+    assert received["clock_offset"] == pytest.approx(5.0, abs=0.5)
 
 
 # -- TensorFlow MirroredStrategy over two logical CPUs -------------------------------------------

@@ -48,6 +48,7 @@ class OpCopy:
 
     @property
     def key(self) -> tuple[str, str, int]:
+        """What names the operation on every member (a send and a receive also need their peers)."""
         return (self.collective.group, self.collective.kind, self.collective.sequence)
 
     def to_json(self) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class RankState:
     # "origin", "born" (on its own, not the origin), "received", "clean"
     role: str = "clean"
     via: OpCopy | None = None  # received: its copy of the operation that brought it
+    source: OpCopy | None = None  # received: the (first) sender's copy of that operation
     senders: list[int] = field(default_factory=list)  # received: the processes that sent it
     birth: EventRef | None = None  # born: the event it was born at
     clock_offset: float | None = None  # seconds to add to its wall times (the origin's clock)
@@ -96,8 +98,10 @@ class RankVerdict:
     origin: EventRef | None  # the origin rank's first Inf/NaN
     decided_by: str  # "collective", "clock" or "single" (one process had Inf/NaN)
     states: list[RankState]
-    # The operation that first carried it off the origin's rank: each rank's copy.
+    # The operation that first carried it off the origin's rank: each rank's copy, and
+    # the processes it brought Inf/NaN to.
     spread: list[OpCopy] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +113,7 @@ class RankVerdict:
         spread = None
         if self.spread:
             first = self.spread[0]
-            reached = [c.process for c in self.spread if not c.sent and c.came_out]
+            reached = self.reached
             spread = {"collective": first.collective.to_json(), "op_type": first.op_type,
                       "step": first.step, "copies": [c.to_json() for c in self.spread],
                       "from": [c.process for c in self.spread if c.sent], "reached": reached}  # fmt: skip
@@ -352,6 +356,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
             senders = [c for c in copies(entry) if c.process != s.process and c.sent]
             if senders:
                 s.role, s.via, s.senders = "received", entry, [c.process for c in senders]
+                s.source = senders[0]
                 continue
         recv = _received_by_recv(reader, ops, mark)
         if recv is not None:
@@ -359,7 +364,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
             send = (ops.find_send(peer, s.rank, recv.collective.sequence, recv.collective.group)
                     if peer is not None else None)  # fmt: skip
             if send is not None and send.sent:
-                s.role, s.via, s.senders = "received", recv, [peer]  # type: ignore[list-item]
+                s.role, s.via, s.senders, s.source = "received", recv, [send.process], send
                 continue
         s.role, s.birth = "born", mark
 
@@ -382,8 +387,9 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
     origin.role = "origin"
     # 3. Clocks aligned on the origin's, by the operations each rank shares with it.
     _align(ops, states, origin, copies)
-    spread = _spread(origin, received, copies)
+    spread, reached = _spread(origin, received, copies)
     return RankVerdict(
+        reached=reached,
         origin_process=origin.process,
         origin=origin.first if origin.first is not None else origin.birth,
         decided_by=decided_by,
@@ -457,8 +463,8 @@ def _earliest(
 
 
 def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -> None:
-    """Each rank's clock offset to the origin's, from one collective both took part in (the
-    one that spread the Inf/NaN, else the next after the origin's birth)."""
+    """Each rank's clock offset to the origin's, from one operation both took part in (the
+    one it received through, else the first collective after the origin's birth)."""
     origin.clock_offset = 0.0
     anchor_at = origin.birth or origin.first
     anchor = ops.near(origin.process, anchor_at.index, after=True) if anchor_at else None
@@ -466,24 +472,32 @@ def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -
     for s in states:
         if s is origin:
             continue
-        mine = s.via if s.via is not None else shared.get(s.process)
-        theirs = None
-        if mine is not None:
+        mine, theirs = None, None
+        if s.via is not None and s.source is not None and s.source.process == origin.process:
+            mine, theirs = s.via, s.source
+        elif s.via is not None and s.via.collective.kind == "collective":
+            mine = s.via
             theirs = next((c for c in copies(mine) if c.process == origin.process), None)
+        if theirs is None and s.process in shared:
+            mine, theirs = shared[s.process], anchor
         if mine is not None and theirs is not None:
-            # A collective ends at about the same moment on every member.
+            # A collective ends at about the same moment on every member (a receive, soon
+            # after its send).
             s.clock_offset = theirs.wall_time - mine.wall_time
 
 
-def _spread(origin: RankState, received: list[RankState], copies: Any) -> list[OpCopy]:
-    """Every rank's copy of the first operation that carried the origin's values away."""
+def _spread(
+    origin: RankState, received: list[RankState], copies: Any
+) -> tuple[list[OpCopy], list[int]]:
+    """Every rank's copy of the first operation that carried the origin's values away, and
+    the processes it brought them to."""
     direct = [s for s in received if s.via is not None and origin.process in s.senders]
     if not direct:
-        return []
-    first = min(
-        direct, key=lambda s: (s.via.collective.kind != "collective", s.via.step, s.via.index)
-    )  # type: ignore[union-attr]
-    assert first.via is not None
-    if first.via.collective.kind != "collective":
-        return [first.via]
-    return list(copies(first.via))
+        return [], []
+    first = min(direct, key=lambda s: (s.via.step, s.via.wall_time + (s.clock_offset or 0.0)))  # type: ignore[union-attr]
+    via = first.via
+    assert via is not None
+    if via.collective.kind != "collective":
+        return [c for c in (first.source, via) if c is not None], [first.process]
+    reached = [s.process for s in direct if s.via is not None and s.via.key == via.key]
+    return list(copies(via)), sorted(reached)
