@@ -359,7 +359,11 @@ def ddp_allreduces(r: DumpReader) -> dict[int | None, list[tuple[int, int, bool 
 @pytest.mark.slow
 @pytest.mark.parametrize("skew", [5.0, -5.0])
 def test_cross_rank_origin_is_told_by_collectives_not_clocks(
-    ddp: DdpRun, skew: float, tmp_path: Path
+    ddp: DdpRun,
+    skew: float,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rank 0's clock runs 5 s ahead (or behind): the collectives still name the rank."""
     logdir = tmp_path / "dump"
@@ -413,6 +417,21 @@ def test_cross_rank_origin_is_told_by_collectives_not_clocks(
         expected = -skew if p["rank"] == 0 else 0.0
         assert p["clock_offset"] == pytest.approx(expected, abs=0.5), p
     assert not any("by clock" in n for n in a.notes)
+    # The terminal report says the same, with the per-rank table.
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["report", str(logdir)]) == 1
+    text = capsys.readouterr().out
+    assert f"Ranks: born on rank {ddp.bad_rank} (told by the collectives" in text
+    others = ", ".join(f"rank {r}" for r in range(ddp.world) if r != ddp.bad_rank)
+    label = f"collective #{at_bad_step} of group 0 (default_pg)"
+    assert (
+        f"spread by c10d.allreduce_.default, {label}, at step {ddp.bad_step}: "
+        f"from rank {ddp.bad_rank} to {others}"
+    ) in text
+    table = text[text.index("Ranks: born") :].splitlines()[3 : 3 + ddp.world]
+    assert table[0].split()[:4] == ["rank", str(ddp.bad_rank), "origin", "#" + str(o.index)]
+    for line in table[1:]:
+        assert f"received: {label} from rank {ddp.bad_rank}" in line, line
 
 
 # -- a two-stage pipeline: send and receive -----------------------------------------------------

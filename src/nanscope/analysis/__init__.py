@@ -6,6 +6,7 @@ these functions return; none of them reads a dump or decodes a summary itself.
 
 from nanscope.analysis._dataflow import consumers, graph_op_edges, nearest_trace, producers
 from nanscope.analysis._explain import explain, op_family
+from nanscope.analysis._ranks import OpCopy, RankState, RankVerdict, analyze_ranks
 from nanscope.analysis._rootcause import (
     SCHEMA,
     Alerts,
@@ -24,10 +25,14 @@ __all__ = [
     "EventView",
     "InputView",
     "LineageGroup",
+    "OpCopy",
     "Producer",
+    "RankState",
+    "RankVerdict",
     "Source",
     "ViewBuilder",
     "analyze",
+    "analyze_ranks",
     "consumers",
     "count_alerts",
     "explain",

@@ -66,6 +66,8 @@ class RankState:
     label: str
     first: EventRef | None  # its first Inf/NaN (any kind)
     first_nan: EventRef | None
+    first_op: str = ""  # the first Inf/NaN's op type and step
+    first_step: int | None = None
     # "origin", "born" (on its own, not the origin), "received", "clean"
     role: str = "clean"
     via: OpCopy | None = None  # received: its copy of the operation that brought it
@@ -85,7 +87,8 @@ class RankState:
                     "aligned_time": self.aligned(r.wall_time)}  # fmt: skip
 
         return {"process": self.process, "rank": self.rank, "label": self.label,
-                "role": self.role, "first": ref(self.first), "first_nan": ref(self.first_nan),
+                "role": self.role, "first": ref(self.first), "first_op": self.first_op,
+                "first_step": self.first_step, "first_nan": ref(self.first_nan),
                 "birth": ref(self.birth), "via": self.via.to_json() if self.via else None,
                 "senders": self.senders, "clock_offset": self.clock_offset}  # fmt: skip
 
@@ -275,6 +278,15 @@ def _firsts(reader: DumpReader, column: str) -> dict[int, EventRef]:
     return out
 
 
+def _op_and_step(reader: DumpReader, ref: EventRef) -> tuple[str, int]:
+    """An event's op type and step, from the index alone."""
+    row = reader.index(ref.kind)[ref.index]
+    if ref.kind == EXECUTIONS:
+        return reader.string(int(row["name"])), int(row["step"])
+    op = reader.trace_op_types(np.array([ref.index]))[0]
+    return reader.string(int(op)), int(row["step"])
+
+
 def _not_after(op: OpCopy, mark: EventRef) -> bool:
     """Whether the operation ran no later than the event ``mark`` of the same process."""
     if mark.kind == EXECUTIONS:
@@ -325,6 +337,9 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
         RankState(p.index, p.rank, p.label, firsts.get(p.index), nans.get(p.index))
         for p in processes
     ]
+    for s in states:
+        if s.first is not None:
+            s.first_op, s.first_step = _op_and_step(reader, s.first)
     notes: list[str] = []
     senders_of: dict[tuple[str, str, int], list[OpCopy]] = {}
 

@@ -11,7 +11,15 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.analysis import Analysis, EventView, InputView, LineageGroup, Source
+from nanscope.analysis import (
+    Analysis,
+    EventView,
+    InputView,
+    LineageGroup,
+    RankState,
+    RankVerdict,
+    Source,
+)
 from nanscope.format.health import Health
 
 
@@ -104,6 +112,72 @@ def _lineage_line(g: LineageGroup) -> Text:
     return t
 
 
+# Rows of the per-rank table beyond the origin and other births (a large run's ranks
+# mostly received it the same way).
+RANK_ROWS = 12
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:+,.1f} ms" if abs(seconds) < 10 else f"{seconds:+,.1f} s"
+
+
+def _rank_order(st: RankState) -> tuple[int, int]:
+    return (st.rank if st.rank is not None else 1 << 30, st.process)
+
+
+def _ranks_section(v: RankVerdict, console: Console) -> None:
+    """Where it was born across ranks, how that was told, and each rank's first Inf/NaN."""
+    by_process = {st.process: st for st in v.states}
+    origin = by_process.get(v.origin_process) if v.origin_process is not None else None
+    if origin is None:
+        return
+    how = {
+        "collective": "told by the collectives that carried it, not by clocks",
+        "clock": "told by clock: no collective orders the births",
+        "single": "the only rank with Inf/NaN",
+    }[v.decided_by]
+    console.print(Text(f"Ranks: born on {origin.label} ({how})", style="bold"))
+    if v.spread:
+        first = v.spread[0]
+        reached = sorted((by_process[p] for p in v.reached if p in by_process), key=_rank_order)
+        names = ", ".join(st.label for st in reached)
+        senders = ", ".join(by_process[c.process].label for c in v.spread if c.sent)
+        console.print(
+            f"spread by {first.op_type}, {first.collective.label}, at step {first.step}: "
+            f"from {senders or origin.label} to {names}"
+        )
+    table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+    for col in ("rank", "role", "first Inf/NaN", "step", "when", "clock offset"):
+        table.add_column(col, justify="right" if col in ("step", "when") else "left")
+    start = origin.first or origin.birth
+    t0 = start.wall_time if start is not None else 0.0
+    roles = {"origin": 0, "born": 1, "received": 2}
+    rows = sorted(v.states, key=lambda st: (roles.get(st.role, 3), _rank_order(st)))
+    shown = [st for st in rows if st.role in ("origin", "born")]
+    shown += [st for st in rows if st.role not in ("origin", "born")][
+        : max(0, RANK_ROWS - len(shown))
+    ]
+    for st in shown:
+        role = st.role
+        if st.via is not None:
+            src = ", ".join(by_process[p].label for p in st.senders if p in by_process)
+            p2p = st.via.collective.kind != "collective"  # its label names the peer
+            role = f"received: {st.via.collective.label}" + (
+                f" from {src}" if src and not p2p else ""
+            )
+        first = f"#{st.first.index} {st.first_op}" if st.first is not None else "—"
+        when = "—"
+        if st.first is not None:
+            aligned = st.aligned(st.first.wall_time)
+            when = _ms(aligned - t0) if aligned is not None else "(clock not aligned)"
+        offset = "—" if st.clock_offset is None else _ms(st.clock_offset)
+        step = str(st.first_step) if st.first_step is not None else "—"
+        table.add_row(st.label, role, first, step, when, offset)
+    console.print(table)
+    if len(rows) > len(shown):
+        console.print(Text(f"... {len(rows) - len(shown)} more ranks", style="dim"))
+
+
 def render_text(a: Analysis, console: Console) -> None:
     """Print the report for ``a``."""
     console.print(Text(f"nanscope report: {a.logdir}", style="bold"))
@@ -158,6 +232,8 @@ def render_text(a: Analysis, console: Console) -> None:
             console.print(
                 event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style)
             )
+    if a.ranks is not None:
+        _ranks_section(a.ranks, console)
     seen = {(v.kind, v.index) for v in (a.cause, a.origin) if v is not None}
     for title, v in (("First -inf/+inf", a.first_inf), ("First NaN", a.first_nan)):
         if v is None:
