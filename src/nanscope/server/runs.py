@@ -260,7 +260,7 @@ class Run:
                 signature = _signatures(paths)
                 with self._rw.exclusive():
                     try:
-                        self._reader = DumpReader(paths[0] if len(paths) == 1 else paths)
+                        self._reader = DumpReader(paths)
                     except files.DumpNotFoundError as exc:
                         self.error = str(exc)
                         raise
