@@ -273,3 +273,23 @@ def test_a_missing_logdir_is_named(logdirs: tuple[Path, Path], tmp_path: Path) -
     with pytest.raises(DumpNotFoundError, match="no such directory") as info:
         RunSet([logdirs[0], missing])
     assert str(missing) in str(info.value)
+
+
+def test_a_directory_whose_metadata_is_being_written_waits_for_its_run_id(
+    hosts: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a, b = hosts
+    first, second = tmp_path / "a", tmp_path / "b"
+    copy_rank(a, 0, first / "job1")
+    starting = second / "job1" / f"{files.PREFIX}.0000000001.hostB-rank2-pid1-abcdef.metadata"
+    starting.parent.mkdir(parents=True)
+    starting.touch()  # created, its record not written yet
+    runs = RunSet([first, second], refresh_interval=0)
+    try:
+        assert runs.names() == ["job1"] and runs.get("job1").paths == (first / "job1",)
+        starting.unlink()
+        copy_rank(b, 2, second / "job1")
+        assert runs.names() == ["job1"]
+        assert runs.get("job1").paths == (first / "job1", second / "job1")
+    finally:
+        runs.close()
