@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +19,9 @@ from nanscope.format.proto import tensor_pb2
 from nanscope.format.records import scan
 from nanscope.format.tensors import DataType
 from nanscope.reader import Execution
+from nanscope.server.api import ROUTES
+from nanscope.server.query import Query
+from nanscope.server.runs import RunSet
 
 # TensorFlow 2.21's own dumps, one directory per name (tests/data/make_tf_dumps.py writes them).
 TF_DUMPS = Path(__file__).parent / "data" / "tf_dumps.tar.xz"
@@ -40,6 +46,19 @@ def extract_tf_dumps(root: Path, only: str | None = None) -> Path:
         )
         tar.extractall(root, members=members, filter="data")
     return root
+
+
+def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:
+    """Call the GUI's handler of ``path`` (``/api/executions/3`` style) as the server would."""
+    for rule, handler in ROUTES.items():
+        pattern = "^" + re.sub(r"<int:(\w+)>", r"(?P<\1>\\d+)", rule) + "$"
+        m = re.match(pattern, path)
+        if m:
+            query = Query({k: str(v) for k, v in params.items()})
+            result = handler(runs, query, {k: int(v) for k, v in m.groupdict().items()})
+            json.dumps(result, allow_nan=False)  # what the server sends must be strict JSON
+            return result
+    raise AssertionError(f"no route for {path}")
 
 
 def iter_payloads(data: bytes | memoryview, path: str) -> Iterator[bytes]:

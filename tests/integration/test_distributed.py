@@ -34,11 +34,9 @@ from nanscope import analysis, open_dump
 from nanscope.cli import main
 from nanscope.events import _writer as writer
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
-from nanscope.server.api import ROUTES
-from nanscope.server.query import Query
 from nanscope.server.runs import RunSet
 
-from ..helpers import marked_line, shift_clock
+from ..helpers import call, marked_line, shift_clock
 
 PROGRAMS = Path(__file__).parents[1] / "programs"
 DDP_PROGRAM = PROGRAMS / "ddp_train.py"
@@ -57,18 +55,6 @@ LAUNCHER_VARS = (
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     return {**env, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:
-    """Call the GUI's handler of ``path`` as the server would (as in test_server_api.py)."""
-    for rule, handler in ROUTES.items():
-        m = re.match("^" + re.sub(r"<int:(\w+)>", r"(?P<\1>\\d+)", rule) + "$", path)
-        if m:
-            query = Query({k: str(v) for k, v in params.items()})
-            result = handler(runs, query, {k: int(v) for k, v in m.groupdict().items()})
-            json.dumps(result, allow_nan=False)
-            return result
-    raise AssertionError(f"no route for {path}")
 
 
 def report_json(logdir: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -11,27 +10,14 @@ import pytest
 
 import nanscope
 from nanscope.server.api import ROUTES
-from nanscope.server.query import ApiError, Query
+from nanscope.server.query import ApiError
 from nanscope.server.runs import RunSet
-from tests.helpers import extract_tf_dumps, marked_line, write_small_dump
+from tests.helpers import call, extract_tf_dumps, marked_line, write_small_dump
 
 pytest.importorskip("torch")
 import torch
 
 DOC = Path(nanscope.__file__).parent / "server" / "http_api.md"
-
-
-def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:
-    """Call the handler of ``path`` (``/api/executions/3`` style) as the server would."""
-    for rule, handler in ROUTES.items():
-        pattern = "^" + re.sub(r"<int:(\w+)>", r"(?P<\1>\\d+)", rule) + "$"
-        m = re.match(pattern, path)
-        if m:
-            query = Query({k: str(v) for k, v in params.items()})
-            result = handler(runs, query, {k: int(v) for k, v in m.groupdict().items()})
-            json.dumps(result, allow_nan=False)  # what the server sends must be strict JSON
-            return result
-    raise AssertionError(f"no route for {path}")
 
 
 def refused(runs: RunSet, path: str, /, **params: Any) -> ApiError:

@@ -82,14 +82,14 @@ def test_requests_do_not_wait_for_the_index(tmp_path: Path, monkeypatch: Any) ->
     write_small_dump(tmp_path / "a")
     runs = RunSet(tmp_path, refresh_interval=0.01)
     walking, release = threading.Event(), threading.Event()
-    real_scan = runs._index.scan
+    real_scan = runs._indexes[0].scan
 
     def slow_scan() -> list[str]:
         walking.set()
         release.wait(30)
         return real_scan()
 
-    monkeypatch.setattr(runs._index, "scan", slow_scan)
+    monkeypatch.setattr(runs._indexes[0], "scan", slow_scan)
     walker = threading.Thread(target=runs.refresh)
     walker.start()
     try:

@@ -18,7 +18,11 @@ HELP = "report where the harmful Inf/NaN was born, and why (exit 1 if one was fo
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logdir", help="the dump root (the directory the program wrote to)")
+    p.add_argument(
+        "logdir", nargs="+",
+        help="the dump root (the directory the program wrote to); several (one per host) "
+        "are read together as one dump",
+    )  # fmt: skip
     p.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema nanscope.report/2)"
     )

@@ -21,7 +21,11 @@ HELP = "open the web GUI on a logdir (every run and process under it, live)"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logdir", help="the logdir: a dump root, or a directory with runs below it")
+    p.add_argument(
+        "logdir", nargs="+",
+        help="the logdir: a dump root, or a directory with runs below it; several (one per "
+        "host) are served together, the directories of one run id making one run",
+    )  # fmt: skip
     p.add_argument(
         "--port", type=int, default=DEFAULT_PORT,
         help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free port)",
@@ -54,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     runs = server.runs.names()
     found = f"{len(runs)} run{'s' if len(runs) != 1 else ''}" if runs else "no dump yet (waiting)"
-    print(f"nanscope serve: {server.runs.logdir} ({found})", flush=True)
+    where = ", ".join(str(d) for d in server.runs.logdirs)
+    print(f"nanscope serve: {where} ({found})", flush=True)
     if not is_loopback(args.host):
         print(
             f"nanscope serve: listening on {args.host}: the page needs the token in the URL; "

@@ -17,6 +17,7 @@ from nanscope.reader._decode import DecodeError
 from nanscope.reader._drops import WriterDrops
 from nanscope.reader._dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
 from nanscope.reader._eventfile import INDEX_DTYPE
+from nanscope.reader._logs import read_run_id
 
 # What decoding one indexed event can raise when its record is damaged.
 UNREADABLE = (RecordError, DecodeError)
@@ -43,4 +44,5 @@ __all__ = [
     "StackFrame",
     "WriterDrops",
     "open_dump",
+    "read_run_id",
 ]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -49,6 +49,8 @@ from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
 from nanscope.reader._logs import RecordLog
 
 SUPPORTED_FILE_VERSION = 1
+# One dump root, or several roots read as one dump (one per host, say).
+DumpRoots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 EXECUTIONS = "execution"
 TRACES = "graph_execution_trace"
 
@@ -96,25 +98,32 @@ class _Process:
 
 
 class DumpReader:
-    """Reads a tfdbg2 dump root.
+    """Reads a tfdbg2 dump root, or several roots of one run as one dump.
 
     **Arguments:**
 
-    - ``logdir``: the directory holding ``tfdbg_events.*`` file sets.
+    - ``logdir``: the directory holding ``tfdbg_events.*`` file sets, or a sequence of
+      such directories (one per host, say, when each host wrote its ranks to its own
+      directory): their file sets are read together, as if they shared one directory.
 
-    Raises :class:`nanscope.DumpNotFoundError` when there is no dump there.
+    :attr:`logdirs` holds every root (as given, duplicates dropped); :attr:`logdir` is the
+    first of them.
+    Raises :class:`nanscope.DumpNotFoundError` when a root is missing or holds no dump.
     Damage that can be worked around (a torn last record, a corrupt record, a
     missing file) is reported in :attr:`problems` instead of raising.
     Call :meth:`update` to read what was added since (the constructor calls
     it once).
     """
 
-    def __init__(self, logdir: str | os.PathLike[str]) -> None:
-        self.logdir = Path(logdir)
+    def __init__(self, logdir: DumpRoots) -> None:
+        self.logdirs: list[Path] = _roots(logdir)
+        self.logdir = self.logdirs[0]
         self._strings = StringTable()
         self._problems: dict[str, Problem] = {}
         self._processes: list[_Process] = []
-        self._known_sets: set[str] = set()
+        # By prefix (root and name): two roots may hold sets of the same name (two hosts of
+        # the same name that started in the same second).
+        self._known_sets: set[Path] = set()
         self._exec_rows = np.zeros(0, dtype=INDEX_DTYPE)
         self._exec_process = np.zeros(0, dtype=np.int16)
         self._trace_rows = np.zeros(0, dtype=INDEX_DTYPE)
@@ -122,7 +131,8 @@ class DumpReader:
         self._trace_types: np.ndarray | None = None
         self._reindexed = False
         self.generation = 0
-        files.discover(self.logdir)  # a clear error for a missing or empty dump root
+        for root in self.logdirs:
+            files.discover(root)  # a clear error for a missing or empty dump root
         self.update()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -224,14 +234,23 @@ class DumpReader:
             start += n
         return merged, procs
 
+    def add_logdir(self, logdir: str | os.PathLike[str]) -> None:
+        """Also read the file sets under ``logdir`` (another root of the same run), from the
+        next :meth:`update` on; a root already read is ignored."""
+        for root in _roots([*self.logdirs, logdir])[len(self.logdirs) :]:
+            files.discover(root)  # the same clear error as the constructor's
+            self.logdirs.append(root)
+
     def _discover(self, problems: list[Problem]) -> bool:
-        try:
-            sets = files.discover(self.logdir)
-        except files.DumpNotFoundError:
-            if self._processes:
-                return False  # deleted under us: keep what we have
-            raise
-        new = [s for s in sets if s.name not in self._known_sets]
+        sets: list[files.FileSet] = []
+        for root in self.logdirs:
+            try:
+                sets += files.discover(root)
+            except files.DumpNotFoundError:
+                if self._processes:
+                    continue  # deleted under us: keep what we have
+                raise
+        new = [s for s in sets if s.prefix not in self._known_sets]
         if not new:
             return False
         for s in new:
@@ -245,13 +264,20 @@ class DumpReader:
                         + " (copied partially? events of those files are not shown)",
                     )
                 )
-            self._known_sets.add(s.name)
+            self._known_sets.add(s.prefix)
             proc = _Process(len(self._processes), s, self._strings)
             self._read_metadata(proc, problems)
             self._processes.append(proc)
         # Earliest first, as TensorFlow's reader orders hosts; indices follow, in
         # everything that holds one (metadata read and graphs made before sorting).
-        self._processes.sort(key=lambda p: (p.info.start_time if p.info else 0.0, p.file_set.name))
+        # The prefix only breaks ties between sets of the same name in different roots.
+        self._processes.sort(
+            key=lambda p: (
+                p.info.start_time if p.info else 0.0,
+                p.file_set.name,
+                str(p.file_set.prefix),
+            )
+        )
         for i, p in enumerate(self._processes):
             if p.index != i and (len(p.executions.rows) or len(p.traces.rows)):
                 self._reindexed = True  # rows already concatenated under the old index
@@ -262,14 +288,18 @@ class DumpReader:
                 g.process = i
         run_ids = {p.info.run_id for p in self._processes if p.info and p.info.run_id}
         if len(run_ids) > 1:
-            problems.append(
-                Problem(
-                    "warning",
-                    f"{self.logdir}: file sets from different runs ({', '.join(sorted(run_ids))}) "
-                    "share this directory; write each run to its own logdir",
-                )
-            )
+            problems.append(Problem("warning", self._mixed_runs(sorted(run_ids))))
         return True
+
+    def _mixed_runs(self, run_ids: list[str]) -> str:
+        ids = ", ".join(run_ids)
+        if len(self.logdirs) == 1:
+            return (
+                f"{self.logdir}: file sets from different runs ({ids}) "
+                "share this directory; write each run to its own logdir"
+            )
+        roots = ", ".join(str(r) for r in self.logdirs)
+        return f"file sets from different runs ({ids}) in {roots}: give the directories of one run"
 
     # -- the append-only files ---------------------------------------------------------------
 
@@ -809,6 +839,18 @@ def _collective(ex: pb.Execution) -> Collective | None:
                       group_size=c.group_size, peer=c.peer if c.kind in ("send", "recv") else None)  # fmt: skip
 
 
-def open_dump(logdir: str | os.PathLike[str]) -> DumpReader:
-    """Open a dump root for reading (see :class:`DumpReader`)."""
+def _roots(logdir: DumpRoots) -> list[Path]:
+    """The dump roots given (one path or several), in order, each once."""
+    given = [logdir] if isinstance(logdir, (str, os.PathLike)) else list(logdir)
+    if not given:
+        raise files.DumpNotFoundError("no dump root given; pass the logdir the program wrote to")
+    roots: dict[str, Path] = {}
+    for g in given:
+        # Compared resolved, so that one directory named twice is not read twice.
+        roots.setdefault(os.path.realpath(g), Path(g))
+    return list(roots.values())
+
+
+def open_dump(logdir: DumpRoots) -> DumpReader:
+    """Open a dump root, or several roots of one run, for reading (see :class:`DumpReader`)."""
     return DumpReader(logdir)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from nanscope.format import files
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.reader._data import Problem
@@ -111,3 +112,18 @@ class RecordLog:
 
 def describe(err: RecordError) -> str:
     return f"{err.path}: corrupt record at byte offset {err.offset}: {err.reason}"
+
+
+def read_run_id(dump_dir: str | os.PathLike[str]) -> str | None:
+    """The run id (``tfdbg_run_id``) that the first file set in ``dump_dir`` (by name) records.
+
+    Cheap: one small ``.metadata`` file is read, not the dump. ``None`` when there is no
+    file set or its metadata record cannot be read (yet); ``""`` when the record has no
+    run id (TensorFlow before 2.3).
+    """
+    for path in sorted(Path(dump_dir).glob(f"{files.PREFIX}.*.{files.METADATA}")):
+        for _, event in RecordLog(path).new_events([]):
+            if event.WhichOneof("what") == "debug_metadata":
+                return event.debug_metadata.tfdbg_run_id
+        return None
+    return None

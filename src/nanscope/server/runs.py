@@ -4,6 +4,13 @@ A *run* is one directory holding a dump (its file sets: one per process or host)
 ``nanscope serve LOGDIR`` shows every run found under ``LOGDIR`` (the logdir itself
 when it is a dump), and new ones as they appear.
 
+Given several logdirs (``nanscope serve /a/logs /b/logs``: one per host, each host
+writing its ranks below its own), directories whose file sets record the same run id
+are one run, read as one dump: ``/a/logs/job1`` and ``/b/logs/job1`` of run X make
+the run ``job1`` with both directories. A run is named by its directory relative to
+the logdir where it was found first (in the order the logdirs were given); a name
+already taken by another run gets ``@<n>``, the logdir's place (1 for the first).
+
 Requests never wait on the filesystem walk: the run index is a snapshot, refreshed
 incrementally (only directories whose modification time changed are listed again)
 by a watcher thread, or by one request at a time when there is none. Readers of one
@@ -18,13 +25,13 @@ import fnmatch
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from nanscope.format import files
-from nanscope.reader import TRACES, DumpReader
+from nanscope.reader import TRACES, DumpReader, read_run_id
 
 T = TypeVar("T")
 
@@ -162,7 +169,21 @@ class SharedLock:
                 self._cond.notify_all()
 
 
-def _signature(path: Path) -> tuple[tuple[str, int, int, int], ...] | None:
+_Signature = tuple[tuple[str, int, int, int], ...]
+
+
+def _signatures(paths: tuple[Path, ...]) -> tuple[_Signature, ...] | None:
+    """Each directory's :func:`_signature`; ``None`` when one of them is ``None``."""
+    out = []
+    for path in paths:
+        signature = _signature(path)
+        if signature is None:
+            return None
+        out.append(signature)
+    return tuple(out)
+
+
+def _signature(path: Path) -> _Signature | None:
     """What changes when a dump's files do (names, sizes, times, inodes); ``None`` when
     the directory cannot be listed or something in it changed too recently to trust times."""
     racy = time.time_ns() - _RACY_NS
@@ -184,19 +205,31 @@ class Run:
 
     def __init__(self, name: str, path: Path, refresh_interval: float) -> None:
         self.name = name
-        self.path = path
+        # Replaced, never changed in place (add_path): _catch_up takes it without a lock.
+        self.paths: tuple[Path, ...] = (path,)
         self.refresh_interval = refresh_interval
         # Decoding only reads the reader's state; update() changes it. See reading().
         self._rw = SharedLock()
         self._refreshing = threading.Lock()  # one thread catches up at a time
         self._reader: DumpReader | None = None
-        self._signature: tuple[tuple[str, int, int, int], ...] | None = None
+        self._signature: tuple[_Signature, ...] | None = None
         self.error: str | None = None
         self._last_refresh = 0.0
         self._cache: dict[Any, Any] = {}
         self._cache_key: tuple[int, int, int] | None = None
         self._key_locks: dict[Any, threading.Lock] = {}
         self._key_locks_lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        """The run's first directory (the only one unless several logdirs are served)."""
+        return self.paths[0]
+
+    def add_path(self, path: Path) -> None:
+        """Another directory of this run (found under another logdir): read from the next
+        catch-up on."""
+        if path not in self.paths:
+            self.paths = (*self.paths, path)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[DumpReader]:
@@ -222,11 +255,12 @@ class Run:
             return
         try:
             now = time.monotonic()
+            paths = self.paths
             if self._reader is None:
-                signature = _signature(self.path)
+                signature = _signatures(paths)
                 with self._rw.exclusive():
                     try:
-                        self._reader = DumpReader(self.path)
+                        self._reader = DumpReader(paths)
                     except files.DumpNotFoundError as exc:
                         self.error = str(exc)
                         raise
@@ -236,14 +270,23 @@ class Run:
             elif now - self._last_refresh >= self.refresh_interval:
                 self._last_refresh = now
                 # Taken before update(), so that what is written meanwhile is read next time.
-                signature = _signature(self.path)
+                signature = _signatures(paths)
                 if signature is None or signature != self._signature:
                     with self._rw.exclusive():
+                        self._add_paths(self._reader, paths)
                         self._reader.update()
                         self._changed(self._reader)
                     self._signature = signature
         finally:
             self._refreshing.release()
+
+    @staticmethod
+    def _add_paths(reader: DumpReader, paths: tuple[Path, ...]) -> None:
+        """Directories added to the run since its reader was opened (exclusive side held)."""
+        for path in paths:
+            # Emptied or gone since it was found: try again at the next catch-up.
+            with contextlib.suppress(files.DumpNotFoundError):
+                reader.add_logdir(path)
 
     def _changed(self, r: DumpReader) -> None:
         """After the reader read more (exclusive side held): drop stale caches, warm lazy state."""
@@ -281,24 +324,41 @@ class Run:
 
 
 class RunSet:
-    """Every run under a logdir; new runs are found at most ``refresh_interval`` s late.
+    """Every run under a logdir, or under several logdirs (runs of one run id merged, see
+    the module's docstring); new runs are found at most ``refresh_interval`` s late.
 
     The index is refreshed by :meth:`watch`'s thread when one runs (the server starts
     it), else by the request that finds it due (others do not wait for it);
-    ``refresh_interval=0`` refreshes it on every call.
+    ``refresh_interval=0`` refreshes it on every call. :attr:`logdirs` holds every
+    logdir (resolved), :attr:`logdir` the first.
     """
 
-    def __init__(self, logdir: str | os.PathLike[str], refresh_interval: float = 1.0) -> None:
-        self.logdir = Path(logdir).resolve()
-        if not self.logdir.is_dir():
-            what = "no such directory" if not self.logdir.exists() else "not a directory"
-            raise files.DumpNotFoundError(
-                f"{logdir}: {what}; pass the logdir your program writes its dump to"
-            )
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        refresh_interval: float = 1.0,
+    ) -> None:
+        given = [logdir] if isinstance(logdir, (str, os.PathLike)) else list(logdir)
+        if not given:
+            raise files.DumpNotFoundError("no logdir given; pass the logdir your program writes to")
+        self.logdirs: list[Path] = []
+        for g in given:
+            root = Path(g).resolve()
+            if not root.is_dir():
+                what = "no such directory" if not root.exists() else "not a directory"
+                raise files.DumpNotFoundError(
+                    f"{g}: {what}; pass the logdir your program writes its dump to"
+                )
+            if root not in self.logdirs:
+                self.logdirs.append(root)
+        self.logdir = self.logdirs[0]
         self.refresh_interval = refresh_interval
-        self._index = _RunIndex(self.logdir)
+        self._indexes = [_RunIndex(root) for root in self.logdirs]
         # Replaced, never changed in place: readers take it without a lock.
         self._runs: dict[str, Run] = {}
+        # Several logdirs only: the directories placed in a run, and each run id's run.
+        self._placed: set[tuple[int, str]] = set()
+        self._by_run_id: dict[str, str] = {}
         self._scan_lock = threading.Lock()
         self._last_scan = -float("inf")
         self.last_scan_s = 0.0
@@ -312,18 +372,45 @@ class RunSet:
             return
         try:
             started = time.monotonic()
-            names = self._index.scan()
-            runs = self._runs
-            new = [n for n in names if n not in runs]
-            if new:
-                self._runs = {
-                    **runs,
-                    **{n: Run(n, self.logdir / n, self.refresh_interval) for n in new},
-                }
+            if len(self._indexes) == 1:
+                names = self._indexes[0].scan()
+                runs = self._runs
+                new = [n for n in names if n not in runs]
+                if new:
+                    self._runs = {
+                        **runs,
+                        **{n: Run(n, self.logdir / n, self.refresh_interval) for n in new},
+                    }
+            else:
+                self._merge_scan()
             self._last_scan = time.monotonic()
             self.last_scan_s = self._last_scan - started
         finally:
             self._scan_lock.release()
+
+    def _merge_scan(self) -> None:
+        """Several logdirs: place each new run directory in the run of its run id (scan lock
+        held)."""
+        runs = dict(self._runs)
+        for i, index in enumerate(self._indexes):
+            for rel in index.scan():
+                if (i, rel) in self._placed:
+                    continue
+                path = self.logdirs[i] / rel
+                run_id = read_run_id(path)
+                if run_id is None and _written_lately(path):
+                    continue  # its metadata record is being written: place it next time
+                self._placed.add((i, rel))
+                # No run id (TensorFlow before 2.3, or damaged metadata): a run of its own.
+                key = run_id or f"{i}:{rel}"
+                name = self._by_run_id.get(key)
+                if name is None:
+                    name = self._by_run_id[key] = _free_name(rel, i, runs)
+                    runs[name] = Run(name, path, self.refresh_interval)
+                else:
+                    runs[name].add_path(path)
+        if len(runs) != len(self._runs):
+            self._runs = runs
 
     def watch(self) -> None:
         """Keep the index fresh from a daemon thread (stopped by :meth:`close`)."""
@@ -359,7 +446,7 @@ class RunSet:
             if len(runs) == 1:
                 return next(iter(runs.values()))
             if not runs:
-                raise RunNotFound(f"no dump under {self.logdir} yet")
+                raise RunNotFound(f"no dump under {', '.join(map(str, self.logdirs))} yet")
             raise RunNotFound(
                 f"{len(runs)} runs under the logdir; name one with run= "
                 f"({', '.join(list(runs)[:5])})"
@@ -385,3 +472,21 @@ class RunSet:
             self._watcher = None
         for run in list(self._runs.values()):
             run.close()
+
+
+def _free_name(rel: str, root: int, runs: dict[str, Run]) -> str:
+    """``rel``, or when another run has that name, ``rel@<n>`` (``n``: the logdir's place)."""
+    name, n = rel, 1
+    while name in runs:
+        name = f"{rel}@{root + 1}" + (f"-{n}" if n > 1 else "")
+        n += 1
+    return name
+
+
+def _written_lately(path: Path) -> bool:
+    """Whether a ``.metadata`` file in ``path`` changed too recently to call it unreadable."""
+    racy = time.time_ns() - _RACY_NS
+    try:
+        return any(p.stat().st_mtime_ns >= racy for p in path.glob(_METADATA_GLOB))
+    except OSError:
+        return False

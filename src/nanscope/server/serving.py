@@ -22,7 +22,7 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import IO, Any, cast
 from urllib.parse import quote
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
@@ -205,7 +205,7 @@ class Server:
 
     def __init__(
         self,
-        logdir: str | os.PathLike[str],
+        logdir: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         *,
