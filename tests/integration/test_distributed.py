@@ -335,8 +335,8 @@ def ddp_allreduces(r: DumpReader) -> dict[int | None, list[tuple[int, int, bool 
         if e.op_type == "c10d.allreduce_.default" and e.phase == 2:
             assert e.collective is not None and e.collective.group == "0"
             (h,) = e.input_health
-            sent = None if h is None else h.any_nonfinite
-            entry = (e.step, e.collective.sequence, sent, e.health.any_nonfinite)
+            sent = None if h is None else bool(h.any_nonfinite)
+            entry = (e.step, e.collective.sequence, sent, bool(e.health.any_nonfinite))
             out.setdefault(r.processes[e.process].rank, []).append(entry)
     return out
 
@@ -386,14 +386,14 @@ def test_cross_rank_origin_is_told_by_collectives_not_clocks(
         "aten.log.default",
         ddp.bad_rank,
     )
-    v = a.ranks.to_json()
-    assert (v["origin_process"], v["decided_by"]) == (bad, "collective")
-    spread = v["spread"]
+    verdict = a.ranks.to_json()
+    assert (verdict["origin_process"], verdict["decided_by"]) == (bad, "collective")
+    spread = verdict["spread"]
     assert spread["collective"]["sequence"] == at_bad_step and spread["step"] == ddp.bad_step
     assert spread["op_type"] == "c10d.allreduce_.default"
     assert spread["from"] == [bad]
     assert sorted(spread["reached"]) == sorted(p.index for p in r.processes if p.index != bad)
-    for p in v["processes"]:
+    for p in verdict["processes"]:
         if p["process"] == bad:
             assert p["role"] == "origin" and p["clock_offset"] == 0.0
             continue
@@ -451,8 +451,8 @@ def test_pipeline_origin_is_the_stage_that_sent_it(pipeline: Path, tmp_path: Pat
         assert r.problems == []
         # The oracle, from the raw records: rank 0's activations sent at the bad step went
         # out with Inf/NaN, and rank 1's receive of the same number took them in.
-        sends = {}
-        recvs = {}
+        sends: dict[tuple[int | None, int | None, int], tuple[int, Any]] = {}
+        recvs: dict[tuple[int | None, int | None, int], tuple[int, Any]] = {}
         for i in range(r.num_executions()):
             e = r.execution(i)
             c = e.collective

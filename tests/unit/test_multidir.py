@@ -184,6 +184,7 @@ def test_report_of_two_roots_equals_the_report_of_one_shared_directory(
     one = report_json([str(shared)], capsys)
     assert two.pop("logdir") == str(a)
     assert one.pop("logdir") == str(shared)
+    assert two.pop("logdirs") == [str(d) for d in hosts] and one.pop("logdirs") == [str(shared)]
     assert two == one
     assert two["found_harmful"] and two["origin"]["rank"] == BAD_RANK
     assert two["origin"]["op_type"] == "aten.log.default"

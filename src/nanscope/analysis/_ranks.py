@@ -169,7 +169,7 @@ class _Ops:
             ex = None
         if ex is not None and ex.collective is not None:
             op = OpCopy(process, index, ex.collective, ex.wall_time, ex.step, ex.op_type,
-                        _any(ex.input_health), ex.health.any_nonfinite)  # fmt: skip
+                        _any(ex.input_health), bool(ex.health.any_nonfinite))  # fmt: skip
         self._cache[index] = op
         return op
 
@@ -263,7 +263,7 @@ def _firsts(reader: DumpReader, column: str) -> dict[int, EventRef]:
         rows, procs = reader.index(kind), reader.processes_of(kind)
         if not len(rows):
             continue
-        if column == "nan" and column in rows.dtype.names:
+        if column == "nan" and column in (rows.dtype.names or ()):
             mask = rows["nan"] > 0
         else:
             mask = rows["nonfinite"] == 1
@@ -428,12 +428,13 @@ def _earliest(
         if len(keys) == 1 and not any(e.sent for e in entries if e is not None):
             # Finite in, Inf/NaN out on every rank: the collective itself made it (a sum
             # that overflowed its dtype). Every rank's copy is a birth; the lowest rank is named.
-            first = min(born, key=lambda s: (s.rank is None, s.rank, s.process))
+            lowest = min(born, key=lambda s: (s.rank is None, s.rank or 0, s.process))
+            label = next(e.collective.label for e in entries if e is not None)
             notes.append(
-                f"Every rank's values were finite going into {entries[0].collective.label} "
+                f"Every rank's values were finite going into {label} "
                 "and Inf/NaN coming out: the collective made it (its result overflowed?)."
             )
-            return first, "collective"
+            return lowest, "collective"
     after = {s.process: ops.near(s.process, s.birth.index, after=True) for s in born if s.birth}
     before = {s.process: ops.near(s.process, s.birth.index, after=False) for s in born if s.birth}
 
@@ -442,15 +443,15 @@ def _earliest(
         return (na is not None and pb is not None and na.collective.group == pb.collective.group
                 and na.collective.sequence <= pb.collective.sequence)  # fmt: skip
 
-    first = [b for b in born if not any(precedes(a, b) for a in born if a is not b)]
-    if len(first) == 1:
-        return first[0], "collective"
+    earliest = [b for b in born if not any(precedes(a, b) for a in born if a is not b)]
+    if len(earliest) == 1:
+        return earliest[0], "collective"
     # Concurrent: the same collectives on either side. Their clocks, aligned on the
     # next collective they shared.
-    ref = first[0]
+    ref = earliest[0]
     offsets: dict[int, float | None] = {ref.process: 0.0}
     ref_next = after.get(ref.process)
-    for s in first[1:]:
+    for s in earliest[1:]:
         offsets[s.process] = None
         if ref_next is not None:
             mine = next((c for c in copies(ref_next) if c.process == s.process), None)
@@ -462,19 +463,19 @@ def _earliest(
         assert s.birth is not None
         return s.birth.wall_time + (off or 0.0)
 
-    first.sort(key=when)
-    names = ", ".join(s.label for s in first)
-    aligned = all(offsets.get(s.process) is not None for s in first)
+    earliest.sort(key=when)
+    names = ", ".join(s.label for s in earliest)
+    aligned = all(offsets.get(s.process) is not None for s in earliest)
     notes.append(
         f"{names} made Inf/NaN on their own between the same collectives: no collective "
-        f"orders them, so the earliest by clock is named ({first[0].label}"
+        f"orders them, so the earliest by clock is named ({earliest[0].label}"
         + (
             ", clocks aligned on the collective that followed)."
             if aligned
             else "; clocks not aligned)."
         )
     )
-    return first[0], "clock"
+    return earliest[0], "clock"
 
 
 def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -> None:

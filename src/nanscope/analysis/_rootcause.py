@@ -78,6 +78,7 @@ class Analysis:
     problems: list[dict[str, str]] = field(default_factory=list)
     # Several processes: which rank it was born on, how that was told, how it spread.
     ranks: RankVerdict | None = None
+    logdirs: list[str] = field(default_factory=list)  # every dump root read (logdir: the first)
 
     @property
     def found(self) -> bool:
@@ -121,6 +122,7 @@ class Analysis:
         return {
             "schema": SCHEMA,
             "logdir": self.logdir,
+            "logdirs": self.logdirs or [self.logdir],
             "run_id": self.run_id,
             "framework": self.framework,
             "tensor_debug_mode": self.tensor_debug_mode,
@@ -232,6 +234,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     all_steps = np.concatenate([rows_e["step"], rows_t["step"]])
     result = Analysis(
         logdir=str(reader.logdir),
+        logdirs=[str(d) for d in reader.logdirs],
         run_id=reader.run_id,
         framework=reader.framework,
         tensor_debug_mode=mode.name if mode is not None else None,

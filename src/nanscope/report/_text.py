@@ -165,14 +165,14 @@ def _ranks_section(v: RankVerdict, console: Console) -> None:
             role = f"received: {st.via.collective.label}" + (
                 f" from {src}" if src and not p2p else ""
             )
-        first = f"#{st.first.index} {st.first_op}" if st.first is not None else "—"
+        first_alert = f"#{st.first.index} {st.first_op}" if st.first is not None else "—"
         when = "—"
         if st.first is not None:
             aligned = st.aligned(st.first.wall_time)
             when = _ms(aligned - t0) if aligned is not None else "(clock not aligned)"
         offset = "—" if st.clock_offset is None else _ms(st.clock_offset)
         step = str(st.first_step) if st.first_step is not None else "—"
-        table.add_row(st.label, role, first, step, when, offset)
+        table.add_row(st.label, role, first_alert, step, when, offset)
     console.print(table)
     if len(rows) > len(shown):
         console.print(Text(f"... {len(rows) - len(shown)} more ranks", style="dim"))
@@ -180,7 +180,7 @@ def _ranks_section(v: RankVerdict, console: Console) -> None:
 
 def render_text(a: Analysis, console: Console) -> None:
     """Print the report for ``a``."""
-    console.print(Text(f"nanscope report: {a.logdir}", style="bold"))
+    console.print(Text(f"nanscope report: {', '.join(a.logdirs or [a.logdir])}", style="bold"))
     procs = len(a.processes)
     steps = f"steps {a.steps[0]}–{a.steps[1]}" if a.steps else "no steps"
     console.print(

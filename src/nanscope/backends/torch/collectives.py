@@ -60,7 +60,7 @@ def _by_name(name: str) -> Any:
     from torch.distributed import distributed_c10d
 
     try:
-        return distributed_c10d._resolve_process_group(name)
+        return distributed_c10d._resolve_process_group(name)  # type: ignore[attr-defined,arg-type]
     except (LookupError, RuntimeError, ValueError, AttributeError):
         return None
 
@@ -100,9 +100,8 @@ class CollectiveCounter:
             if group is not None:
                 break
         if group is None:
-            group_name = (
-                values.get("group_name") if isinstance(values.get("group_name"), str) else ""
-            )  # type: ignore[assignment]
+            named = values.get("group_name")
+            group_name = named if isinstance(named, str) else ""
             if not group_name:
                 return None
             group = _by_name(group_name)
