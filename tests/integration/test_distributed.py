@@ -423,16 +423,16 @@ def test_cross_rank_origin_is_told_by_collectives_not_clocks(
 # -- a two-stage pipeline: send and receive -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["native", "python"])
+def pipeline(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pipeline, recorded by each PyTorch recorder (both tag sends and receives)."""
     if not HAS_TORCH:
         pytest.skip("needs PyTorch")
     logdir = tmp_path_factory.mktemp("pipeline") / "dump"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", str(PIPELINE_PROGRAM), str(logdir), str(PIPELINE_BAD_STEP), "4"]  # fmt: skip
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, env=clean_env(), timeout=LAUNCH_TIMEOUT_S
-    )
+    env = {**clean_env(), "NANSCOPE_TORCH_RECORDER": request.param}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT_S)
     assert out.returncode == 0, out.stderr[-4000:]
     return logdir
 
@@ -484,7 +484,9 @@ def test_pipeline_origin_is_the_stage_that_sent_it(pipeline: Path, tmp_path: Pat
     spread = v["spread"]
     assert [c["collective"]["kind"] for c in spread["copies"]] == ["send", "recv"]
     assert (spread["from"], spread["reached"]) == ([stage0], [stage1])
-    assert received["clock_offset"] == pytest.approx(5.0, abs=0.5)
+    # A receive ends when it got the data, however late its rank came to it: the offset
+    # is approximate (a collective, which every member leaves together, aligns better).
+    assert received["clock_offset"] == pytest.approx(5.0, abs=1.5)
 
 
 # -- TensorFlow MirroredStrategy over two logical CPUs -------------------------------------------
