@@ -283,6 +283,7 @@ def execution_route(
     out["consumers"] = consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
     out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
     out["graph"] = {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
+    out["collective"] = ex.collective.to_json() if ex.collective is not None else None
     return out
 
 
