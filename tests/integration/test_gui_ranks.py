@@ -10,7 +10,6 @@ module without Playwright or /usr/bin/chromium).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,9 @@ from . import test_gui_browser as gui
 from .test_distributed import HAS_TORCH, DdpRun, launch_ddp
 from .test_gui_browser import api, open_run, wait_selected
 
-# The browser tests' fixtures: Chromium, and a page that fails its test on any error.
-browser, page, page_errors = gui.browser, gui.page, gui.page_errors
+# The browser tests' fixtures: Chromium, a page that fails its test on any error, and where
+# screenshots go (docs/images with NANSCOPE_SCREENSHOTS=1, else a temporary folder).
+browser, page, page_errors, images = gui.browser, gui.page, gui.page_errors, gui.images
 
 BAD_RANK, BAD_STEP = 2, 1
 
@@ -55,7 +55,7 @@ def server(logdir: Path) -> Iterator[Any]:
 @pytest.mark.torch
 @pytest.mark.slow
 def test_ranks_panel_names_the_origin_and_lines_up_the_allreduce(
-    page: Any, server: Any, ddp: DdpRun
+    page: Any, server: Any, ddp: DdpRun, images: Path
 ) -> None:
     data = api(server, "/api/ranks", run="ddp")
     ranks = data["ranks"]
@@ -124,8 +124,15 @@ def test_ranks_panel_names_the_origin_and_lines_up_the_allreduce(
     wait_selected(page, f"e{ranks['origin']['index']}")
     assert page.text_content("#detail-op") == "aten.log.default"
     assert "selected" in (origin_row.get_attribute("class") or "")
-    if os.environ.get("NANSCOPE_SCREENSHOTS"):
-        page.screenshot(path=str(Path(__file__).parents[2] / "docs" / "images" / "gui_ranks.png"))
+    # docs/images/gui_ranks.png: rank 0's copy of the allreduce selected.
+    rank0.click()
+    wait_selected(page, f"e{copies[process[0]]}")
+    page.locator("#ranks .rk-side").scroll_into_view_if_needed()
+    page.mouse.move(0, 0)
+    page.wait_for_timeout(300)
+    images.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(images / "gui_ranks.png"))
+    assert (images / "gui_ranks.png").stat().st_size > 2000
 
 
 def test_one_process_shows_no_ranks_panel(page: Any, server: Any) -> None:
