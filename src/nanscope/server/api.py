@@ -33,6 +33,8 @@ MAX_BUCKETS = 4000
 MAX_TENSOR_VALUES = 100_000
 # Producers of an event's inputs are looked for this many events back.
 LOOKBACK = 2000
+# Rows shown on either side of each rank's copy of the collective that spread Inf/NaN.
+MAX_RANKS_WINDOW = 50
 
 Route = Callable[[RunSet, Query, Mapping[str, Any]], dict[str, Any]]
 
@@ -160,16 +162,55 @@ def alerts_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
     return run.cached(("alerts", process), compute)
 
 
-@_reading
-def analysis_route(
-    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
-) -> dict[str, Any]:
+def _analysis(run: Run, reader: DumpReader) -> dict[str, Any]:
+    """The run's analysis as JSON, computed once (shared by /api/analysis and /api/ranks)."""
 
     def compute() -> dict[str, Any]:
         a = analyze(reader)
         return {**a.to_json(), "headline": a.headline}
 
     return run.cached("analysis", compute)
+
+
+@_reading
+def analysis_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    return _analysis(run, reader)
+
+
+@_reading
+def ranks_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    window = q.integer("window", 8, lo=0, hi=MAX_RANKS_WINDOW)
+    ranks = _analysis(run, reader).get("ranks")
+    if ranks is None:
+        return {"ranks": None}
+
+    def compute() -> dict[str, Any]:
+        procs = reader.processes_of(EXECUTIONS)
+
+        def first_event(ref: dict[str, Any] | None) -> dict[str, Any] | None:
+            return None if ref is None else _row(reader, ref["kind"], int(ref["index"]))
+
+        def around(copy: dict[str, Any]) -> dict[str, Any]:
+            # Its neighbours in its own process's order (the index holds every process's
+            # events: global neighbours would be another rank's), as /api/executions?process=.
+            p, index = int(copy["process"]), int(copy["index"])
+            mine = run.cached(("executions of", p), lambda: np.flatnonzero(procs == p))
+            pos = int(np.searchsorted(mine, index))
+            lo, hi = max(0, pos - window), min(len(mine), pos + window + 1)
+            rows = [_row(reader, EXECUTIONS, i) for i in mine[lo:hi].tolist()]
+            return {"process": p, "index": index, "at": pos - lo, "rows": rows}
+
+        spread = ranks.get("spread") or {}
+        return {
+            # Each process with the list row of its first Inf/NaN (op type, step, counts).
+            "ranks": {**ranks, "processes": [{**p, "first_event": first_event(p["first"])}
+                                             for p in ranks["processes"]]},
+            "around": [around(c) for c in spread.get("copies", [])],
+        }  # fmt: skip
+
+    return run.cached(("ranks", window), compute)
 
 
 def _row(reader: DumpReader, kind: str, i: int) -> dict[str, Any]:
@@ -242,6 +283,7 @@ def execution_route(
     out["consumers"] = consumers(reader, ex.index, ex.output_tensor_ids, ex.process)
     out["has_values"] = bool(ex.tensor_values and any(v is not None for v in ex.tensor_values))
     out["graph"] = {"graph_id": ex.graph_id, "graph_name": view.graph_name} if ex.graph_id else None
+    out["collective"] = ex.collective.to_json() if ex.collective is not None else None
     return out
 
 
@@ -418,6 +460,7 @@ ROUTES: dict[str, Route] = {
     "/api/runs": runs_route,
     "/api/alerts": alerts_route,
     "/api/analysis": analysis_route,
+    "/api/ranks": ranks_route,
     "/api/executions": executions_route,
     "/api/executions/<int:index>": execution_route,
     "/api/traces": traces_route,

@@ -1,6 +1,7 @@
 // The Alerts column: the root-cause box (/api/analysis) and the alert counts (/api/alerts).
 
 import { el, setChildren, fmtInt, basename, shortOp } from "./util.js";
+import { decidedText } from "./ranks.js";
 
 const CATEGORY = {
   neg_inf: { label: "−∞", name: "-inf" },
@@ -91,6 +92,7 @@ export function renderRootCause(host, a, app) {
       el("span", { className: "muted", text: `${a.steps === null ? "" : ` · step ${origin.step}`}${origin.phase ? " · " + origin.phase : ""}${origin.module_path ? " · " + origin.module_path : ""}` }),
     ),
   ];
+  if (a.ranks) rows.push(rankLine(a.ranks));
   if (origin.explanation) rows.push(rcLine("why", el("span", { className: "rc-why", text: origin.explanation })));
   if (src) {
     rows.push(rcLine("source", sourceLink(app, src, origin.process), src.function ? el("span", { className: "muted", text: ` in ${src.function}` }) : null));
@@ -111,6 +113,17 @@ export function renderRootCause(host, a, app) {
   }
   for (const n of a.notes || []) rows.push(el("div", { className: "rc-note", text: n }));
   setChildren(host, ...rows);
+}
+
+/** Several processes: the origin's rank and how it was told ("told by collective #7 of group 0"). */
+function rankLine(ranks) {
+  const origin = (ranks.processes || []).find((p) => p.process === ranks.origin_process);
+  const name = origin ? origin.label : `process ${ranks.origin_process}`;
+  const spread = ranks.spread;
+  const reached = spread ? (spread.reached || []).length : 0;
+  const line = rcLine("rank", el("span", { className: "rc-rank", text: `${name}, ${decidedText(ranks)}` }), reached ? el("span", { className: "muted", text: ` · reached ${reached} other rank${reached === 1 ? "" : "s"}` }) : null);
+  line.title = ranks.decided_by === "clock" ? "no collective orders the ranks' births: the earliest by their clocks, aligned on a collective they shared" : "the rank no collective brought the Inf/NaN to";
+  return line;
 }
 
 export function renderRootCauseError(host, message) {

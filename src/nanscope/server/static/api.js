@@ -113,6 +113,10 @@ export class Api {
   analysis() {
     return getJSON("/api/analysis", this.params());
   }
+  /** The cross-rank verdict and each rank's rows around the spreading collective. */
+  ranks(window) {
+    return getJSON("/api/ranks", this.params({ window }));
+  }
   timeline(kind, begin, end, buckets, process) {
     return getJSON("/api/timeline", this.params({ kind, begin, end, buckets, process }));
   }

@@ -19,7 +19,13 @@
 //   data-op-type or data-step; a step's row selects its first alert). With a process chosen
 //   the counts are that process's (.a-scope names it) and the root cause, always of the whole
 //   run, carries .rc-scope "whole run". Links to events: a.evlink[data-kind][data-index].
-//   The root cause: #rootcause (.rc-headline, a.evlink links). Timeline buttons: #tl-zoom-in,
+//   The root cause: #rootcause (.rc-headline, a.evlink links; .rc-rank: how the origin's rank
+//   was told, for several processes). Ranks (several processes with Inf/NaN): #ranks (hidden
+//   otherwise; <body class="has-ranks"> while shown), #ranks-sub; table .rk-table with
+//   tr.rk-row[data-process][data-role][data-kind][data-index] (.rk-role, .rk-first, .rk-time,
+//   .rk-clock); side by side .rk-side > .rk-col[data-process] (one per rank), rows
+//   .rk-op[data-kind][data-index] (.nan / .inf as in the lists; .coll the rank's copy of the
+//   spreading collective, on one line across columns; .rk-pad blank rows that align them). Timeline buttons: #tl-zoom-in,
 //   #tl-zoom-out, #tl-left, #tl-right, #tl-fit, #tl-center. Alert navigation: #prev-alert,
 //   #next-alert, #alert-pos ("k / N").
 //   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
@@ -43,6 +49,7 @@ import { VList } from "./vlist.js";
 import { Timeline } from "./timeline.js";
 import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
 import { renderDetail, renderDetailError } from "./detail.js";
+import { RANKS_WINDOW, renderRanks, renderRanksLoading, renderRanksError, hideRanks, markRanksSelection } from "./ranks.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
 import { SourceView } from "./source.js";
 import { renderStack } from "./stack.js";
@@ -281,6 +288,7 @@ class App {
     this.analysis = null;
     this.detail = null;
     this.listPos = null;
+    hideRanks($("#ranks"));
     if (info.error) {
       this.showBanner(`This run cannot be read: ${info.error}`, true);
       this.clearPanels();
@@ -554,8 +562,27 @@ class App {
       if (seq !== this.alertSeq || run !== this.state.run) return;
       this.analysis = an;
       renderRootCause($("#rootcause"), an, this);
+      this.loadRanks(an);
     } catch (e) {
       if (seq === this.alertSeq) renderRootCauseError($("#rootcause"), e.message);
+    }
+  }
+
+  /** The Ranks panel, when the analysis found Inf/NaN across several processes. */
+  async loadRanks(an) {
+    const run = this.state.run;
+    if (!an || !an.ranks) {
+      hideRanks($("#ranks"));
+      return;
+    }
+    renderRanksLoading($("#ranks"), $("#ranks-body"));
+    try {
+      const data = await this.api.ranks(RANKS_WINDOW);
+      if (run !== this.state.run || this.analysis !== an) return;
+      if (data.ranks) renderRanks($("#ranks"), $("#ranks-body"), $("#ranks-sub"), data, this);
+      else hideRanks($("#ranks"));
+    } catch (e) {
+      if (run === this.state.run) renderRanksError($("#ranks"), $("#ranks-body"), e.message);
     }
   }
 
@@ -699,6 +726,7 @@ class App {
     const index = Number(ref.index);
     const seq = ++this.selSeq;
     this.state.sel = { kind, index };
+    markRanksSelection($("#ranks-body"), this.state.sel);
     if (!opts.src && opts.from !== "refresh") this.state.src = null;
     this.writeHash();
     document.body.dataset.selected = "";

@@ -39,6 +39,8 @@ export function renderDetail(host, titleEl, subEl, ev, kind, app) {
       badge("device", ev.device),
       badge("graph", graphName),
       ev.rank !== null && ev.rank !== undefined ? badge("rank", ev.rank) : null,
+      // A torch.distributed operation: which one, by its group's order (what ranks share).
+      ev.collective ? badge("collective", ev.collective.label, "d-collective") : null,
       ev.source ? el("span", { className: "badge", title: ev.source.function ? `in ${ev.source.function}` : "" }, el("span", { className: "b-k", text: "source" }), el("span", { className: "b-v" }, sourceLink(app, ev.source, ev.process))) : null,
     ),
   );

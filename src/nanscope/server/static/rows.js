@@ -14,16 +14,22 @@ export function renderListHeader(header, traces) {
   }
 }
 
+/** A row's health as classes: "bad" (Inf/NaN), and "nan" or "inf"; the Ranks panel marks rows so too. */
+export function healthClass(row) {
+  const c = row.counts || {};
+  const cls = [];
+  if (row.nonfinite) cls.push("bad");
+  if (c.nan) cls.push("nan");
+  else if (c.neg_inf || c.pos_inf) cls.push("inf");
+  return cls;
+}
+
 /**
  * A list row (.vrow[data-index], .nan / .inf when it holds NaN / ±Inf): a graph trace
  * (`traces`) or an execution. `stepsKnown` false: the dump records no steps (TensorFlow's).
  */
 export function renderListRow(row, traces, stepsKnown) {
-  const c = row.counts || {};
-  const cls = ["vrow"];
-  if (row.nonfinite) cls.push("bad");
-  if (c.nan) cls.push("nan");
-  else if (c.neg_inf || c.pos_inf) cls.push("inf");
+  const cls = ["vrow", ...healthClass(row)];
   const node = el("div", { className: cls.join(" "), dataset: { index: String(row.index) } });
   node.appendChild(el("span", { className: "c-idx", text: String(row.index) }));
   if (traces) {
