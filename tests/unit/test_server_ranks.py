@@ -13,8 +13,8 @@ import pytest
 from nanscope.events import DumpWriter, ExecutionEvent
 from nanscope.events._model import CollectiveTag  # not public: the recorders make these
 from nanscope.server.runs import RunSet
-from tests.helpers import full_health, write_small_dump
-from tests.unit.test_server_api import call, documented_routes, keys_of, refused
+from tests.helpers import call, full_health, write_small_dump
+from tests.unit.test_server_api import documented_routes, keys_of, refused
 
 WORLD, BAD_RANK, BAD_STEP, STEPS = 3, 1, 1, 3
 ALLREDUCE = "c10d.allreduce_.default"

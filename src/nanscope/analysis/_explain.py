@@ -179,6 +179,12 @@ def explain(
         return f"{short_name(op_type)} wrote {made} given as a value (an intentional mask?)"
     if bad_inputs:
         return _carried(op_type, fam, output, counted, bad_inputs, external)
+    if op_type.startswith(("c10d.", "_c10d_functional")) and counted and all(counted):
+        # A collective's inputs are what this rank put in: the rest came from its peers.
+        return (
+            f"{short_name(op_type)} returned {made} though this rank put in finite values: "
+            "another rank sent them (or the reduction overflowed); see the ranks"
+        )
     op = _op(op_type, fam, output, counted)
     handler = _HANDLERS.get(fam)
     if handler is not None:
