@@ -255,6 +255,37 @@ class _Ops:
         return None
 
 
+class _Copies:
+    """Every rank's copy of a collective, found once per collective."""
+
+    def __init__(self, ops: _Ops, processes: list[int]) -> None:
+        self.ops = ops
+        self.processes = processes
+        self._found: dict[tuple[str, str, int], dict[int, OpCopy]] = {}
+
+    def _of(self, op: OpCopy) -> dict[int, OpCopy]:
+        got = self._found.get(op.key)
+        if got is None:
+            near = self.ops.position(op.process, op.index)
+            got = {op.process: op}
+            for p in self.processes:
+                if p != op.process:
+                    c = self.ops.find(p, op.key, near)
+                    if c is not None:
+                        got[p] = c
+            got = dict(sorted(got.items()))
+            self._found[op.key] = got
+        return got
+
+    def all(self, op: OpCopy) -> list[OpCopy]:
+        """Every rank's copy of ``op``, by process."""
+        return list(self._of(op).values())
+
+    def on(self, op: OpCopy, process: int) -> OpCopy | None:
+        """Process ``process``'s copy of ``op``."""
+        return self._of(op).get(process)
+
+
 def _firsts(reader: DumpReader, column: str) -> dict[int, EventRef]:
     """Each process's first event with ``column`` > 0 (executions and traces; within a
     process the earlier by its own clock)."""
@@ -341,22 +372,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
         if s.first is not None:
             s.first_op, s.first_step = _op_and_step(reader, s.first)
     notes: list[str] = []
-    senders_of: dict[tuple[str, str, int], list[OpCopy]] = {}
-
-    def copies(op: OpCopy) -> list[OpCopy]:
-        """Every rank's copy of the operation ``op`` (cached per operation)."""
-        got = senders_of.get(op.key)
-        if got is None:
-            near = ops.position(op.process, op.index)
-            got = [op]
-            for s in states:
-                if s.process != op.process:
-                    c = ops.find(s.process, op.key, near)
-                    if c is not None:
-                        got.append(c)
-            got.sort(key=lambda c: c.process)
-            senders_of[op.key] = got
-        return got
+    copies = _Copies(ops, [st.process for st in states])
 
     # 1. Who received their Inf/NaN, and from whom.
     for s in states:
@@ -368,7 +384,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
         entry = ops.first_nonfinite(s.process)
         # The first collective that gave it Inf/NaN, where its own contribution was finite.
         if entry is not None and _not_after(entry, mark) and not entry.sent:
-            senders = [c for c in copies(entry) if c.process != s.process and c.sent]
+            senders = [c for c in copies.all(entry) if c.process != s.process and c.sent]
             if senders:
                 s.role, s.via, s.senders = "received", entry, [c.process for c in senders]
                 s.source = senders[0]
@@ -383,6 +399,8 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
                 continue
         s.role, s.birth = "born", mark
 
+    born = [s for s in states if s.role == "born"]
+    _received_by_order(ops, born, copies)
     born = [s for s in states if s.role == "born"]
     received = [s for s in states if s.role == "received"]
     if not born:
@@ -414,8 +432,35 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
     )
 
 
+def _received_by_order(ops: _Ops, born: list[RankState], copies: _Copies) -> None:
+    """Ranks whose Inf/NaN first showed in a collective that another rank joined already
+    holding Inf/NaN received it there, when what the ranks put in was not recorded (dumps
+    of older nanscope versions): the collectives' order tells it without the inputs."""
+    at: dict[tuple[str, str, int], tuple[OpCopy, list[RankState]]] = {}
+    for s in born:
+        if s.birth is None or s.birth.kind != EXECUTIONS:
+            continue
+        op = ops.copy(s.process, s.birth.index)
+        if op is not None and op.collective.kind == "collective" and op.sent is None:
+            at.setdefault(op.key, (op, []))[1].append(s)
+    for op, members in at.values():
+        # Those that went bad before their own copy of the collective put Inf/NaN in.
+        senders = []
+        for other in born:
+            theirs = copies.on(op, other.process)
+            bad = other.birth
+            if bad is not None and bad.kind == EXECUTIONS and theirs and bad.index < theirs.index:
+                senders.append(theirs)
+        if not senders:
+            continue
+        for s in members:
+            assert s.birth is not None
+            s.role, s.via, s.birth = "received", ops.copy(s.process, s.birth.index), None
+            s.senders, s.source = [c.process for c in senders], senders[0]
+
+
 def _earliest(
-    reader: DumpReader, ops: _Ops, born: list[RankState], copies: Any, notes: list[str]
+    reader: DumpReader, ops: _Ops, born: list[RankState], copies: _Copies, notes: list[str]
 ) -> tuple[RankState, str]:
     """The first of several births: one that a collective orders before every other, else
     the earliest by aligned clocks among those no collective orders."""
@@ -454,7 +499,7 @@ def _earliest(
     for s in earliest[1:]:
         offsets[s.process] = None
         if ref_next is not None:
-            mine = next((c for c in copies(ref_next) if c.process == s.process), None)
+            mine = copies.on(ref_next, s.process)
             if mine is not None:
                 offsets[s.process] = ref_next.wall_time - mine.wall_time
 
@@ -478,13 +523,13 @@ def _earliest(
     return earliest[0], "clock"
 
 
-def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -> None:
+def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: _Copies) -> None:
     """Each rank's clock offset to the origin's, from one operation both took part in (the
     one it received through, else the first collective after the origin's birth)."""
     origin.clock_offset = 0.0
     anchor_at = origin.birth or origin.first
     anchor = ops.near(origin.process, anchor_at.index, after=True) if anchor_at else None
-    shared = {c.process: c for c in copies(anchor)} if anchor is not None else {}
+    shared = {c.process: c for c in copies.all(anchor)} if anchor is not None else {}
     for s in states:
         if s is origin:
             continue
@@ -493,7 +538,7 @@ def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -
             mine, theirs = s.via, s.source
         elif s.via is not None and s.via.collective.kind == "collective":
             mine = s.via
-            theirs = next((c for c in copies(mine) if c.process == origin.process), None)
+            theirs = copies.on(mine, origin.process)
         if theirs is None and s.process in shared:
             mine, theirs = shared[s.process], anchor
         if mine is not None and theirs is not None:
@@ -503,7 +548,7 @@ def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: Any) -
 
 
 def _spread(
-    origin: RankState, received: list[RankState], copies: Any
+    origin: RankState, received: list[RankState], copies: _Copies
 ) -> tuple[list[OpCopy], list[int]]:
     """Every rank's copy of the first operation that carried the origin's values away, and
     the processes it brought them to."""
@@ -516,4 +561,4 @@ def _spread(
     if via.collective.kind != "collective":
         return [c for c in (first.source, via) if c is not None], [first.process]
     reached = [s.process for s in direct if s.via is not None and s.via.key == via.key]
-    return list(copies(via)), sorted(reached)
+    return copies.all(via), sorted(reached)

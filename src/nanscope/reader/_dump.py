@@ -129,6 +129,10 @@ class DumpReader:
         self._trace_rows = np.zeros(0, dtype=INDEX_DTYPE)
         self._trace_process = np.zeros(0, dtype=np.int16)
         self._trace_types: np.ndarray | None = None
+        # gaps() per kind, kept while the index is the same array of the same length.
+        self._gaps: dict[
+            str, tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+        ] = {}
         self._reindexed = False
         self.generation = 0
         for root in self.logdirs:
@@ -602,21 +606,36 @@ class DumpReader:
 
     def _gap_arrays(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`gaps` as three arrays: process, index before the gap (-1: none), missing."""
-        numbered = np.flatnonzero(self.index(kind)["sequence"] > 0)
-        seq = self.index(kind)["sequence"][numbered]
-        procs = self.processes_of(kind)[numbered]
-        # The previous numbered event of the same process, if any: its number and index.
-        first_of_proc = np.ones(len(numbered), dtype=bool)
-        first_of_proc[1:] = procs[1:] != procs[:-1]
-        prev_seq = np.zeros_like(seq)
-        prev_seq[1:] = seq[:-1]
-        prev_seq[first_of_proc] = 0
-        after = np.full(len(numbered), -1, dtype=np.int64)
-        after[1:] = numbered[:-1]
-        after[first_of_proc] = -1
-        missing = seq - prev_seq - 1
-        hits = np.flatnonzero(missing > 0)  # out of order (never from nanscope): no gap
-        return procs[hits].astype(np.int64), after[hits], missing[hits]
+        rows = self.index(kind)
+        cached = self._gaps.get(kind)
+        if cached is not None and cached[0] is rows and cached[1] == len(rows):
+            return cached[2]
+        seq = rows["sequence"]
+        procs = self.processes_of(kind)
+        numbered: np.ndarray | None = None
+        if seq.size and int(seq.min()) <= 0:  # some events without a number (TensorFlow's)
+            numbered = np.flatnonzero(seq > 0)
+            seq, procs = seq[numbered], procs[numbered]
+        n = len(seq)
+        new_proc = procs[1:] != procs[:-1]
+        # Between two numbered events of one process: the numbers skipped.
+        step = seq[1:] - seq[:-1] - 1
+        between = np.flatnonzero(
+            (step > 0) & ~new_proc
+        )  # out of order (never from nanscope): no gap
+        # Before each process's first numbered event: the numbers below it.
+        firsts = np.concatenate([[0], np.flatnonzero(new_proc) + 1]) if n else np.zeros(0, np.int64)
+        before = firsts[seq[firsts] > 1] if n else firsts
+        where = np.concatenate([before, between + 1])  # position of the event after each gap
+        order = np.argsort(where, kind="stable")
+        where = where[order]
+        missing = np.concatenate([seq[before] - 1, step[between]])[order]
+        after = np.concatenate([np.full(len(before), -1, np.int64), between])[order]
+        if numbered is not None:
+            after = np.where(after >= 0, numbered[np.maximum(after, 0)], -1)
+        result = (procs[where].astype(np.int64), after.astype(np.int64), missing.astype(np.int64))
+        self._gaps[kind] = (rows, len(rows), result)
+        return result
 
     def index_json(self, kind: str, index: int) -> dict[str, Any]:
         """What the index alone says of an event, as its list row (``counts`` unknown)."""
