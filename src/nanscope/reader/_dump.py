@@ -172,9 +172,10 @@ class DumpReader:
         exec_changed = trace_changed = False
         exec_resets = sum(p.executions.reset_count for p in self._processes)
         trace_resets = sum(p.traces.reset_count for p in self._processes)
+        room = {which: self._merged_room(which) for which in ("executions", "traces")}
         for proc in self._processes:
-            exec_changed |= proc.executions.update(problems)
-            trace_changed |= proc.traces.update(problems)
+            exec_changed |= room["executions"].update(proc.executions, problems)
+            trace_changed |= room["traces"].update(proc.traces, problems)
             for log, name in ((proc.executions, "execution"), (proc.traces, "trace")):
                 if log.torn_at is not None:
                     self._problem(
@@ -185,9 +186,9 @@ class DumpReader:
                     )
         reindexed, self._reindexed = self._reindexed, False
         if exec_changed or reindexed:
-            self._exec_rows, self._exec_process = self._concat("executions")
+            self._exec_rows, self._exec_process = self._concat("executions", room["executions"])
         if trace_changed or reindexed:
-            self._trace_rows, self._trace_process = self._concat("traces")
+            self._trace_rows, self._trace_process = self._concat("traces", room["traces"])
             self._trace_types = None
         if (
             sum(p.executions.reset_count for p in self._processes) != exec_resets
@@ -218,7 +219,17 @@ class DumpReader:
         processes that dropped nothing are left out."""
         return {p.index: p.drops for p in self._processes if p.drops is not None}
 
-    def _concat(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+    def _merged_room(self, which: str) -> _MergedRoom:
+        """Where a first read of many processes' sidecars puts their rows (see _MergedRoom)."""
+        files_ = [getattr(p, which) for p in self._processes]
+        if len(files_) < 2 or any(len(f.rows) for f in files_):
+            return _MergedRoom(None)
+        caps = [f.sidecar_capacity() for f in files_]
+        if any(c is None for c in caps):
+            return _MergedRoom(None)
+        return _MergedRoom(np.empty(sum(caps), dtype=INDEX_DTYPE))
+
+    def _concat(self, which: str, room: _MergedRoom | None = None) -> tuple[np.ndarray, np.ndarray]:
         files_ = [getattr(p, which) for p in self._processes]
         if not files_:
             return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int16)
@@ -228,6 +239,9 @@ class DumpReader:
         )
         if len(files_) == 1:  # one process: its rows as they are, no copy
             return files_[0].rows, procs
+        merged_in_place = room.merged(files_) if room is not None else None
+        if merged_in_place is not None:
+            return merged_in_place, procs
         # One merged index; each process then keeps a view of its part instead of its own
         # copy, so the index is held once (and the peak is the index plus one part).
         merged = np.empty(sum(sizes), dtype=INDEX_DTYPE)
@@ -617,19 +631,26 @@ class DumpReader:
             numbered = np.flatnonzero(seq > 0)
             seq, procs = seq[numbered], procs[numbered]
         n = len(seq)
-        new_proc = procs[1:] != procs[:-1]
-        # Between two numbered events of one process: the numbers skipped.
-        step = seq[1:] - seq[:-1] - 1
-        between = np.flatnonzero(
-            (step > 0) & ~new_proc
-        )  # out of order (never from nanscope): no gap
+        # In slices: temporaries over a 25M-row index would cost hundreds of MB.
+        found_between: list[np.ndarray] = []
+        found_starts: list[np.ndarray] = []
+        for lo in range(0, max(0, n - 1), _GAP_SLICE):
+            hi = min(n - 1, lo + _GAP_SLICE)
+            new_proc = procs[lo + 1 : hi + 1] != procs[lo:hi]
+            # Between two numbered events of one process: numbers skipped (out of order,
+            # which nanscope's writer never does: no gap).
+            skipped = seq[lo + 1 : hi + 1] - seq[lo:hi] > 1
+            found_between.append(np.flatnonzero(skipped & ~new_proc) + lo)
+            found_starts.append(np.flatnonzero(new_proc) + lo + 1)
+        between = np.concatenate([np.zeros(0, np.int64), *found_between]).astype(np.int64)
+        step = seq[between + 1] - seq[between] - 1
         # Before each process's first numbered event: the numbers below it.
-        firsts = np.concatenate([[0], np.flatnonzero(new_proc) + 1]) if n else np.zeros(0, np.int64)
-        before = firsts[seq[firsts] > 1] if n else firsts
+        firsts = np.concatenate([np.zeros(1 if n else 0, np.int64), *found_starts]).astype(np.int64)
+        before = firsts[seq[firsts] > 1]
         where = np.concatenate([before, between + 1])  # position of the event after each gap
         order = np.argsort(where, kind="stable")
         where = where[order]
-        missing = np.concatenate([seq[before] - 1, step[between]])[order]
+        missing = np.concatenate([seq[before] - 1, step])[order]
         after = np.concatenate([np.full(len(before), -1, np.int64), between])[order]
         if numbered is not None:
             after = np.where(after >= 0, numbered[np.maximum(after, 0)], -1)
@@ -848,6 +869,54 @@ class DumpReader:
         offset = proc.source_files[file_index][2]
         event = proc.source_log.read_event(offset)
         return list(event.source_file.lines)
+
+
+_GAP_SLICE = 1 << 22
+
+
+class _MergedRoom:
+    """One array for the merged index, filled as each process's sidecar is read.
+
+    Read one by one and then merged, a many-process index is held twice at the
+    peak (256 ranks x 100,000 events: 3.2 GB instead of 1.6). Each file's sidecar
+    rows are read straight into the next free part of one array sized from the
+    sidecars' lengths (pages no row reaches are never touched); the processes'
+    files then hold views of it. A file that the sidecar does not serve alone
+    (a scanned tail, damage) leaves the room, and the index is merged by copying.
+    """
+
+    def __init__(self, buffer: np.ndarray | None) -> None:
+        self.buffer = buffer
+        self.filled = 0
+        self.parts: list[EventFile] = []
+
+    def update(self, f: EventFile, problems: list[Problem]) -> bool:
+        if self.buffer is None:
+            return f.update(problems)
+        changed = f.update(problems, into=self.buffer[self.filled :])
+        n = len(f.rows)
+        expected = self.buffer[self.filled : self.filled + n]
+        if n and not np.shares_memory(f.rows, expected):
+            self.buffer = None  # not read in place: merge by copying
+            return changed
+        if n and f.rows.__array_interface__["data"][0] != expected.__array_interface__["data"][0]:
+            self.buffer = None
+            return changed
+        self.filled += n
+        self.parts.append(f)
+        return changed
+
+    def merged(self, files_: list[EventFile]) -> np.ndarray | None:
+        """The merged index, when every file's rows were read into the room in order."""
+        if self.buffer is None or self.parts != files_:
+            return None
+        merged = self.buffer[: self.filled]
+        start = 0
+        for f in files_:
+            n = len(f.rows)
+            f.adopt(merged[start : start + n])
+            start += n
+        return merged
 
 
 def _collective(ex: pb.Execution) -> Collective | None:

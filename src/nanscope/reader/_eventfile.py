@@ -101,7 +101,8 @@ def sidecar_rows(src: np.ndarray) -> np.ndarray:
     return out
 
 
-_SAMPLES = 64
+# Record headers compared with sampled sidecar rows (decoding an event checks its own).
+_SAMPLES = 16
 _SLICE = 1 << 20
 
 
@@ -181,8 +182,23 @@ class EventFile:
             self._fh.close()
             self._fh = None
 
-    def update(self, problems: list[Problem]) -> bool:
-        """Catch up with the file; True when rows changed (False: nothing new)."""
+    def sidecar_capacity(self) -> int | None:
+        """At most how many rows a first :meth:`update` reads, when the sidecar alone will
+        serve them (None: unknown, e.g. no sidecar)."""
+        try:
+            if not self.index_path.is_file():
+                return None
+            return self.index_path.stat().st_size // ROW_DTYPE.itemsize + 1
+        except OSError:
+            return None
+
+    def update(self, problems: list[Problem], into: np.ndarray | None = None) -> bool:
+        """Catch up with the file; True when rows changed (False: nothing new).
+
+        ``into``: room for the rows that the sidecar holds (at least
+        :meth:`sidecar_capacity` rows), so that they are read straight into a merged
+        index instead of a copy of their own; see :attr:`rows` for where they went.
+        """
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -212,7 +228,7 @@ class EventFile:
         before = len(self.rows)
         before_end = self._confirmed_end + self._tail.size
         if self._sidecar_ok and self.index_path.exists():
-            self._read_sidecar(size)
+            self._read_sidecar(size, into if first else None)
         if self._confirmed_end < size:
             no_sidecar = not self.index_path.exists()
             said = len(problems)
@@ -305,10 +321,10 @@ class EventFile:
 
     # -- the sidecar path ------------------------------------------------------------------
 
-    def _read_sidecar(self, data_size: int) -> None:
+    def _read_sidecar(self, data_size: int, into: np.ndarray | None = None) -> None:
         try:
             with open_regular(self.index_path) as fh:
-                found = self._sidecar_rows(fh)
+                found = self._sidecar_rows(fh, into)
         except (OSError, ValueError):
             self._sidecar_ok = False
             return
@@ -334,7 +350,9 @@ class EventFile:
         self._sidecar_offset = end
         self._sidecar_strings = strings
 
-    def _sidecar_rows(self, fh: BinaryIO) -> tuple[np.ndarray, list[str], int] | None:
+    def _sidecar_rows(
+        self, fh: BinaryIO, into: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list[str], int] | None:
         """The new rows, the string table and the end offset; None when the sidecar is damaged.
 
         Read a chunk at a time into one array sized for the worst case, so that
@@ -343,7 +361,10 @@ class EventFile:
         """
         size = os.fstat(fh.fileno()).st_size
         offset = self._sidecar_offset
-        rows = np.empty(max(0, size - offset) // ROW_DTYPE.itemsize + 1, dtype=INDEX_DTYPE)
+        need = max(0, size - offset) // ROW_DTYPE.itemsize + 1
+        rows = (
+            into[:need] if into is not None and len(into) >= need else np.empty(need, INDEX_DTYPE)
+        )
         n = 0
         strings = list(self._sidecar_strings)
         want = CHUNK
