@@ -8,6 +8,7 @@ knows nothing about what the payloads hold.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -153,3 +154,29 @@ def scan(
             records.append(Record(base + offset, payload))
         offset = end
     return ScanResult(records, base + offset, False, errors)
+
+
+def read_one(fd: int, offset: int, size: int) -> tuple[bytes, int] | None:
+    """The payload of the intact record at ``offset`` of an open file of ``size`` bytes, and
+    where the next one starts; None for anything else (torn, damaged: scan to tell which).
+
+    Reads the payload alone into its own bytes: checking its CRC then copies nothing,
+    where scanning a block copies each payload out of it (for large sidecar chunks, the
+    copy costs as much as reading).
+    """
+    if offset + HEADER_SIZE > size:
+        return None
+    head = os.pread(fd, HEADER_SIZE, offset)
+    if len(head) < HEADER_SIZE:
+        return None
+    length, length_crc = _HEADER.unpack(head)
+    end = offset + HEADER_SIZE + length + FOOTER_SIZE
+    if length > MAX_RECORD_SIZE or end > size or masked_crc32c(head[:8]) != length_crc:
+        return None
+    payload = os.pread(fd, length, offset + HEADER_SIZE)
+    footer = os.pread(fd, FOOTER_SIZE, offset + HEADER_SIZE + length)
+    if len(payload) != length or len(footer) != FOOTER_SIZE:
+        return None
+    if masked_crc32c(payload) != _CRC.unpack(footer)[0]:
+        return None
+    return payload, end

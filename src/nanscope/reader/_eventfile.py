@@ -30,7 +30,7 @@ import numpy as np
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, frame, scan
+from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, frame, read_one, scan
 from nanscope.format.strings import StringTable
 from nanscope.reader import _fastscan
 from nanscope.reader._data import Problem
@@ -367,20 +367,32 @@ class EventFile:
         )
         n = 0
         strings = list(self._sidecar_strings)
+        fd = fh.fileno()
+
+        def take(payload: bytes) -> None:
+            nonlocal n
+            chunk, new_strings = sidecar.decode_chunk(payload)  # ValueError: damaged
+            if new_strings is not None:
+                strings.extend(new_strings)
+            elif chunk is not None and chunk.size:
+                copy_rows(chunk, rows[n : n + len(chunk)])
+                n += len(chunk)
+
+        # Record by record while every record is intact (the common case, and the one
+        # that reads a dump of many ranks: no copy of the payloads); the block scan below
+        # takes over at anything else (a torn tail, damage).
+        while (found := read_one(fd, offset, size)) is not None:
+            take(found[0])
+            offset = found[1]
         want = CHUNK
         while offset < size:
-            blob = os.pread(fh.fileno(), min(want, size - offset), offset)
+            blob = os.pread(fd, min(want, size - offset), offset)
             want = CHUNK
             result = scan(blob, str(self.index_path), base=offset, resync_limit=0)
             if result.errors:
                 return None
             for rec in result.records:
-                chunk, new_strings = sidecar.decode_chunk(rec.payload)
-                if new_strings is not None:
-                    strings.extend(new_strings)
-                elif chunk is not None and chunk.size:
-                    copy_rows(chunk, rows[n : n + len(chunk)])
-                    n += len(chunk)
+                take(rec.payload)
             if result.end == offset:
                 if result.torn and offset + len(blob) < size and len(blob) >= HEADER_SIZE:
                     # One chunk larger than what was read: read exactly that record next.
