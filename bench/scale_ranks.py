@@ -77,7 +77,13 @@ def _view(v: Any) -> dict[str, Any] | None:
     """An EventView's rank, op, step, kind and index (what the tables show)."""
     if v is None:
         return None
-    return {"rank": v.rank, "op": v.op_type, "step": v.step, "kind": v.kind, "index": v.index}
+    return {
+        "rank": v.rank,
+        "op": v.op_type,
+        "step": v.step,
+        "kind": v.kind,
+        "index": v.index,
+    }
 
 
 def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +97,14 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
                            "nanscope": nanscope_location()}  # fmt: skip
     out["rss_after_import_mib"] = peak_rss_mib()
     t = perf()
-    r = nanscope.open_dump(cfg["dump"])
+    if cfg["task"] == "profile-open":
+        import cProfile
+
+        prof = cProfile.Profile()
+        r = prof.runcall(nanscope.open_dump, cfg["dump"])
+        out["profile_cumulative"], out["profile_tottime"] = _listings(prof, cfg)
+    else:
+        r = nanscope.open_dump(cfg["dump"])
     out["processes"] = len(r.processes)
     out["executions"] = r.num_executions()
     out["sidecar_used"] = r.decoded_for_index() == 0
@@ -108,20 +121,10 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
     elif cfg["task"] in ("analyze", "profile"):
         if cfg["task"] == "profile":
             import cProfile
-            import io
-            import pstats
 
             prof = cProfile.Profile()
             a = prof.runcall(analyze, r)
-            buf = io.StringIO()
-            stats = pstats.Stats(prof, stream=buf)
-            stats.sort_stats("cumulative").print_stats(cfg.get("top", PROFILE_TOP))
-            out["profile_cumulative"] = buf.getvalue()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(
-                cfg.get("top", PROFILE_TOP)
-            )
-            out["profile_tottime"] = buf.getvalue()
+            out["profile_cumulative"], out["profile_tottime"] = _listings(prof, cfg)
         else:
             a = analyze(r)
         out["origin"] = _view(a.origin)
@@ -136,6 +139,19 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
     out["query_s"] = perf() - t
     out["cold_s"] = out["open_s"] + out["query_s"]
     return with_peak_memory(out)
+
+
+def _listings(prof: Any, cfg: dict[str, Any]) -> tuple[str, str]:
+    """A profile's top functions by cumulative time, and by own time."""
+    import io
+    import pstats
+
+    out = []
+    for key in ("cumulative", "tottime"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(cfg.get("top", PROFILE_TOP))
+        out.append(buf.getvalue())
+    return out[0], out[1]
 
 
 CHILDREN = {"read": child_read}
@@ -245,12 +261,15 @@ def run(args: argparse.Namespace, root: Path, dumps: list[tuple[int, int]]) -> i
                 results[task].append(run_read(task, rec["dump"], args.budget))
         sections.append({"ranks": ranks, "events": events, "record": rec, "results": results})
     profile = None
+    profile_open: dict[str, Any] | None = None
     if args.profile:
         big = max(sections, key=lambda s: s["ranks"] * s["events"])
         log(f"profiling analyze on {Path(big['record']['dump']).name}")
         profile = (big, run_read("profile", big["record"]["dump"], args.budget))
+        log(f"profiling open on {Path(big['record']['dump']).name}")
+        profile_open = run_read("profile-open", big["record"]["dump"], args.budget)
     end_state = source_state() if not args.at_head else start_state
-    text, problems = report(args, sections, profile, started, start_state, end_state)
+    text, problems = report(args, sections, profile, profile_open, started, start_state, end_state)
     print(text)
     return 1 if problems else 0
 
@@ -268,6 +287,7 @@ def report(
     args: argparse.Namespace,
     sections: list[dict[str, Any]],
     profile: tuple[dict[str, Any], dict[str, Any]] | None,
+    profile_open: dict[str, Any] | None,
     started: str,
     start_state: str,
     end_state: str,
@@ -420,6 +440,29 @@ def report(
             add("```")
             add(_trim(res["profile_tottime"]))
             add("```")
+    if profile is not None and profile_open is not None:
+        sec = profile[0]
+        add("")
+        add(
+            f"### open under cProfile, {dump_name(sec['ranks'], sec['events'])} (top {PROFILE_TOP})"
+        )
+        add("")
+        if "error" in profile_open:
+            add(f"failed: {profile_open['error']}")
+        else:
+            add(f"open took {profile_open['open_s']:.1f} s under the profiler, peak "
+                f"{profile_open['peak_rss_mib']:,.0f} MiB.")  # fmt: skip
+            for title, key in (
+                ("", "profile_cumulative"),
+                ("By own time:", "profile_tottime"),
+            ):
+                if title:
+                    add("")
+                    add(title)
+                add("")
+                add("```")
+                add(_trim(profile_open[key]))
+                add("```")
     return "\n".join(lines), problems
 
 
