@@ -49,7 +49,7 @@ from typing import Any
 
 from harness import Child, ChildFailed, log, nanscope_location, start_child, with_peak_memory
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: collectives carry what each rank put in
 LAYERS = 8
 BATCH, HIDDEN, CLASSES = 32, 1024, 1000
 STEP_S = 0.25  # seconds a step takes, on the common timeline
@@ -282,9 +282,12 @@ def _write_rank(cfg: dict[str, Any]) -> dict[str, Any]:
                     next_id += 1
                 state[name] = out_state
             tag = None
+            sent: list[Any] = []
             if op.type == ALLREDUCE_OP:
                 tag = CollectiveTag(group="0", kind="collective", sequence=sequence,
                                     group_desc="default_pg", group_size=cfg["ranks"])  # fmt: skip
+                # What this rank put in, summarised before the reduction (as the recorders do).
+                sent = [summary(s, worst) for s in op.sizes]
             w.write_execution(
                 ExecutionEvent(
                     op_type=op.type,
@@ -298,6 +301,7 @@ def _write_rank(cfg: dict[str, Any]) -> dict[str, Any]:
                     step=step,
                     wall_time=t + k * dt + rng.uniform(0.0, 2e-6),
                     collective=tag,
+                    input_summaries=sent,
                 ),
                 encode_now=True,
             )
