@@ -54,6 +54,17 @@ class DebugSession:
         """Write everything recorded so far to the dump."""
         self._session.flush()
 
+    def set_step(self, step: int) -> None:
+        """Call the current training step ``step`` (steps after it count on from there).
+
+        nanscope counts steps by itself (each optimizer step ends one); a trainer with a
+        global step of its own, resumed from a checkpoint say, sets it so that the dump's
+        steps are the trainer's. Frameworks whose steps nanscope does not count ignore it.
+        """
+        context = getattr(self._session, "context", None)
+        if context is not None:
+            context.set_step(int(step))
+
     def close(self) -> None:
         """Stop recording and flush (same as :func:`disable_dump_debug_info`); never raises.
 

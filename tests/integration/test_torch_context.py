@@ -432,3 +432,19 @@ def test_recording_eager_code_imports_neither_dynamo_nor_inductor(tmp_path: Path
     with nanscope.open_dump(tmp_path / "compiled") as dump:
         assert dump.num_graph_execution_traces() > 0
         assert {dump.trace(i).op_type for i in range(dump.num(TRACES))} >= {"aten.log.default"}
+
+
+def test_set_step_numbers_steps_from_the_trainers_count(tmp_path: Path) -> None:
+    """A trainer resumed at its global step 41 sets it; each optimizer step counts on."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nanscope.enable_dump_debug_info(str(tmp_path), "FULL_HEALTH", -1) as session:
+        session.set_step(41)
+        for _ in range(3):
+            model(torch.ones(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    with nanscope.open_dump(tmp_path) as r:
+        steps = [e.step for e in r.executions() if e.op_type.startswith("aten.addmm")]
+    assert steps == [41, 42, 43]

@@ -384,6 +384,13 @@ class RunContext:
             self._optimizer_exists = any(type(o) in classes for o in gc.get_objects())
         return self._optimizer_exists
 
+    def set_step(self, step: int) -> None:
+        """Number the steps from here as a trainer does (its global step): recording that
+        resumes from a checkpoint goes on with the trainer's numbers, not from 0."""
+        self.step = step
+        if self.mirror is not None:
+            self.mirror.set_step(step)
+
     def _end_step(self, update: bool) -> None:
         self._updates = self._updates or update
         self._local.after_backward = -1
