@@ -176,8 +176,8 @@ def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
             names = reader.trace_op_types(hits)
         # One sort for every op type at once (hits are in index order: each type's first
         # position in the sort is its first event).
-        sids, first, counts = np.unique(names, return_index=True, return_counts=True)
-        for sid, f, n in zip(sids.tolist(), first.tolist(), counts.tolist(), strict=True):
+        sids, firsts, counts = np.unique(names, return_index=True, return_counts=True)
+        for sid, f, n in zip(sids.tolist(), firsts.tolist(), counts.tolist(), strict=True):
             per_op[(reader.string(sid), kind)] = [n, int(hits[f])]
         s_vals, s_first, s_counts = np.unique(
             rows["step"][hits], return_index=True, return_counts=True
