@@ -318,6 +318,28 @@ def _op_and_step(reader: DumpReader, ref: EventRef) -> tuple[str, int]:
     return reader.string(int(op)), int(row["step"])
 
 
+def _birth(reader: DumpReader, ops: _Ops, mark: EventRef) -> EventRef:
+    """Where a rank that went bad on its own did: its first Inf/NaN since the last collective
+    before ``mark`` (its first NaN). A NaN often first shows in the collective the rank sent
+    -inf into, or a step after a benign mask's -inf: the window keeps the birth and leaves
+    the masks of earlier steps out."""
+    if mark.kind != EXECUTIONS:
+        return mark
+    mine = ops.of(mark.process)
+    pos = int(np.searchsorted(mine, mark.index, side="left"))
+    start = int(mine[pos - 1]) + 1 if pos > 0 else None
+    rows = reader.index(EXECUTIONS)
+    procs = reader.processes_of(EXECUTIONS)
+    if start is None:  # no collective before it: from the process's first event (the merged
+        # index holds each process's events together, in process order)
+        start = int(np.searchsorted(procs, mark.process))
+    window = np.flatnonzero(rows["nonfinite"][start : mark.index + 1] == 1)
+    if not window.size:
+        return mark
+    i = start + int(window[0])
+    return EventRef(EXECUTIONS, i, mark.process, float(rows["wall_time"][i]))
+
+
 def _not_after(op: OpCopy, mark: EventRef) -> bool:
     """Whether the operation ran no later than the event ``mark`` of the same process."""
     if mark.kind == EXECUTIONS:
@@ -397,7 +419,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
             if send is not None and send.sent:
                 s.role, s.via, s.senders, s.source = "received", recv, [send.process], send
                 continue
-        s.role, s.birth = "born", mark
+        s.role, s.birth = "born", _birth(reader, ops, mark)
 
     born = [s for s in states if s.role == "born"]
     _received_by_order(ops, born, copies)

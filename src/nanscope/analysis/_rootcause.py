@@ -273,7 +273,6 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     if result.ranks is not None and result.ranks.origin is not None:
         first = result.ranks.origin
         origin_process = result.ranks.origin_process
-        result.notes.extend(result.ranks.notes)
     views = ViewBuilder(reader, lookback)
     try:
         origin = views.view(first.kind, first.index)
@@ -312,6 +311,9 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     result.first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
     result.first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
     _judge(reader, result, view)
+    if result.ranks is not None and result.found_harmful:
+        # Where benign masks were made on every rank is no news: only harm gets the ranks' say.
+        result.notes.extend(result.ranks.notes)
     for v in (result.origin, result.cause, result.first_inf, result.first_nan):
         if v is not None:
             views.add_context(v)

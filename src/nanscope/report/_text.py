@@ -232,7 +232,7 @@ def render_text(a: Analysis, console: Console) -> None:
             console.print(
                 event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style)
             )
-    if a.ranks is not None:
+    if a.ranks is not None and a.found_harmful:
         _ranks_section(a.ranks, console)
     seen = {(v.kind, v.index) for v in (a.cause, a.origin) if v is not None}
     for title, v in (("First -inf/+inf", a.first_inf), ("First NaN", a.first_nan)):
