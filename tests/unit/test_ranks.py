@@ -96,6 +96,12 @@ def verdict(
     return a.ranks, rank_of, a  # type: ignore[return-value]
 
 
+def origin_of(v: analysis.RankVerdict) -> int:
+    """The origin's process index (every scenario here has one)."""
+    assert v.origin_process is not None
+    return v.origin_process
+
+
 def births(programs: dict[int, list[Op]]) -> list[tuple[int, int]]:
     """The oracle: (rank, position) of every op that made -inf from finite inputs."""
     return [(rank, i) for rank, ops in programs.items() for i, op in enumerate(ops)
@@ -110,7 +116,7 @@ def test_interleaved_groups_name_the_rank_and_the_spreading_collective(
     ((bad_rank, _),) = births(programs)
     # The bad rank's clock runs 2 s late: every other rank's alert looks earlier.
     v, rank_of, a = verdict(tmp_path, programs, skew={bad_rank: 2.0})
-    origin = v.states[v.origin_process]
+    origin = v.states[origin_of(v)]
     assert (rank_of[origin.process], origin.role, v.decided_by) == (
         bad_rank,
         "origin",
@@ -122,9 +128,9 @@ def test_interleaved_groups_name_the_rank_and_the_spreading_collective(
     reached = sorted(rank_of[p] for p in v.reached)
     assert reached == [r for r in range(4) if r != bad_rank]
     for s in v.states:
-        if s.process != v.origin_process:
+        if s.process != origin_of(v):
             assert s.role == "received" and s.via is not None and s.via.collective.group == "dp"
-            assert s.senders == [v.origin_process]
+            assert s.senders == [origin_of(v)]
             assert s.clock_offset == pytest.approx(2.0)  # aligned on the dp allreduce
 
 
@@ -136,7 +142,7 @@ def test_a_collective_that_made_inf_from_finite_inputs_is_named(tmp_path: Path) 
         for rank in range(3)
     }  # fmt: skip
     v, rank_of, _ = verdict(tmp_path, programs, skew={0: 1.0, 2: -1.0})
-    assert v.decided_by == "collective" and rank_of[v.origin_process] == 0
+    assert v.decided_by == "collective" and rank_of[origin_of(v)] == 0
     assert any("the collective made it" in n for n in v.notes)
 
 
@@ -156,7 +162,7 @@ def test_births_no_collective_orders_are_told_by_aligned_clocks(tmp_path: Path) 
     programs[0] += [Op("aten.mm.default", 1), Op("aten.mm.default", 1),
                     Op(ALLREDUCE, 1, nan=1, group="dp", sequence=2, sent_neg_inf=0)]  # fmt: skip
     v, rank_of, _ = verdict(tmp_path, programs, skew={2: -3.0})
-    assert v.decided_by == "clock" and rank_of[v.origin_process] == 1
+    assert v.decided_by == "clock" and rank_of[origin_of(v)] == 1
     assert any("no collective orders them" in n for n in v.notes)
     (zero,) = [s for s in v.states if rank_of[s.process] == 0]
     assert zero.role == "received" and sorted(rank_of[p] for p in zero.senders) == [1, 2]
@@ -166,7 +172,7 @@ def test_one_rank_alone_is_single(tmp_path: Path) -> None:
     programs = {rank: [Op("aten.mm.default", 0), Op("aten.log.default", 0, neg_inf=int(rank == 1))]
                 for rank in range(2)}  # fmt: skip
     v, rank_of, _ = verdict(tmp_path, programs)
-    assert (v.decided_by, rank_of[v.origin_process]) == ("single", 1)
+    assert (v.decided_by, rank_of[origin_of(v)]) == ("single", 1)
 
 
 def test_benign_masks_on_every_rank_leave_the_report_quiet(tmp_path: Path) -> None:
