@@ -38,10 +38,10 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-import nanscope  # noqa: E402
-from nanscope.integrations.tensorboard import NanscopeLoader  # noqa: E402
+import nanscope
+from nanscope.integrations.tensorboard import NanscopeLoader
 
-from ..helpers import extract_tf_dumps  # noqa: E402
+from ..helpers import extract_tf_dumps
 
 pytestmark = [pytest.mark.tensorboard, pytest.mark.slow]
 
