@@ -11,7 +11,8 @@ else the same entry point declared by a throwaway ``.dist-info`` on ``PYTHONPATH
 
 The API is checked through TensorBoard's HTTP server, then Debian's Chromium (Playwright;
 never downloaded) opens TensorBoard's ``#nanscope`` tab and reads nanscope's page inside its
-iframe. No request may leave 127.0.0.1.
+iframe. No request may leave 127.0.0.1. TensorBoard serves under ``--path_prefix /tb`` (as
+behind a proxy), so the page's relative URLs are checked too.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ TENSORBOARD_WITHOUT_TF = (
 )
 # TensorBoard's warning for a response without Content-Type, nosniff or a valid CSP.
 VALIDATOR_WARNING = "this warning will become an error"
+PREFIX = "/tb"  # TensorBoard's --path_prefix
+PROXY_HOST = "proxy.example"  # --nanscope_allow_host
 
 # Never through a proxy, whatever the environment says.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -111,7 +114,7 @@ def test_importing_needs_neither_tensorflow_nor_tensorboard() -> None:
 
 @dataclass
 class TensorBoard:
-    url: str  # http://127.0.0.1:PORT/
+    url: str  # http://127.0.0.1:PORT/tb/
     log: Path
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
@@ -188,13 +191,15 @@ def tensorboard(logdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 "--host", "127.0.0.1",
                 "--port", str(port),
                 "--load_fast", "false",  # no separate data server process
+                "--path_prefix", PREFIX,
+                "--nanscope_allow_host", PROXY_HOST,
             ],
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=work,
             start_new_session=True,  # its own process group, stopped as a whole below
         )  # fmt: skip
     try:
-        tb = TensorBoard(f"http://127.0.0.1:{port}/", log)
+        tb = TensorBoard(f"http://127.0.0.1:{port}{PREFIX}/", log)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if proc.poll() is not None:
@@ -223,7 +228,7 @@ def test_the_tab_is_listed_and_tensorflow_is_absent(tensorboard: TensorBoard) ->
     assert tab["tab_name"] == "nanscope"
     assert tab["loading_mechanism"] == {
         "type": "IFRAME",
-        "module_path": "/data/plugin/nanscope/entry.js",
+        "module_path": f"{PREFIX}/data/plugin/nanscope/entry.js",
     }
     assert "TensorFlow installation not found" in tensorboard.log.read_text()
 
@@ -257,6 +262,9 @@ def test_nanscope_rules_hold_under_tensorboard(tensorboard: TensorBoard) -> None
         "data/plugin/nanscope/api/runs", headers={"Host": "attacker.example"}
     )
     assert status == 403 and b"not served here" in body
+    # ... unless named by --nanscope_allow_host (a proxy's name).
+    status, _, _ = tensorboard.get("data/plugin/nanscope/api/runs", headers={"Host": PROXY_HOST})
+    assert status == 200
     # Only GET; no file outside the page's own; no source file the dump did not record.
     req = urllib.request.Request(tensorboard.url + "data/plugin/nanscope/api/runs", method="POST")
     with pytest.raises(urllib.error.HTTPError) as exc:
@@ -288,7 +296,7 @@ document.addEventListener("securitypolicyviolation", (e) =>
   window.__nanscopeCsp(`${location.pathname}: ${e.violatedDirective} blocked `
                        + `${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`));
 """
-PLUGIN_PATH = "/data/plugin/nanscope/"
+PLUGIN_PATH = f"{PREFIX}/data/plugin/nanscope/"
 
 
 @pytest.fixture(scope="module")
