@@ -1,5 +1,7 @@
 // The client of nanscope's JSON API (src/nanscope/server/http_api.md).
 // Errors come back as ApiError carrying the server's {"error": ...} line, shown as text.
+// Routes are relative to the page (api/runs, not /api/runs): the same page works served at
+// the root by `nanscope serve` and under a prefix, e.g. TensorBoard's /data/plugin/nanscope/.
 
 import { LRU } from "./util.js";
 
@@ -94,37 +96,37 @@ export class Api {
   }
 
   runs() {
-    return getJSON("/api/runs");
+    return getJSON("api/runs");
   }
   alerts(process) {
-    return getJSON("/api/alerts", this.params({ process }));
+    return getJSON("api/alerts", this.params({ process }));
   }
 
   /** The recorded source files (of one process, or all): [{process, file_index, path, host, num_lines, user}]. */
   sourceFiles(process) {
     const key = `${this.run}|${process ?? ""}`;
     if (!this.files.has(key)) {
-      const p = getJSON("/api/source_files", this.params({ process })).then((body) => body.files || []);
+      const p = getJSON("api/source_files", this.params({ process })).then((body) => body.files || []);
       p.catch(() => this.files.delete(key)); // retry next time
       this.files.set(key, p);
     }
     return this.files.get(key);
   }
   analysis() {
-    return getJSON("/api/analysis", this.params());
+    return getJSON("api/analysis", this.params());
   }
   /** The cross-rank verdict and each rank's rows around the spreading collective. */
   ranks(window) {
-    return getJSON("/api/ranks", this.params({ window }));
+    return getJSON("api/ranks", this.params({ window }));
   }
   timeline(kind, begin, end, buckets, process) {
-    return getJSON("/api/timeline", this.params({ kind, begin, end, buckets, process }));
+    return getJSON("api/timeline", this.params({ kind, begin, end, buckets, process }));
   }
   graphOp(process, graphId, opName, near) {
-    return getJSON("/api/graph_op", this.params({ process, graph_id: graphId, op_name: opName, near }));
+    return getJSON("api/graph_op", this.params({ process, graph_id: graphId, op_name: opName, near }));
   }
   tensor(kind, index, slot, limit) {
-    return getJSON("/api/tensor", this.params({ kind, index, slot, limit }));
+    return getJSON("api/tensor", this.params({ kind, index, slot, limit }));
   }
 
   async source(process, fileIndex, path) {
@@ -134,7 +136,7 @@ export class Api {
     const params = { process };
     if (path) params.path = path;
     else params.file = fileIndex;
-    const body = await getJSON("/api/source", this.params(params));
+    const body = await getJSON("api/source", this.params(params));
     this.sources.set(key, body);
     return body;
   }
@@ -143,7 +145,7 @@ export class Api {
     const key = `${this.run}|${this.generation}|${kind}|${index}`;
     const hit = this.events.get(key);
     if (hit) return hit;
-    const route = kind === "graph_execution_trace" ? "/api/traces/" : "/api/executions/";
+    const route = kind === "graph_execution_trace" ? "api/traces/" : "api/executions/";
     const body = await getJSON(route + encodeURIComponent(index), this.params());
     this.events.set(key, body);
     return body;
@@ -151,7 +153,7 @@ export class Api {
 
   /** A raw list request (no cache). filter: {process, nonfinite, op_type}; extra: more params. */
   list(kind, begin, end, filter = {}, extra = {}) {
-    const route = kind === "graph_execution_trace" ? "/api/traces" : "/api/executions";
+    const route = kind === "graph_execution_trace" ? "api/traces" : "api/executions";
     return getJSON(
       route,
       this.params({

@@ -1,0 +1,1 @@
+"""nanscope inside other tools (each integration is imported only by the tool that uses it)."""
