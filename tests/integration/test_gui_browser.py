@@ -633,6 +633,8 @@ def test_dump_text_is_never_html(page: Any, server: Any) -> None:
     wait_selected(page, "t6")
     assert page.text_content("#detail-op") == INJECT
     assert INJECT in page.text_content("#graph-execs")
+    # The graph panel fills in after the selection (its own request): wait for it.
+    wait_js(page, "!document.querySelector('#graph-structure').textContent.includes('loading')")
     assert INJECT in page.text_content("#graph-structure")
     assert INJECT in page.text_content("#alerts")
     assert "<b>fw</b>" in page.text_content("#run-meta")
