@@ -107,20 +107,30 @@ def token_data(n: int, seq_len: int = 16, vocab: int = 64) -> list[dict[str, Any
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def make_trainer(out: Path, poison_at: int | None = None, **cb: Any) -> Trainer:
+def make_trainer(
+    out: Path,
+    poison_at: int | None = None,
+    steps: int = STEPS,
+    save: bool = False,
+    tied: bool = True,
+) -> Trainer:
+    """The Trainer of the gated GPT-2 on the CPU; ``save`` keeps a checkpoint at the end
+    (of a model whose embeddings are not ``tied`` to its head: the Trainer saves a plain
+    module's state dict with safetensors, which refuses shared tensors)."""
     torch.manual_seed(0)
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     config = GPT2Config(
         n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
-        bos_token_id=0, eos_token_id=0,
+        bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied,
     )  # fmt: skip
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
-        max_steps=STEPS,
+        max_steps=steps,
         per_device_train_batch_size=8,
         learning_rate=3e-3,
         logging_steps=5,
-        save_strategy="no",
+        save_strategy="steps" if save else "no",
+        save_steps=steps,
         report_to="none",
         use_cpu=True,
         remove_unused_columns=False,
@@ -181,6 +191,45 @@ def test_injected_nan_without_stopping_is_found_at_its_step(tmp_path: Path) -> N
 
     assert trainer.state.global_step == STEPS  # the NaN weights train on to the end
     assert is_the_injection(callback.analysis.cause), callback.headline
+
+
+def test_resumed_run_goes_on_with_the_trainers_step_numbers(tmp_path: Path) -> None:
+    make_trainer(tmp_path, steps=4, save=True, tied=False).train()  # leaves checkpoint-4
+    trainer = make_trainer(tmp_path, steps=8, tied=False)
+    attach(trainer, tmp_path / "dump", circular_buffer_size=-1)
+    trainer.train(resume_from_checkpoint=True)
+
+    assert trainer.state.global_step == 8
+    assert set(range(4, 8)) <= dump_steps(tmp_path / "dump") <= set(range(4, 9))
+
+
+def test_a_failing_callback_does_not_stop_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    trainer = make_trainer(tmp_path, steps=3)
+    callback = attach(trainer, blocker / "dump")  # cannot be made under a file
+    trainer.train()
+
+    assert trainer.state.global_step == 3
+    assert callback.analysis is None
+    assert "nanscope:" in caplog.text  # said once, as a warning
+
+
+def test_headline_goes_to_tensorboard_as_text(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")  # the Trainer's TensorBoardCallback needs it
+    base = make_trainer(tmp_path, steps=3)
+    base.args.report_to = ["tensorboard"]  # its writer goes under output_dir/runs
+    trainer = Trainer(model=base.model, args=base.args, train_dataset=base.train_dataset)
+    callback = attach(trainer, tmp_path / "dump")
+    trainer.train()
+
+    assert callback.tb_writer is not None and callback.headline is not None
+    # The text summary's string is stored as it is in the event file's records.
+    events = [p.read_bytes() for p in (tmp_path / "trainer").rglob("events.out.tfevents.*")]
+    assert sum(callback.headline.encode() in e for e in events) == 1
+    assert any(b"nanscope/headline" in e for e in events)
 
 
 def test_importing_nanscope_does_not_import_transformers() -> None:

@@ -119,6 +119,9 @@ class NanscopeCallback(TrainerCallback):
             circular_buffer_size=self.circular_buffer_size,
             framework="torch",
         )
+        # The state is the checkpoint's already: what runs before the first step (skipping
+        # the batches done) belongs with the step it resumes at, not with a step 0.
+        self.session.set_step(state.global_step)
         if self._tensorboard is not None:
             # Its writer exists from its own on_train_begin (it runs before this one) and
             # is closed by its on_train_end, before ours: keep it to write to afterwards.
