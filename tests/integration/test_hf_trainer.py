@@ -237,3 +237,48 @@ def test_importing_nanscope_does_not_import_transformers() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "False", out.stderr
+
+
+NO_ARGS: Any = None  # the hooks called directly do not read the TrainingArguments
+
+
+def hooks_of(stop: bool = True) -> tuple[NanscopeCallback, Any, Any]:
+    """A callback called directly (no Trainer, no recording), with a state and a control."""
+    from transformers import TrainerControl, TrainerState
+
+    return NanscopeCallback("unused", stop_on_harmful=stop), TrainerState(), TrainerControl()
+
+
+def test_under_a_grad_scaler_only_non_finite_parameters_stop() -> None:
+    callback, state, control = hooks_of()
+    model = nn.Linear(3, 2)
+    model.weight.grad = torch.full((2, 3), float("inf"))  # an overflow the scaler skips
+    scaled = type("AcceleratedOptimizer", (), {"scaler": object()})()
+    callback.on_pre_optimizer_step(NO_ARGS, state, control, model=model, optimizer=scaled)
+    callback.on_optimizer_step(NO_ARGS, state, control, model=model, optimizer=scaled)
+    assert not control.should_training_stop
+
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    callback.on_optimizer_step(NO_ARGS, state, control, model=model, optimizer=scaled)
+    assert control.should_training_stop and callback.harmful_step == 0
+
+
+def test_without_a_scaler_a_non_finite_gradient_stops() -> None:
+    callback, state, control = hooks_of()
+    model = nn.Linear(3, 2)
+    model.weight.grad = torch.zeros(2, 3)
+    model.bias.grad = torch.tensor([0.0, float("-inf")])
+    state.global_step = 7
+    callback.on_pre_optimizer_step(NO_ARGS, state, control, model=model, optimizer=object())
+    assert control.should_training_stop and callback.harmful_step == 7
+
+
+def test_a_check_that_cannot_read_the_gradients_turns_itself_off() -> None:
+    callback, state, control = hooks_of()
+    model = nn.Embedding(5, 2, sparse=True)
+    model(torch.tensor([1, 2])).sum().backward()  # a sparse gradient
+    callback.on_pre_optimizer_step(NO_ARGS, state, control, model=model, optimizer=object())
+    assert not control.should_training_stop
+    assert not callback.stop_on_harmful  # the check is off, with a warning
+    assert not callback._failed  # the callback itself goes on (recording included)

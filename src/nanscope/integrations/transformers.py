@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -52,7 +52,9 @@ def _guarded(hook: _Hook) -> _Hook:
             return hook(self, *args, **kwargs)
         except Exception as exc:
             self._failed = True
-            logger.warning("nanscope: %s failed (%r); recording stops here", hook.__name__, exc)
+            logger.warning(
+                "nanscope: %s failed (%s); recording stops here", hook.__name__, _first_line(exc)
+            )
             self._close()
             return None
 
@@ -142,8 +144,7 @@ class NanscopeCallback(TrainerCallback):
         if not self.stop_on_harmful or model is None or _has_scaler(optimizer):
             return
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not _all_finite(grads):
-            self._stop(state, control, "a gradient")
+        self._check(state, control, "gradient", grads)
 
     @_guarded
     def on_optimizer_step(
@@ -154,8 +155,7 @@ class NanscopeCallback(TrainerCallback):
             return
         # The GradScaler skipped any step whose gradients were not finite: only an Inf/NaN
         # that got past it into the weights is harmful.
-        if not _all_finite(p.detach() for p in model.parameters()):
-            self._stop(state, control, "a parameter")
+        self._check(state, control, "parameter", [p.detach() for p in model.parameters()])
 
     @_guarded
     def on_train_end(
@@ -168,11 +168,26 @@ class NanscopeCallback(TrainerCallback):
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _stop(self, state: TrainerState, control: TrainerControl, what: str) -> None:
+    def _check(
+        self, state: TrainerState, control: TrainerControl, what: str, tensors: list[Any]
+    ) -> None:
+        """Stop training when ``tensors`` are not all finite."""
+        try:
+            finite = _all_finite(tensors)
+        except Exception as exc:
+            # A layout the fused check cannot read (sparse gradients, ...): only the check
+            # goes, recording goes on.
+            self.stop_on_harmful = False
+            logger.warning(
+                "nanscope: cannot check %ss (%s); stop_on_harmful is off", what, _first_line(exc)
+            )
+            return
+        if finite:
+            return
         if self.harmful_step is None:
             self.harmful_step = state.global_step
             logger.warning(
-                "nanscope: %s is NaN or Inf at step %d: stopping training (stop_on_harmful)",
+                "nanscope: a %s is NaN or Inf at step %d: stopping training (stop_on_harmful)",
                 what,
                 state.global_step,
             )
@@ -204,12 +219,18 @@ class NanscopeCallback(TrainerCallback):
             self.tb_writer.close()
 
 
+def _first_line(exc: BaseException) -> str:
+    """The exception in one line (PyTorch's dispatch errors go on for a page)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _has_scaler(optimizer: Any) -> bool:
     """Whether Accelerate's optimizer steps through a GradScaler (fp16 mixed precision)."""
     return getattr(optimizer, "scaler", None) is not None
 
 
-def _all_finite(tensors: Iterable[Any]) -> bool:
+def _all_finite(tensors: list[Any]) -> bool:
     """Whether every value of ``tensors`` is finite: one fused max-abs per device and dtype
     (``torch._foreach_norm`` with ord=inf: NaN propagates, finite values cannot overflow)
     and one host sync for each such group, never one per tensor.
