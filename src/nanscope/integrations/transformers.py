@@ -77,7 +77,7 @@ class NanscopeCallback(TrainerCallback):
       TensorBoard as text. :attr:`analysis` and :attr:`headline` keep it.
     - ``stop_on_harmful=True``: sets ``control.should_training_stop`` at the first *harmful*
       Inf/NaN, which is, cheaply: a gradient of the model that is NaN or ±inf when the
-      optimizer is about to step (after the Trainer's clipping). One fused max-abs over all
+      optimizer is about to step (after the Trainer's clipping). One fused norm over all
       gradients and one host sync per step. Inf/NaN that do not reach the gradients, such as
       the ``-inf`` of a causal attention mask that softmax absorbs, never stop training.
       Under fp16 mixed precision a GradScaler skips steps with non-finite gradients
@@ -231,9 +231,12 @@ def _has_scaler(optimizer: Any) -> bool:
 
 
 def _all_finite(tensors: list[Any]) -> bool:
-    """Whether every value of ``tensors`` is finite: one fused max-abs per device and dtype
-    (``torch._foreach_norm`` with ord=inf: NaN propagates, finite values cannot overflow)
-    and one host sync for each such group, never one per tensor.
+    """Whether every value of ``tensors`` is finite, without a host sync per tensor.
+
+    Per device and dtype, one fused 2-norm of every tensor (``torch._foreach_norm``, which
+    NaN and ±inf make non-finite; low-precision tensors are summed in float32), then one
+    host sync. A 2-norm also overflows for huge finite values: only then the exact check,
+    a max-abs (ord=inf, which cannot overflow but is ~15x slower on a CPU), decides.
 
     Not recorded: these ops are nanscope's, not the training program's.
     """
@@ -245,7 +248,10 @@ def _all_finite(tensors: list[Any]) -> bool:
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
     with not_recorded(), torch.no_grad():
-        for ts in groups.values():
+        for (_, dtype), ts in groups.items():
+            wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
+            if bool(torch.isfinite(torch.stack(torch._foreach_norm(ts, 2, dtype=wide)).max())):
+                continue
             peak = torch.stack(torch._foreach_norm(ts, math.inf)).max()
             if not bool(torch.isfinite(peak)):
                 return False
