@@ -1,1 +1,6 @@
-"""nanscope inside other tools (each integration is imported only by the tool that uses it)."""
+"""nanscope where users already work: trainer callbacks that record a run into a dump
+(Lightning, the Hugging Face ``Trainer``) and a TensorBoard tab.
+
+Each module imports its framework only when it is imported itself: importing
+``nanscope`` (or this package) imports none of them.
+"""
