@@ -103,6 +103,8 @@ def test_harmful_fit_names_the_injected_op(
     c = a.cause
     assert (c.op_type, c.step, c.counts.neg_inf, c.counts.nan) == ("aten.log.default", 4, 1, 0)
     assert c.source is not None and (c.source.file, c.source.line) == (MODEL_FILE, ORIGIN_LINE)
+    # Lightning runs the training step in optimizer.step(closure): still the forward phase.
+    assert (c.phase, c.module_path) == ("forward", "LogMLP")
     assert callback.headline == a.headline
     assert callback.headline is not None and "at step 4" in callback.headline
     assert report_status(tmp_path / "fit-0", capsys) == 1
@@ -195,6 +197,7 @@ def test_ddp_two_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         bad_step,
     )
     assert (cause["source"]["file"], cause["source"]["line"]) == (MODEL_FILE, ORIGIN_LINE)
+    assert cause["phase"] == "forward"
     assert f"rank {bad_rank}" in printed[0]["headline"] and "cause" not in printed[1]
     assert main(["report", str(dump), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
