@@ -141,7 +141,7 @@ def test_benign_mask_does_not_stop(tmp_path: Path, capsys: pytest.CaptureFixture
     assert a is not None and a.found and not a.found_harmful
     assert {g.kind for g in a.lineages} == {"benign"}
     assert a.first_inf is not None and a.first_inf.source is not None
-    assert a.first_inf.source.line == marked_line(MODEL_FILE, "# <- benign")
+    assert a.first_inf.source.line == marked_line(MODEL_FILE, "# <- benign (in place)")
     assert callback.headline is not None and callback.headline.startswith("no harmful Inf/NaN")
     assert report_status(tmp_path / "fit-0", capsys) == 0
 

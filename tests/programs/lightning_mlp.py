@@ -5,8 +5,10 @@
 input is zero, so ``log`` makes -inf there, ReLU and the head carry it to the
 loss: a harmful Inf/NaN whose birth the program itself names (the test's
 oracle). ``masked=True`` adds an attention-style pooling whose scores are
-masked with -inf (the line marked ``# <- benign``) that softmax absorbs: Inf in
-every step, never harmful. Nothing is downloaded.
+masked with -inf in place (the line marked ``# <- benign (in place)``) that softmax
+absorbs: Inf in every step, never harmful (Lightning runs the training step inside
+``optimizer.step(closure)``: an in-place op there is still forward work, not an
+update). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class LogMLP(pl.LightningModule):
         h = torch.relu(self.hidden(features))
         if self.masked:  # pool each group of 4 rows with softmax weights over unmasked rows
             scores = self.score(h).view(-1, 4)
-            scores = scores.masked_fill(self.mask, float("-inf"))  # <- benign
+            scores.masked_fill_(self.mask, float("-inf"))  # <- benign (in place)
             weights = scores.softmax(-1).view(-1, 1)
             h = h * weights * 4
         out: torch.Tensor = self.head(h)
