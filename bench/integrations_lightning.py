@@ -8,7 +8,10 @@ data, ``F.cross_entropy``, SGD) on one compute thread, measured three ways:
 * **callback**: with ``NanscopeCallback(logdir)`` (FULL_HEALTH, the default
   circular buffer of 1000), and with ``stop_on_harmful=True`` as well;
 * **detect_anomaly**: ``Trainer(detect_anomaly=True)`` (PyTorch's anomaly
-  mode around every training step), what Lightning offers for the same question.
+  mode around every training step), what Lightning offers for the same question;
+* **loop**, **loop_recorded**: for reference, the same model and batches in a
+  hand-written PyTorch loop without and with ``enable_dump_debug_info``
+  (FULL_HEALTH): what recording costs without Lightning (ratio against ``loop``).
 
 Method (as bench/overhead_torch.py): every fit runs in its own child process
 (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``; nanscope's writer thread may
@@ -49,7 +52,9 @@ from harness import (
     table_row,
 )
 
-VARIANTS = ("plain", "callback", "callback_stop", "detect_anomaly")
+VARIANTS = ("plain", "callback", "callback_stop", "detect_anomaly", "loop", "loop_recorded")
+# What each variant's ratio is taken against (the loops: a reference without Lightning).
+BASELINE = {v: "loop" if v.startswith("loop") else "plain" for v in VARIANTS}
 
 
 def fit_child(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +92,8 @@ def fit_child(cfg: dict[str, Any]) -> dict[str, Any]:
             self.walls.append(time.perf_counter())
             self.cpus.append(time.process_time())
 
+    if variant.startswith("loop"):
+        return loop_child(cfg)
     gen = torch.Generator().manual_seed(0)
     # Batches made beforehand: a DataLoader collating samples in this process would add
     # two indexing ops per sample to every step (recorded like any op; with workers,
@@ -126,6 +133,46 @@ def fit_child(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def loop_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The same model and batches in a hand-written PyTorch loop, ``enable_dump_debug_info``
+    around it or not: what recording costs without Lightning, for reference."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    import nanscope
+
+    warmup, steps = cfg["warmup"], cfg["steps"]
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.rand(100, 784, generator=gen), torch.randint(0, 10, (100,), generator=gen))
+        for _ in range(warmup + steps + 2)
+    ]
+    fc1, fc2 = nn.Linear(784, 500), nn.Linear(500, 10)
+    opt = torch.optim.SGD([*fc1.parameters(), *fc2.parameters()], lr=0.01)
+    session = None
+    if cfg["variant"] == "loop_recorded":
+        session = nanscope.enable_dump_debug_info(
+            tempfile.mkdtemp(prefix="nanscope-bench-lightning-")
+        )
+    walls, cpus = [], []
+    for x, y in batches:
+        walls.append(time.perf_counter())
+        cpus.append(time.process_time())
+        opt.zero_grad()
+        F.cross_entropy(fc2(torch.relu(fc1(x))), y).backward()
+        opt.step()
+    ended = time.perf_counter()
+    if session is not None:
+        session.close()
+    walls, cpus = walls[warmup:], cpus[warmup:]
+    return {
+        "median_step_s": statistics.median(b - a for a, b in itertools.pairwise(walls)),
+        "cpu_s": cpus[min(steps, len(cpus) - 1)] - cpus[0],
+        "end_s": time.perf_counter() - ended,
+    }
+
+
 CHILDREN = {"fit": fit_child}
 
 
@@ -149,18 +196,17 @@ def main() -> None:
                 )
             except ChildFailed as exc:
                 exc.exit()
-    plain = results["plain"]
     print(f"\n{machine()}; {source_state()}; {args.rounds} rounds of {args.steps} steps")
     print("\n".join(table_head(["variant", "median step (ms)", "wall ratio", "CPU ratio",
-                                "after the last step (s)"])))  # fmt: skip
+                                "after the last step (s)", "against"])))  # fmt: skip
     for variant in VARIANTS:
-        mine = results[variant]
+        mine, plain = results[variant], results[BASELINE[variant]]
         ratios = [m["median_step_s"] / p["median_step_s"] for m, p in zip(mine, plain, strict=True)]
         cpu = sum(m["cpu_s"] for m in mine) / sum(p["cpu_s"] for p in plain)
         step_ms = statistics.median(m["median_step_s"] for m in mine) * 1e3
         end_s = statistics.median(m["end_s"] for m in mine)
         print(table_row([variant, f"{step_ms:.2f}", fmt_ratio(statistics.median(ratios), 1.0, ".2f"),
-                         fmt_ratio(cpu, 1.0, ".2f"), f"{end_s:.2f}"]))  # fmt: skip
+                         fmt_ratio(cpu, 1.0, ".2f"), f"{end_s:.2f}", BASELINE[variant]]))  # fmt: skip
     sys.stdout.flush()
 
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,28 @@ def test_ddp_two_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["report", str(dump), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert (data["cause"]["rank"], data["cause"]["step"]) == (bad_rank, bad_step)
+
+
+def test_the_docs_example_runs_as_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "integrations" / "lightning.md").read_text()
+    example = doc.split("## Example (runs as is)")[1].split("```python\n")[1].split("```")[0]
+    script = tmp_path / "lightning_nan.py"
+    script.write_text(example)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "stopped at step 3\n" in out
+    assert "aten.log.default produced -inf at step 3: log of zero" in out
+    assert (tmp_path / "nanscope-dump" / "fit-0").is_dir()
+
+
+def test_importing_nanscope_does_not_import_lightning() -> None:
+    code = (
+        "import sys, nanscope, nanscope.integrations, nanscope.analysis\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lightning', 'pytorch_lightning', 'lightning_fabric')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
