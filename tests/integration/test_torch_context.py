@@ -318,7 +318,7 @@ def closure_loop(model: MLP, data: list[torch.Tensor]) -> Callable[[], None]:
 
             def closure(x: torch.Tensor = x) -> torch.Tensor:
                 opt.zero_grad()
-                loss = model(x).pow(2).mean()
+                loss: torch.Tensor = model(x).pow(2).mean()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 return loss
