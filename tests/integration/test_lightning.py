@@ -17,6 +17,7 @@ import re
 import runpy
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -170,16 +171,20 @@ def test_resume_from_checkpoint_goes_on_numbering(tmp_path: Path) -> None:
 
 
 def test_ddp_two_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning's own launcher, 2 CPU processes, stop_on_harmful: the -inf born on rank 1
+    reaches rank 0 through DDP's allreduce; both stop at that step."""
     bad_rank, bad_step, steps = 1, 2, 5
     cmd = [sys.executable, str(PROGRAMS / "lightning_ddp.py"), str(tmp_path), str(bad_rank),
-           str(bad_step), str(steps)]  # fmt: skip
+           str(bad_step), str(steps), "stop"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=240)
     assert out.returncode == 0, out.stderr[-4000:]
     printed = sorted(
         (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")),
         key=lambda p: p["rank"],
     )
-    assert [(p["rank"], p["world"], p["global_step"]) for p in printed] == [(0, 2, 5), (1, 2, 5)]
+    assert [(p["rank"], p["world"], p["global_step"], p["stopped_at"]) for p in printed] == [
+        (r, 2, bad_step + 1, bad_step) for r in (0, 1)
+    ]
     dump = tmp_path / "fit-0"
     assert {p["dump_dir"] for p in printed} == {str(dump)}
     # Both ranks' file sets, one run id.
@@ -228,3 +233,45 @@ def test_importing_nanscope_does_not_import_lightning() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_exception_closes_the_dump_and_reports(tmp_path: Path) -> None:
+    class Crash(lightning_mlp.LogMLP):  # type: ignore[misc]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if self.global_step == 3:
+                raise RuntimeError("crash at step 3")
+            return super().training_step(batch, batch_idx)
+
+    callback = NanscopeCallback(tmp_path, stop_on_harmful=True)
+    with pytest.raises(RuntimeError, match="crash at step 3"):
+        fit(callback, Crash())
+    a = callback.analysis  # the dump was closed and read
+    assert a is not None and not a.found and a.steps == [0, 3]
+    assert callback._session is None
+
+
+def test_pytorch_lightning_trainer() -> None:
+    """The older package's Trainer takes the callback as well (both are installed together)."""
+    pl: Any = pytest.importorskip("pytorch_lightning")
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.fc(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.rand(16, 4)), batch_size=4
+    )
+    with tempfile.TemporaryDirectory() as logdir:
+        callback = NanscopeCallback(logdir)
+        trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[callback])  # fmt: skip
+        trainer.fit(Tiny(), data)
+        assert callback.analysis is not None and callback.analysis.steps == [0, 2]

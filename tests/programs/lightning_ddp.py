@@ -1,11 +1,12 @@
 """A Lightning DDP fit on 2 CPU processes (gloo) recorded by NanscopeCallback.
 
-``lightning_ddp.py LOGDIR BAD_RANK BAD_STEP STEPS``: run as a script, Lightning's
-subprocess launcher starts rank 1 as a copy of this command. At step
-``BAD_STEP`` the batch of rank ``BAD_RANK`` holds a zero, and ``log`` makes
--inf there (tests/programs/lightning_mlp.py); DDP's gradient allreduce carries it
-to the other rank. Each rank prints one JSON line: its rank, pid, world size,
-global step and dump directory; rank 0 adds the analysis's headline and cause.
+``lightning_ddp.py LOGDIR BAD_RANK BAD_STEP STEPS [stop]``: run as a script,
+Lightning's subprocess launcher starts rank 1 as a copy of this command; ``stop``
+turns ``stop_on_harmful`` on. At step ``BAD_STEP`` the batch of rank ``BAD_RANK``
+holds a zero, and ``log`` makes -inf there (tests/programs/lightning_mlp.py);
+DDP's gradient allreduce carries it to the other rank. Each rank prints one JSON
+line: its rank, pid, world size, global step, where it stopped and its dump
+directory; rank 0 adds the analysis's headline and cause.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     m = load_models()
-    callback = NanscopeCallback(logdir, circular_buffer_size=-1)
+    stop = sys.argv[5:] == ["stop"]
+    callback = NanscopeCallback(logdir, circular_buffer_size=-1, stop_on_harmful=stop)
     fit = m.trainer([callback], devices=2, strategy="ddp", max_steps=steps)
     fit.fit(m.LogMLP(bad_step=bad_step, bad_rank=bad_rank), m.data())
     seen: dict[str, Any] = {
@@ -45,6 +47,7 @@ def main() -> None:
         "world": fit.world_size,
         "pid": os.getpid(),
         "global_step": fit.global_step,
+        "stopped_at": callback.stopped_at,
         "dump_dir": str(callback.dump_dir),
     }
     if callback.analysis is not None:
