@@ -196,6 +196,7 @@ class NanscopeCallback(pl.Callback):
         if not self.stop_on_harmful or self.stopped_at is not None:
             return
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grads = [g._values() if g.is_sparse else g for g in grads]  # nn.Embedding(sparse=True)
         with not_recorded():
             checks = [] if self._bad_loss is None else [self._bad_loss]
             self._bad_loss = None
