@@ -308,13 +308,34 @@ def accumulation_loop(model: MLP, data: list[torch.Tensor]) -> Callable[[], None
     return run
 
 
+def closure_loop(model: MLP, data: list[torch.Tensor]) -> Callable[[], None]:
+    """``optimizer.step(closure)``, as Lightning runs every training step: the forward and
+    backward passes run inside the optimizer's step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run() -> None:
+        for x in data:
+
+            def closure(x: torch.Tensor = x) -> torch.Tensor:
+                opt.zero_grad()
+                loss: torch.Tensor = model(x).pow(2).mean()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                return loss
+
+            opt.step(closure)
+
+    return run
+
+
 LOOPS = {
     "optimizer": optimizer_loop,
+    "closure": closure_loop,
     "gradscaler": gradscaler_loop,
     "manual": manual_loop,
     "accumulation": accumulation_loop,
 }
-PASSES = {"optimizer": 1, "gradscaler": 1, "manual": 1, "accumulation": 3}
+PASSES = {"optimizer": 1, "closure": 1, "gradscaler": 1, "manual": 1, "accumulation": 3}
 
 
 @pytest.mark.parametrize("loop", list(LOOPS))

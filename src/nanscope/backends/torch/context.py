@@ -147,7 +147,8 @@ class RunContext:
     steps end at the updates.
 
     *Phases*: backward for the ops the autograd engine runs; optimizer inside
-    ``optimizer.step()`` and the scaler's ``step()`` and ``update()``, and
+    ``optimizer.step()`` (except in the closure it was given: its forward and
+    backward are phases of their own, as without one) and the scaler's ``step()`` and ``update()``, and
     from the moment ``backward()`` returns until the step ends or a forward
     pass begins (gradient clipping, the scaler's unscaling and checks, a
     hand-written update); forward otherwise. A forward pass begins at a
@@ -319,9 +320,33 @@ class RunContext:
             local = self._local
             self.mirror.set_optimizer(local.in_optimizer, local.after_backward)
 
-    def _enter_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _enter_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         self._local.in_optimizer += 1
         self._mirror_phase()
+        # optimizer.step(closure): the closure's forward and backward (Lightning runs every
+        # training step in one, LBFGS several) are not update work.
+        if kwargs.get("closure") is not None:
+            return args, {**kwargs, "closure": self._outside_optimizer(kwargs["closure"])}
+        # args: (optimizer, closure, ...) as passed to step, the optimizer first.
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._outside_optimizer(args[1]), *args[2:]), kwargs
+        return None
+
+    def _outside_optimizer(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure`` run with the optimizer phase suspended (the step stays the same)."""
+
+        @functools.wraps(closure)
+        def run() -> Any:
+            local = self._local
+            depth, local.in_optimizer = local.in_optimizer, 0
+            self._mirror_phase()
+            try:
+                return closure()
+            finally:
+                local.in_optimizer = depth
+                self._mirror_phase()
+
+        return run
 
     def _exit_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         local = self._local
