@@ -168,8 +168,11 @@ class _Ops:
         except UNREADABLE:
             ex = None
         if ex is not None and ex.collective is not None:
+            # A receive's input is the buffer it writes into (torch.empty: garbage, NaN at
+            # times), not anything this rank sent.
+            sent = _any(ex.input_health) if ex.collective.kind != "recv" else None
             op = OpCopy(process, index, ex.collective, ex.wall_time, ex.step, ex.op_type,
-                        _any(ex.input_health), bool(ex.health.any_nonfinite))  # fmt: skip
+                        sent, bool(ex.health.any_nonfinite))  # fmt: skip
         self._cache[index] = op
         return op
 
