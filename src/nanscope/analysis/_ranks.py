@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.format.health import Health
-from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, Collective, DumpReader, EventRef
+from nanscope.reader import EXECUTIONS, UNREADABLE, Collective, DumpReader, EventRef
 
 # Op types of torch.distributed operations (what the recorders tag).
 DISTRIBUTED_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
@@ -289,38 +289,6 @@ class _Copies:
         return self._of(op).get(process)
 
 
-def _firsts(reader: DumpReader, column: str) -> dict[int, EventRef]:
-    """Each process's first event with ``column`` > 0 (executions and traces; within a
-    process the earlier by its own clock)."""
-    out: dict[int, EventRef] = {}
-    for kind in (EXECUTIONS, TRACES):
-        rows, procs = reader.index(kind), reader.processes_of(kind)
-        if not len(rows):
-            continue
-        if column == "nan" and column in (rows.dtype.names or ()):
-            mask = rows["nan"] > 0
-        else:
-            mask = rows["nonfinite"] == 1
-        hits = np.flatnonzero(mask)
-        if not hits.size:
-            continue
-        owners, first = np.unique(procs[hits], return_index=True)
-        for p, f in zip(owners.tolist(), hits[first].tolist(), strict=True):
-            ref = EventRef(kind, f, p, float(rows["wall_time"][f]))
-            if p not in out or ref.wall_time < out[p].wall_time:
-                out[p] = ref
-    return out
-
-
-def _op_and_step(reader: DumpReader, ref: EventRef) -> tuple[str, int]:
-    """An event's op type and step, from the index alone."""
-    row = reader.index(ref.kind)[ref.index]
-    if ref.kind == EXECUTIONS:
-        return reader.string(int(row["name"])), int(row["step"])
-    op = reader.trace_op_types(np.array([ref.index]))[0]
-    return reader.string(int(op)), int(row["step"])
-
-
 def _birth(reader: DumpReader, ops: _Ops, mark: EventRef) -> EventRef:
     """Where a rank that went bad on its own did: its first Inf/NaN since the last collective
     before ``mark`` (its first NaN). A NaN often first shows in the collective the rank sent
@@ -383,10 +351,10 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
     processes = reader.processes
     if len(processes) < 2:
         return None
-    firsts = _firsts(reader, "nonfinite")
+    firsts = reader.first_by_process("nonfinite")
     if not firsts:
         return None
-    nans = _firsts(reader, "nan")
+    nans = reader.first_by_process("nan")
     by_rank = {p.rank: p.index for p in processes if p.rank is not None}
     ops = _Ops(reader)
     states = [
@@ -395,7 +363,8 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
     ]
     for s in states:
         if s.first is not None:
-            s.first_op, s.first_step = _op_and_step(reader, s.first)
+            row = reader.index_json(s.first.kind, s.first.index)  # the index alone
+            s.first_op, s.first_step = row["op_type"], row["step"]
     notes: list[str] = []
     copies = _Copies(ops, [st.process for st in states])
 

@@ -573,7 +573,19 @@ class DumpReader:
         is the order of execution (file order); across processes and kinds, the earliest
         wall time.
         """
-        best: EventRef | None = None
+        count, firsts = self._firsts(column, kind, process)
+        best = min(firsts.values(), key=lambda ref: ref.wall_time, default=None)
+        return count, best
+
+    def first_by_process(self, column: str = "nonfinite") -> dict[int, EventRef]:
+        """Each process's first event with ``column`` > 0 (see :meth:`first_where`), by
+        process index; processes with none are left out."""
+        return self._firsts(column, None, None)[1]
+
+    def _firsts(
+        self, column: str, kind: str | None, process: int | None
+    ) -> tuple[int, dict[int, EventRef]]:
+        firsts: dict[int, EventRef] = {}
         count = 0
         for k in (kind,) if kind else (EXECUTIONS, TRACES):
             rows, procs = self.index(k), self.processes_of(k)
@@ -587,13 +599,14 @@ class DumpReader:
             count += int(hits.size)
             if not hits.size:
                 continue
-            # The first hit of each process, then the earliest of those.
+            # The first hit of each process; across kinds, the earlier by the process's clock.
             _, first_of_proc = np.unique(procs[hits], return_index=True)
             for i in hits[first_of_proc].tolist():
                 ref = EventRef(k, i, int(procs[i]), float(rows["wall_time"][i]))
-                if best is None or ref.wall_time < best.wall_time:
-                    best = ref
-        return count, best
+                seen = firsts.get(ref.process)
+                if seen is None or ref.wall_time < seen.wall_time:
+                    firsts[ref.process] = ref
+        return count, firsts
 
     def first_nonfinite(self, kind: str | None = None) -> EventRef | None:
         """The first event with Inf or NaN (see :meth:`first_where`)."""
