@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -430,16 +431,7 @@ def report(
         else:
             add(f"analyze() took {res['query_s']:.1f} s under the profiler "
                 f"(open {res['open_s']:.1f} s), peak {res['peak_rss_mib']:,.0f} MiB.")  # fmt: skip
-            add("")
-            add("```")
-            add(_trim(res["profile_cumulative"]))
-            add("```")
-            add("")
-            add("By own time:")
-            add("")
-            add("```")
-            add(_trim(res["profile_tottime"]))
-            add("```")
+            _add_listings(add, res)
     if profile is not None and profile_open is not None:
         sec = profile[0]
         add("")
@@ -452,18 +444,20 @@ def report(
         else:
             add(f"open took {profile_open['open_s']:.1f} s under the profiler, peak "
                 f"{profile_open['peak_rss_mib']:,.0f} MiB.")  # fmt: skip
-            for title, key in (
-                ("", "profile_cumulative"),
-                ("By own time:", "profile_tottime"),
-            ):
-                if title:
-                    add("")
-                    add(title)
-                add("")
-                add("```")
-                add(_trim(profile_open[key]))
-                add("```")
+            _add_listings(add, profile_open)
     return "\n".join(lines), problems
+
+
+def _add_listings(add: Callable[[str], None], res: dict[str, Any]) -> None:
+    """A profile's two listings, by cumulative and by own time, as markdown code blocks."""
+    for title, key in (("", "profile_cumulative"), ("By own time:", "profile_tottime")):
+        if title:
+            add("")
+            add(title)
+        add("")
+        add("```")
+        add(_trim(res[key]))
+        add("```")
 
 
 def _matches(found: dict[str, Any] | None, truth: dict[str, Any]) -> bool:
