@@ -45,6 +45,7 @@ class OpCopy:
     op_type: str
     sent: bool | None  # this rank's input held Inf/NaN (None: not recorded)
     came_out: bool  # its output held Inf/NaN
+    tensors: tuple[int, ...] = ()  # its input tensor ids (a receive: the tensor it writes)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -172,7 +173,7 @@ class _Ops:
             # times), not anything this rank sent.
             sent = _any(ex.input_health) if ex.collective.kind != "recv" else None
             op = OpCopy(process, index, ex.collective, ex.wall_time, ex.step, ex.op_type,
-                        sent, bool(ex.health.any_nonfinite))  # fmt: skip
+                        sent, bool(ex.health.any_nonfinite), ex.input_tensor_ids)  # fmt: skip
         self._cache[index] = op
         return op
 
@@ -334,13 +335,7 @@ def _received_by_recv(reader: DumpReader, ops: _Ops, first: EventRef) -> OpCopy 
     pos = int(np.searchsorted(mine, first.index))
     for j in range(pos - 1, max(-1, pos - 1 - SEARCH_LIMIT), -1):
         op = ops.copy(first.process, int(mine[j]))
-        if op is None or op.collective.kind != "recv":
-            continue
-        try:
-            recv = reader.execution(op.index)
-        except UNREADABLE:
-            continue
-        if bad_inputs.intersection(recv.input_tensor_ids):
+        if op is not None and op.collective.kind == "recv" and bad_inputs.intersection(op.tensors):
             return op
     return None
 
