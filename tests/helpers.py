@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -180,3 +181,38 @@ def shift_clock(logdir: Path, rank: int, seconds: float) -> None:
                 event.debug_metadata.clock_wall += seconds
             out.append(frame(event.SerializeToString()))
         path.write_bytes(b"".join(out))
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: tests never download a browser
+# Headless, and nothing reaching out (updates, sync, QUIC).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def require_chromium(module_level: bool = False) -> None:
+    """Skip where Debian's chromium is not installed, except in CI (.ci/run installs it and
+    sets NANSCOPE_REQUIRE_BROWSER): there, a skip would hide the GUI, so it is an error."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("NANSCOPE_REQUIRE_BROWSER"):
+            raise RuntimeError(f"{CHROMIUM} is not installed: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=module_level)
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's chromium launched through Playwright (see :func:`require_chromium`)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    require_chromium()
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()

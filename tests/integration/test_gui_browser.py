@@ -28,29 +28,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-sync_api = pytest.importorskip("playwright.sync_api")
+from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent
+from nanscope.server import serve_in_thread
 
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM):
-    # CI (.ci/run) installs it and sets NANSCOPE_REQUIRE_BROWSER: there, a skip would hide the GUI.
-    if os.environ.get("NANSCOPE_REQUIRE_BROWSER"):
-        raise RuntimeError(f"{CHROMIUM} is not installed: apt-get install chromium")
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+from ..helpers import chromium, extract_tf_dumps, require_chromium, write_small_dump
 
-from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, TraceEvent  # noqa: E402
-from nanscope.server import serve_in_thread  # noqa: E402
+pytest.importorskip("playwright.sync_api")
+require_chromium(module_level=True)
 
-from ..helpers import extract_tf_dumps, write_small_dump  # noqa: E402
-
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 
@@ -159,10 +144,8 @@ def server(logdir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 # Reports every Content-Security-Policy violation (an inline style="...", an eval, a script

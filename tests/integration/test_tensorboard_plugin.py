@@ -42,14 +42,13 @@ pytest.importorskip("tensorboard")
 import nanscope
 from nanscope.integrations.tensorboard import NanscopeLoader
 
-from ..helpers import extract_tf_dumps
+from ..helpers import chromium, extract_tf_dumps
 
 pytestmark = [pytest.mark.tensorboard, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "tests" / "programs" / "log_of_zero.py"
 ENTRY_POINT = "nanscope.integrations.tensorboard:NanscopeLoader"
-CHROMIUM = "/usr/bin/chromium"
 STARTUP_TIMEOUT_S = 60.0
 # TensorBoard's own `tensorboard` program, with TensorFlow made unimportable first.
 TENSORBOARD_WITHOUT_TF = (
@@ -281,15 +280,6 @@ def test_nanscope_rules_hold_under_tensorboard(tensorboard: TensorBoard) -> None
 
 # -- in a browser ------------------------------------------------------------------------------
 
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Reports Content-Security-Policy violations of every frame (the iframe's too) to Python.
 CSP_WATCH = """
 document.addEventListener("securitypolicyviolation", (e) =>
@@ -301,15 +291,8 @@ PLUGIN_PATH = f"{PREFIX}/data/plugin/nanscope/"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("NANSCOPE_REQUIRE_BROWSER"):
-            raise RuntimeError(f"{CHROMIUM} is not installed: apt-get install chromium")
-        pytest.skip(f"{CHROMIUM} is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture()
