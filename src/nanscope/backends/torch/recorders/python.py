@@ -68,9 +68,11 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
     def handle(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     ) -> Any:
+        if SUSPENDED.depth:  # nanscope's own ops, a compiled graph: not looked up at all
+            return func(*args, **(kwargs or {}))
         info = self._ops[func]
         sent: list[Any] | None = None
-        if info.distributed and info.record_values and self._reads_values and not SUSPENDED.depth:
+        if info.distributed and info.record_values and self._reads_values:
             # What this rank sends, before an in-place collective overwrites it.
             try:
                 ins = tensors_of(args, [])
@@ -78,7 +80,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             except Exception as exc:
                 self.failed(exc)
         out = func(*args, **(kwargs or {}))
-        if SUSPENDED.depth:
+        if SUSPENDED.depth:  # began while the op ran (a compilation started inside it)
             return out
         if not info.skip:
             try:
