@@ -908,12 +908,10 @@ class _MergedRoom:
             return f.update(problems)
         changed = f.update(problems, into=self.buffer[self.filled :])
         n = len(f.rows)
-        expected = self.buffer[self.filled : self.filled + n]
-        if n and not np.shares_memory(f.rows, expected):
+        # In place: its rows start where the room's free part does (and are n rows of it).
+        start = self.buffer[self.filled :].__array_interface__["data"][0]
+        if n and f.rows.__array_interface__["data"][0] != start:
             self.buffer = None  # not read in place: merge by copying
-            return changed
-        if n and f.rows.__array_interface__["data"][0] != expected.__array_interface__["data"][0]:
-            self.buffer = None
             return changed
         self.filled += n
         self.parts.append(f)
