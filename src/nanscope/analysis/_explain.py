@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nanscope.format.collectives import is_distributed
 from nanscope.format.health import Health, total
 
 # Op families by normalised name: "aten.log.default" -> "log", "RealDiv" -> "realdiv".
@@ -179,7 +180,7 @@ def explain(
         return f"{short_name(op_type)} wrote {made} given as a value (an intentional mask?)"
     if bad_inputs:
         return _carried(op_type, fam, output, counted, bad_inputs, external)
-    if op_type.startswith(("c10d.", "_c10d_functional")) and counted and all(counted):
+    if is_distributed(op_type) and counted and all(counted):
         # A collective's inputs are what this rank put in: the rest came from its peers.
         return (
             f"{short_name(op_type)} returned {made} though this rank put in finite values: "

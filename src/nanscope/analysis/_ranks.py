@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.format.collectives import OP_PREFIXES
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, UNREADABLE, Collective, DumpReader, EventRef
 
-# Op types of torch.distributed operations (what the recorders tag).
-DISTRIBUTED_PREFIXES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 # Records decoded while searching one rank for one operation, and around a birth.
 SEARCH_LIMIT = 64
 NEAR_LIMIT = 16
@@ -140,7 +139,7 @@ class _Ops:
         self.reader = reader
         rows = reader.index(EXECUTIONS)
         procs = reader.processes_of(EXECUTIONS)
-        ids = reader.string_ids(DISTRIBUTED_PREFIXES)
+        ids = reader.string_ids(OP_PREFIXES)
         where = np.flatnonzero(np.isin(rows["name"], ids)) if ids.size else np.zeros(0, np.int64)
         self.rows = where
         # The index holds each process's events together: one slice of `where` per process.

@@ -22,10 +22,8 @@ from typing import Any
 import torch
 
 from nanscope.events._model import CollectiveTag
+from nanscope.format.collectives import is_distributed
 
-# Namespaces of torch.distributed's operations (c10d's process group ops and the
-# functional collectives that torch.compile traces).
-NAMESPACES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
 # Their ops that are not an operation of a group: waiting, wrapping, any-source receive.
 NOT_OPERATIONS = frozenset(
     {
@@ -41,7 +39,7 @@ _PEER_ARGS = ("dstRank", "srcRank", "dst", "src")
 def is_operation(name: str) -> bool:
     """Whether an op (``c10d.allreduce_.default``) is a group's operation to be numbered."""
     packet = name.rsplit(".", 1)[0]
-    return name.startswith(NAMESPACES) and packet not in NOT_OPERATIONS
+    return is_distributed(name) and packet not in NOT_OPERATIONS
 
 
 def _process_group(value: Any) -> Any:
