@@ -60,9 +60,10 @@ class OpInfo:
     collective: bool = False  # in COLLECTIVES
     uninitialised: bool = False  # an allocation (UNINITIALISED): its values are garbage
     view: bool = False  # its outputs alias its first input without writing to it
-    distributed: bool = (
-        False  # a torch.distributed operation, numbered in its group (collectives.py)
-    )
+    # A torch.distributed operation, numbered in its group (collectives.py); one whose inputs
+    # are what this rank sends (not a receive, whose input is the buffer it writes).
+    distributed: bool = False
+    sends: bool = False
 
 
 # Schema types whose Python-number arguments are values (x / 0.0), unlike dims and sizes.
@@ -103,6 +104,7 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         inplace=inplace,
         collective=packet in COLLECTIVES,
         distributed=collectives.is_operation(name),
+        sends=collectives.is_operation(name) and collectives.P2P.get(packet) != "recv",
         uninitialised=packet in UNINITIALISED,
         view=view,
         record_values=packet not in UNINITIALISED

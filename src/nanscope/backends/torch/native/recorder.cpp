@@ -874,7 +874,8 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
     // Few per step: what this rank sends, before the collective overwrites it.
     py::gil_scoped_acquire gil;
     try {
-      c->before = S->host.attr("sent")(py_tensors(c->ins)).release().ptr();
+      py::object sent = S->host.attr("sent")(op->index, py_tensors(c->ins));
+      if (!sent.is_none()) c->before = sent.release().ptr();
     } catch (py::error_already_set& e) {
       swallow(e, "nanscope: summarising a collective's inputs");
     }

@@ -188,8 +188,11 @@ class NativeRecorder(RecorderBase):
         inplace = self.ops[op].inplace
         return self.summarize_inputs(ins, [inplace and m for m in mutated], values)
 
-    def sent(self, ins: list[torch.Tensor]) -> list[Any]:
-        """A distributed operation's input summaries, taken before it runs."""
+    def sent(self, op: int, ins: list[torch.Tensor]) -> list[Any] | None:
+        """A distributed operation's input summaries, taken before it runs (None for a
+        receive: its input is the buffer it writes, nothing this rank sends)."""
+        if not self.ops[op].sends:
+            return None
         return self.summarize_inputs(ins, [False] * len(ins), [])
 
     def collective(

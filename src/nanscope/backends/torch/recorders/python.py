@@ -72,7 +72,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             return func(*args, **(kwargs or {}))
         info = self._ops[func]
         sent: list[Any] | None = None
-        if info.distributed and info.record_values and self._reads_values:
+        if info.sends and info.record_values and self._reads_values:
             # What this rank sends, before an in-place collective overwrites it.
             try:
                 ins = tensors_of(args, [])
