@@ -341,6 +341,19 @@ def test_found_harmful(lab: Lab, case: str, buffer: str) -> None:
     assert report["found_nonfinite"] is True  # every case has Inf/NaN, harmful or not
 
 
+@pytest.mark.parametrize(("case", "buffer"), cases_for("headroom"))
+def test_headroom(lab: Lab, case: str, buffer: str) -> None:
+    """Ranges are recorded; a healthy run gets no overflow or underflow warning (GradScaler's
+    overflowing backward is handled by design, finfo.min masks are sentinels)."""
+    h = recorded(lab, case, buffer)["headroom"]
+    assert h is not None
+    if CASES[case].healthy:
+        assert h["warnings"] == [], [w["message"] for w in h["warnings"]]
+        assert h["before_inf"] == []
+    elif lab.oracle(case).cause is not None:
+        assert h["before_step"] is not None and h["before_inf"]
+
+
 @pytest.mark.parametrize(("case", "buffer"), cases_for("lineages"))
 def test_lineages(lab: Lab, case: str, buffer: str) -> None:
     """Each birth (op, file, line) is classified as the oracle classifies it. With the

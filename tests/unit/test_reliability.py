@@ -63,7 +63,8 @@ def test_reader_holds_an_index_not_the_events(tmp_path: Path) -> None:
         assert len(index) == 3000 and index.dtype == INDEX_DTYPE
         assert r.decoded_for_index() == 0  # the sidecar served it: no record was decoded
         assert index.nbytes == 3000 * INDEX_DTYPE.itemsize < records
-        assert INDEX_DTYPE.itemsize == 64
+        # 64 bytes of place and health, then module, largest/smallest |x| and their dtype.
+        assert INDEX_DTYPE.itemsize == 77
 
 
 def test_backpressure_waits_a_bounded_time_then_drops_and_counts(
@@ -105,7 +106,7 @@ def test_shedding_keeps_the_non_finite_events_of_encoded_batches(tmp_path: Path)
             ev = ExecutionEvent("op", [seq], [seq], summaries=[h])
             payload, row, _ = enc.execution(ev, seq, 1.0, [h])
             out.append((payload, "op", "", 1, 1.0, 0, seq, row.size, row.neg_inf, row.pos_inf,
-                        row.nan, row.nonfinite, 0, 0))  # fmt: skip
+                        row.nan, row.nonfinite, 0, 0, "", float("nan"), float("nan"), 0))  # fmt: skip
         return out
 
     for _ in range(10):

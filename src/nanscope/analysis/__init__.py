@@ -6,6 +6,7 @@ these functions return; none of them reads a dump or decodes a summary itself.
 
 from nanscope.analysis._dataflow import consumers, graph_op_edges, nearest_trace, producers
 from nanscope.analysis._explain import explain, op_family
+from nanscope.analysis._headroom import Headroom, HeadroomWarning, analyze_headroom, headroom_series
 from nanscope.analysis._ranks import OpCopy, RankState, RankVerdict, analyze_ranks
 from nanscope.analysis._rootcause import (
     SCHEMA,
@@ -23,6 +24,8 @@ __all__ = [
     "Alerts",
     "Analysis",
     "EventView",
+    "Headroom",
+    "HeadroomWarning",
     "InputView",
     "LineageGroup",
     "OpCopy",
@@ -32,11 +35,13 @@ __all__ = [
     "Source",
     "ViewBuilder",
     "analyze",
+    "analyze_headroom",
     "analyze_ranks",
     "consumers",
     "count_alerts",
     "explain",
     "graph_op_edges",
+    "headroom_series",
     "nearest_trace",
     "op_family",
     "producers",

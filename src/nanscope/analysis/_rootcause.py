@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.analysis._explain import born_from_output
+from nanscope.analysis._headroom import Headroom, analyze_headroom
 from nanscope.analysis._lineages import Lineage, find_lineages
 from nanscope.analysis._ranks import RankVerdict, analyze_ranks
 from nanscope.analysis._views import EventView, ViewBuilder
@@ -79,6 +80,8 @@ class Analysis:
     # Several processes: which rank it was born on, how that was told, how it spread.
     ranks: RankVerdict | None = None
     logdirs: list[str] = field(default_factory=list)  # every dump root read (logdir: the first)
+    # How close values came to their format's limits (None: the dump records no ranges).
+    headroom: Headroom | None = None
 
     @property
     def found(self) -> bool:
@@ -148,6 +151,7 @@ class Analysis:
             "evicted": self.evicted,
             "chain": [c.to_json() for c in self.chain],
             "ranks": self.ranks.to_json() if self.ranks is not None else None,
+            "headroom": self.headroom.to_json() if self.headroom is not None else None,
             "notes": self.notes,
             "problems": self.problems,
         }
@@ -221,9 +225,14 @@ def _origin_kind(origin: EventView) -> str:
     return "born"
 
 
-def analyze(reader: DumpReader, lookback: int = 5000) -> Analysis:
-    """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between."""
+def analyze(
+    reader: DumpReader, lookback: int = 5000, headroom_format: str | None = None
+) -> Analysis:
+    """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between,
+    and how close values came to overflow and underflow (measured against
+    ``headroom_format``, e.g. ``"float8_e4m3fn"``, or else each value's own format)."""
     result = _analyze(reader, lookback)
+    result.headroom = analyze_headroom(reader, headroom_format, _first_harm(result))
     # Again at the end: decoding the events found damage that indexing from a sidecar did not.
     result.problems = [p.to_json() for p in reader.problems]
     return result
@@ -318,6 +327,16 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         if v is not None:
             views.add_context(v)
     return result
+
+
+def _first_harm(result: Analysis) -> tuple[int, int, int] | None:
+    """``(process, step, index)`` of the first harmful execution with Inf/NaN, if any."""
+    if not result.found_harmful:
+        return None
+    for v in (result.cause, result.first_inf, result.first_nan, result.origin):
+        if v is not None and v.kind == EXECUTIONS:
+            return v.process, v.step, v.index
+    return None
 
 
 def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:

@@ -12,6 +12,14 @@ import numpy as np
 
 from nanscope.events import _wire as wire
 from nanscope.events._model import CollectiveTag, ExecutionEvent, Pending, TraceEvent
+from nanscope.format import headroom
+from nanscope.format.headroom import (
+    AMAX_SLOT,
+    RECORDED_WIDTH,
+    TFDBG_WIDTH,
+    UNKNOWN_RANGES,
+    RangeRow,
+)
 from nanscope.format.health import IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
@@ -162,8 +170,19 @@ class Encoder:
             parts += (_TAG[5], _V(len(body)), body)
         parts.append(self._mode_exec)
         field = self._summary_field
-        for s in summaries:
-            parts.append(field(7, s))
+        ranges = None
+        if self.mode == TensorDebugMode.FULL_HEALTH:
+            # In memory a FULL_HEALTH summary carries its ranges after tfdbg2's 11
+            # slots (nanscope.format.headroom); on disk they go to their own field.
+            ranges = np.full(2 * len(summaries), np.nan, dtype="<f8")
+            for i, s in enumerate(summaries):
+                if s is not None and len(s) >= RECORDED_WIDTH:
+                    ranges[2 * i : 2 * i + 2] = s[AMAX_SLOT:RECORDED_WIDTH]
+                    s = s[:TFDBG_WIDTH]
+                parts.append(field(7, s))
+        else:
+            for s in summaries:
+                parts.append(field(7, s))
         if ev.stack >= 0:
             loc = self._located.get(ev.stack)
             if loc is None:
@@ -187,9 +206,13 @@ class Encoder:
             parts += (_TAG_VARINT[1005], _V(sequence))
         if not no_tensor and ev.input_summaries:
             for s in resolve(ev.input_summaries):
+                if s is not None and ranges is not None:
+                    s = s[:TFDBG_WIDTH]
                 parts.append(field(1006, s))
         if ev.collective is not None:
             parts.append(collective_field(ev.collective))
+        if ranges is not None and len(ranges) and not np.isnan(ranges).all():
+            parts.append(wire.len_field(1008, ranges.tobytes()))
         body = b"".join(parts)
         payload = b"".join(
             (
@@ -201,6 +224,14 @@ class Encoder:
             )
         )
         return payload, index_row(self.mode, summaries), summaries
+
+    def ranges(self, summaries: Sequence[np.ndarray | None]) -> RangeRow:
+        """The index's range columns of an execution's summaries (or FULL_TENSOR values)."""
+        if self.mode == TensorDebugMode.FULL_HEALTH:
+            return headroom.of_summaries(summaries)
+        if self.mode == TensorDebugMode.FULL_TENSOR:
+            return headroom.of_values(summaries)
+        return UNKNOWN_RANGES
 
     # -- graph execution traces ------------------------------------------------------------
 

@@ -39,6 +39,10 @@ class EncodedExecution(NamedTuple):
     nonfinite: int
     phase: int
     device: int  # the writer's id of the first output's device (0: none)
+    module_path: str
+    amax: float  # the range columns (nanscope.format.headroom.RangeRow); NaN unknown
+    amin: float
+    range_dtype: int
 
 
 class QueuedExecution(NamedTuple):

@@ -39,7 +39,8 @@ import numpy as np
 from nanscope._version import __version__
 from nanscope.events import _lifecycle as lifecycle
 from nanscope.events._encode import Encoder, resolve
-from nanscope.events._io import DiskWorker, Op, Overwrite, StalledError, reason
+from nanscope.events._history import RangeHistory
+from nanscope.events._io import DiskWorker, Op, Overwrite, Replace, StalledError, reason
 from nanscope.events._model import ExecutionEvent, Graph, GraphOp, TraceEvent
 from nanscope.events._queue import (
     CloseRequest,
@@ -59,6 +60,7 @@ from nanscope.events._queue import (
 from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events._streams import AppendFile, EventStream, RowTuple
 from nanscope.format import files, sidecar
+from nanscope.format.headroom import UNKNOWN_RANGES
 from nanscope.format.health import UNKNOWN_ROW, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
@@ -129,6 +131,7 @@ DROPS_SIZE = 4096
 reserved blocks needs no free space, so the report reaches even a full disk."""
 
 MAX_BACKOFF = 30.0  # seconds between retries of a failing disk, at most
+HISTORY_INTERVAL = 5.0  # seconds between rewrites of the range history (and at close)
 
 
 class DumpWriter:
@@ -306,6 +309,9 @@ class DumpWriter:
             op.run()
         metadata.close()
         # Reserved now, while the disk has room (see DROPS_SIZE).
+        # Per module and step, the |x| extremes, beyond the circular buffer's reach.
+        self._history = RangeHistory()
+        self._history_due = 0.0
         self._drops_fd = os.open(
             self.file_set.path(files.DROPS), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644
         )
@@ -391,7 +397,8 @@ class DumpWriter:
 
         def produce(seq: int) -> list[EncodedExecution]:
             numbered.append(seq)
-            payload, h, _ = self._encoder.execution(ev, seq, wall, summaries)
+            payload, h, resolved = self._encoder.execution(ev, seq, wall, summaries)
+            r = self._encoder.ranges(resolved)
             return [
                 EncodedExecution(
                     payload=payload,
@@ -408,6 +415,10 @@ class DumpWriter:
                     nonfinite=h.nonfinite,
                     phase=int(ev.phase),
                     device=device,
+                    module_path=ev.module_path,
+                    amax=r.amax,
+                    amin=r.amin,
+                    range_dtype=r.dtype,
                 )
             ]
 
@@ -741,6 +752,11 @@ class DumpWriter:
             ops += f.take(sync)
         ops += self._executions.flush(sync)
         ops += self._traces.flush(sync)
+        now = time.monotonic()
+        if self._history.dirty and (sync or now >= self._history_due):
+            # A few hundred kB at most, rewritten whole: not at every flush.
+            self._history_due = now + HISTORY_INTERVAL
+            ops.append(Replace(self.file_set.path(files.RANGES), self._history.to_bytes(), sync))
         self.stats.executions_kept = self._executions.kept()
         self.stats.traces_kept = self._traces.kept()
         self.stats.executions_evicted = self._executions.evicted
@@ -934,11 +950,15 @@ class DumpWriter:
         else:
             summaries = resolve(ev.summaries)
         h = index_row(self.mode, summaries)
+        r = self._encoder.ranges(summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         st = self._executions.strings
         row = (st.intern(ev.op_type), st.intern(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device,
+               st.intern(ev.module_path), r.amax, r.amin, r.dtype)  # fmt: skip
+        if r.dtype:
+            self._history.add(ev.module_path, int(ev.phase), ev.step, r.amax, r.amin, r.dtype)
         # The spec is what _encode_execution turns into the record, at flush time.
         self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
         self.stats.executions += 1
@@ -946,11 +966,15 @@ class DumpWriter:
     def _on_encoded_executions(self, records: Sequence[EncodedExecution]) -> None:
         st = self._executions.strings
         add = self._executions.add
+        history = self._history.add
         # By position: the native recorder hands over plain tuples in EncodedExecution's order.
         for (payload, op_type, graph_id, num_outputs, wall, step, seq, size, neg_inf, pos_inf, nan,
-             nonfinite, phase, device) in records:  # fmt: skip
+             nonfinite, phase, device, module, amax, amin, range_dtype) in records:  # fmt: skip
             row = (st.intern(op_type), st.intern(graph_id), num_outputs, wall, step, seq, size, neg_inf,
-                   pos_inf, nan, nonfinite, phase, device)  # fmt: skip
+                   pos_inf, nan, nonfinite, phase, device, st.intern(module), amax, amin,
+                   range_dtype)  # fmt: skip
+            if range_dtype:
+                history(module, phase, step, amax, amin, range_dtype)
             add(frame(payload), row, nonfinite == 1)
         self.stats.executions += len(records)
 
@@ -958,7 +982,7 @@ class DumpWriter:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
         st = self._traces.strings
         row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0, 0, *UNKNOWN_RANGES)  # fmt: skip
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
         self.stats.traces += 1
 
@@ -1007,6 +1031,7 @@ class DumpWriter:
             rows["sequence"] = np.arange(first, first + n)
             for k, col in enumerate(("size", "neg_inf", "pos_inf", "nan", "nonfinite")):
                 rows[col] = health[:, k]
+            rows["amax"] = rows["amin"] = np.nan
             stream.add_batch(payloads, rows)
             self.stats.traces += n
             return
@@ -1015,7 +1040,7 @@ class DumpWriter:
             zip(payloads, health.tolist(), strict=True)
         ):
             add((payload,), (st.intern(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
-                          nn, nf, 0, 0), nf == 1)  # fmt: skip
+                          nn, nf, 0, 0, 0, *UNKNOWN_RANGES), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)
 
     def _on_stack_frame(self, new: NewStackFrame) -> None:

@@ -30,6 +30,9 @@ CIRCULAR_SUFFIXES = (EXECUTION, GRAPH_EXECUTION_TRACES)
 # nanscope's sidecar index next to each circular file (see events/sidecar.py).
 INDEX_SUFFIX = ".nsidx"
 
+# nanscope's range history (nanscope.format.headroom): per module, each step's |x| extremes.
+RANGES = "nsranges"
+
 # nanscope's report of events the writer had to drop (disk full, ...): JSON, see docs/FORMAT.md.
 DROPS = "nsdrops"
 

@@ -15,7 +15,15 @@ from nanscope.reader._data import (
 )
 from nanscope.reader._decode import DecodeError
 from nanscope.reader._drops import WriterDrops
-from nanscope.reader._dump import EXECUTIONS, TRACES, DumpError, DumpReader, EventRef, open_dump
+from nanscope.reader._dump import (
+    EXECUTIONS,
+    HISTORY_DTYPE,
+    TRACES,
+    DumpError,
+    DumpReader,
+    EventRef,
+    open_dump,
+)
 from nanscope.reader._eventfile import INDEX_DTYPE
 from nanscope.reader._logs import read_run_id
 
@@ -24,6 +32,7 @@ UNREADABLE = (RecordError, DecodeError)
 
 __all__ = [
     "EXECUTIONS",
+    "HISTORY_DTYPE",
     "INDEX_DTYPE",
     "PHASES",
     "TRACES",

@@ -171,6 +171,9 @@ class Execution:
     input_health: tuple[Health | None, ...] = ()
     collective: Collective | None = None  # a torch.distributed operation
     tensor_values: tuple[np.ndarray | None, ...] | None = field(default=None, repr=False)
+    # Each output's (largest finite |x|, smallest non-zero finite |x|) where recorded
+    # (FULL_HEALTH's output_ranges, or FULL_TENSOR's values); see nanscope.format.headroom.
+    output_ranges: tuple[tuple[float, float] | None, ...] = ()
     # What is wrong with this record's tensors ("<file>: record at byte offset N: output 0:
     # ..."), also in the reader's problems: an output refused here reads as not recorded.
     problems: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -205,10 +208,13 @@ class Execution:
         for slot, tid in enumerate(listed):
             summary, value = self._output(slot)
             h = self.output_health[slot] if slot < len(self.output_health) else None
+            r = self.output_ranges[slot] if slot < len(self.output_ranges) else None
             out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
                         "counts": h.to_json() if h is not None else None,
                         "shape": _shape(self.tensor_debug_mode, summary, value),
-                        "summary": None if summary is None else _numbers(summary)})  # fmt: skip
+                        "summary": None if summary is None else _numbers(summary),
+                        "range": None if r is None else dict(zip(("max_abs", "min_nonzero_abs"),
+                                                                 _numbers(np.array(r)), strict=True))})  # fmt: skip
         return out
 
     def to_json(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from nanscope.format import files, health
+from nanscope.format import files, headroom, health
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
@@ -53,6 +53,10 @@ SUPPORTED_FILE_VERSION = 1
 DumpRoots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 EXECUTIONS = "execution"
 TRACES = "graph_execution_trace"
+
+
+# A range history row as the reader hands it out: a point of one process.
+HISTORY_DTYPE = np.dtype([("process", "<i4"), *headroom.POINT_DTYPE.descr])
 
 
 class DumpError(Exception):
@@ -119,6 +123,7 @@ class DumpReader:
         self.logdirs: list[Path] = _roots(logdir)
         self.logdir = self.logdirs[0]
         self._strings = StringTable()
+        self._histories: dict[int, tuple[tuple[int, int], np.ndarray | None]] = {}
         self._problems: dict[str, Problem] = {}
         self._processes: list[_Process] = []
         # By prefix (root and name): two roots may hold sets of the same name (two hosts of
@@ -518,6 +523,48 @@ class DumpReader:
     def string(self, sid: int) -> str:
         return self._strings.strings[sid]
 
+    def range_history(self) -> np.ndarray:
+        """Every process's range history (``.nsranges``, :mod:`nanscope.format.headroom`):
+        rows of :data:`HISTORY_DTYPE`, ``module`` a string id (:meth:`string`).
+
+        Read again when a file changed; a file that cannot be read is a problem and
+        counts as absent (the analysis then uses the index's rows).
+        """
+        parts = []
+        for proc in self._processes:
+            path = proc.file_set.path(files.RANGES)
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size)
+            cached = self._histories.get(proc.index)
+            if cached is None or cached[0] != key:
+                cached = (key, self._read_history(proc, path))
+                self._histories[proc.index] = cached
+            if cached[1] is not None:
+                parts.append(cached[1])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=HISTORY_DTYPE)
+
+    def _read_history(self, proc: _Process, path: Path) -> np.ndarray | None:
+        try:
+            data = path.read_bytes()
+            result = scan(data, str(path))
+            if result.errors or result.torn:
+                raise ValueError("damaged records")
+            modules, points = headroom.parse_history([r.payload for r in result.records])
+        except (OSError, ValueError) as exc:
+            self._problem("warning", f"{path}: the range history cannot be read ({exc}); "
+                          "headroom uses the recorded events only")  # fmt: skip
+            return None
+        out = np.zeros(len(points), dtype=HISTORY_DTYPE)
+        for name in headroom.POINT_DTYPE.names or ():
+            out[name] = points[name]
+        remap = np.array([self._strings.intern(m) for m in modules], dtype=np.uint32)
+        out["module"] = remap[points["module"]] if len(points) else out["module"]
+        out["process"] = proc.index
+        return out
+
     def string_id(self, value: str) -> int | None:
         return self._strings.get(value)
 
@@ -766,6 +813,7 @@ class DumpReader:
             input_health=health.per_output(mode, inputs),
             collective=_collective(ex),
             tensor_values=full,
+            output_ranges=_output_ranges(ex, mode, values),
             problems=self._damage(where, found),
         )
 
@@ -928,6 +976,18 @@ class _MergedRoom:
             f.adopt(merged[start : start + n])
             start += n
         return merged
+
+
+def _output_ranges(
+    ex: pb.Execution, mode: TensorDebugMode, values: list[np.ndarray | None]
+) -> tuple[tuple[float, float] | None, ...]:
+    """Each output's ranges pair (see :mod:`nanscope.format.headroom`), where recorded."""
+    if mode == TensorDebugMode.FULL_TENSOR:
+        found = [None if v is None else headroom.of_value(np.asarray(v)) for v in values]
+        return tuple(None if f is None else f[1] for f in found)
+    if mode == TensorDebugMode.FULL_HEALTH and ex.output_ranges:
+        return tuple(headroom.pairs_of(ex.output_ranges))
+    return ()
 
 
 def _collective(ex: pb.Execution) -> Collective | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -14,6 +15,7 @@ from rich.text import Text
 from nanscope.analysis import (
     Analysis,
     EventView,
+    Headroom,
     InputView,
     LineageGroup,
     RankState,
@@ -178,6 +180,46 @@ def _ranks_section(v: RankVerdict, console: Console) -> None:
         console.print(Text(f"... {len(rows) - len(shown)} more ranks", style="dim"))
 
 
+def _level(v: float) -> str:
+    return f"{v:.0%}" if v >= 0.01 else f"{v:.1e}"
+
+
+def _headroom_section(h: Headroom, console: Console) -> None:
+    """Warnings of overflow and underflow coming, and the ranges before the first Inf."""
+    if not h.warnings and not h.before_inf:
+        return
+    against = f" (measured against {h.target})" if h.target else ""
+    console.print(Text(f"Headroom{against}:", style="bold"))
+    for w in h.warnings:
+        console.print(Text(f"⚠ {w.message}", style="yellow"))
+    if h.before_inf:
+        steps = sorted({r["step"] for r in h.before_inf})
+        console.print(
+            f"largest |x| per module in the steps up to the first harmful Inf (step "
+            f"{h.before_step}; its own step until the Inf), nearest to overflow first:"
+        )
+        table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+        table.add_column("module")
+        table.add_column("dtype")
+        table.add_column("min |x|>0", justify="right")
+        for st in steps:
+            table.add_column(f"step {st}", justify="right")
+        table.add_column("of max", justify="right")
+        modules: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+        for r in h.before_inf:
+            modules.setdefault((r["module"], r["phase"]), {})[r["step"]] = r
+        for (module, phase), by_step in modules.items():
+            name = (module or "(outside modules)") + (
+                f" ({phase})" if phase not in ("", "forward") else ""
+            )
+            lows = [r["min_nonzero_abs"] for r in by_step.values() if r["min_nonzero_abs"]]
+            last = by_step[max(by_step)]
+            cells = [f"{by_step[st]['max_abs']:.4g}" if st in by_step else "—" for st in steps]
+            table.add_row(name, last["dtype"], f"{min(lows):.3g}" if lows else "—", *cells,
+                          _level(last["level"]))  # fmt: skip
+        console.print(table)
+
+
 def render_text(a: Analysis, console: Console) -> None:
     """Print the report for ``a``."""
     console.print(Text(f"nanscope report: {', '.join(a.logdirs or [a.logdir])}", style="bold"))
@@ -250,6 +292,8 @@ def render_text(a: Analysis, console: Console) -> None:
         console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
         for g in a.lineages:
             console.print(_lineage_line(g))
+    if a.headroom is not None:
+        _headroom_section(a.headroom, console)
     if any(a.evicted.values()):
         dropped = ", ".join(f"{n:,} {k.replace('_', ' ')}s" for k, n in a.evicted.items() if n)
         console.print(Text(f"note: the circular buffer dropped {dropped}", style="yellow"))

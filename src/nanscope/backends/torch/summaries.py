@@ -10,6 +10,7 @@ without blocking (see :mod:`nanscope.backends.torch.device_buffer`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,6 +147,28 @@ def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     return ni, pi, nn, neg, zero, pos
 
 
+def ranges(a: np.ndarray) -> tuple[float, float]:
+    """``(largest finite |x|, smallest non-zero finite |x|)`` of a flat float array
+    (``0`` and ``inf`` where it holds no such element); see :mod:`nanscope.format.headroom`."""
+    if not all_finite(a):
+        a = a[np.isfinite(a)]
+    if not a.size:
+        return 0.0, math.inf
+    hi = max(float(a.max()), -float(a.min()))
+    mag = np.abs(a)
+    lo = float(np.min(mag, where=mag > 0, initial=math.inf))
+    return hi, lo
+
+
+def tensor_ranges(t: torch.Tensor) -> tuple[float, float]:
+    """:func:`ranges` over a CPU float tensor of any layout, without materialising views."""
+    hi, lo = 0.0, math.inf
+    for a in host_parts(t)[0]:
+        h, m = ranges(a)
+        hi, lo = max(hi, h), min(lo, m)
+    return hi, lo
+
+
 def tensor_all_finite(t: torch.Tensor) -> bool:
     """True when a CPU float tensor of any layout holds no Inf and no NaN."""
     return all(all_finite(a) for a in host_parts(t)[0])
@@ -181,8 +204,10 @@ def summarize_host(
         ni, pi, nn, _, _, _ = tensor_counts(t)
         return np.array([tensor_id, size, ni, pi, nn], dtype=np.float64)
     ni, pi, nn, neg, zero, pos = tensor_counts(t)
+    # FULL_HEALTH's 11 slots, then the ranges (nanscope.format.headroom).
+    hi, lo = tensor_ranges(t)
     return np.array(
-        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos],
+        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos, hi, lo],
         dtype=np.float64,
     )
 
@@ -224,6 +249,11 @@ def summarize_device(t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1
     zero = (x == 0).sum() * repeats
     pos = (x > 0).sum() * repeats - pos_inf
     head = torch.tensor(
-        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim()], dtype=torch.int64, device=x.device
+        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim()], dtype=torch.float64, device=x.device
     )
-    return torch.cat([head, torch.stack([size, neg_inf, pos_inf, nan, neg, zero, pos])]).double()
+    counts = torch.stack([size, neg_inf, pos_inf, nan, neg, zero, pos]).double()
+    # The ranges (nanscope.format.headroom), on the device like the counts.
+    mag = torch.where(torch.isfinite(x), x.abs(), 0).double()
+    hi = mag.max() if x.numel() else torch.zeros((), dtype=torch.float64, device=x.device)
+    lo = torch.where(mag > 0, mag, math.inf).min() if x.numel() else torch.full_like(hi, math.inf)
+    return torch.cat([head, counts, torch.stack([hi, lo])])

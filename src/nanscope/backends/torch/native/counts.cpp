@@ -14,35 +14,51 @@ namespace {
 
 // Comparisons summed as integers: no branches, so the loop vectorises; 32-bit
 // sums over blocks fill twice the lanes of 64-bit ones. |x| <= max is false
-// exactly for Inf and NaN.
-template <typename T>
+// exactly for Inf and NaN. With kRanges, the largest finite |x| and the
+// smallest non-zero one are two more branch-free reductions (selects, then
+// max and min) in the same pass.
+template <typename T, bool kRanges>
 __attribute__((target_clones("avx2", "default"))) void count_plain(const T* p, int64_t n,
                                                                    Counts* c) {
   constexpr int64_t kBlock = 1 << 20;
   const T big = std::numeric_limits<T>::max();
+  const T inf = std::numeric_limits<T>::infinity();
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
     const T* q = p + start;
     int32_t neg = 0, zero = 0, bad = 0;
+    T hi = T(0), lo = inf;
     for (int64_t i = 0; i < m; ++i) {
       T x = q[i];
+      T a = std::fabs(x);
+      bool finite = a <= big;
       neg += x < T(0);
       zero += x == T(0);
-      bad += !(std::fabs(x) <= big);
+      bad += !finite;
+      if constexpr (kRanges) {
+        T fin = finite ? a : T(0);
+        hi = fin > hi ? fin : hi;
+        T nz = (finite && a > T(0)) ? a : inf;
+        lo = nz < lo ? nz : lo;
+      }
     }
     c->neg += neg;
     c->zero += zero;
     c->bad += bad;
+    if constexpr (kRanges) {
+      c->hi = std::max(c->hi, static_cast<double>(hi));
+      c->lo = std::min(c->lo, static_cast<double>(lo));
+    }
   }
 }
 
-template <typename H>
+template <typename H, bool kRanges>
 void count_widened(const H* p, int64_t n, Counts* c) {
   float buf[1024];
   for (int64_t i = 0; i < n; i += 1024) {
     int64_t m = std::min<int64_t>(1024, n - i);
     for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(p[i + j]);
-    count_plain<float>(buf, m, c);
+    count_plain<float, kRanges>(buf, m, c);
   }
 }
 
@@ -71,19 +87,21 @@ namespace {
 
 // Counts over n elements `stride` apart; a strided run is gathered into a
 // small buffer first, so the count loops stay the vectorised ones.
-template <typename T>
+template <typename T, bool kRanges>
 void count_run(const T* p, int64_t n, int64_t stride, Counts* c, Special* s, bool want_special) {
   auto count = [&](const T* q, int64_t m) {
     Counts mine;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      count_plain<T>(q, m, &mine);
+      count_plain<T, kRanges>(q, m, &mine);
     } else {
-      count_widened<T>(q, m, &mine);
+      count_widened<T, kRanges>(q, m, &mine);
     }
     if (want_special && mine.bad > 0) count_special<T>(q, m, s);
     c->neg += mine.neg;
     c->zero += mine.zero;
     c->bad += mine.bad;
+    c->hi = std::max(c->hi, mine.hi);
+    c->lo = std::min(c->lo, mine.lo);
   };
   if (stride == 1) {
     count(p, n);
@@ -105,7 +123,7 @@ struct Dim {
 // sliced, a sliding window whose elements overlap) is counted element by
 // element as it appears, and nothing is copied or dispatched (an op run here
 // would be seen by the program's own dispatch modes).
-template <typename T>
+template <typename T, bool kRanges>
 void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special* s,
                 bool want_special) {
   // Innermost (smallest stride) last; a dense layout in any order is one run.
@@ -118,7 +136,7 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
     expected *= it->size;
   }
   if (dims.empty() || dense) {
-    count_run<T>(base, expected, 1, c, s, want_special);
+    count_run<T, kRanges>(base, expected, 1, c, s, want_special);
     return;
   }
   const Dim inner = dims.back();
@@ -126,7 +144,7 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
   c10::SmallVector<int64_t, 8> at(dims.size(), 0);
   const T* p = base;
   while (true) {
-    count_run<T>(p, inner.size, inner.stride, c, s, want_special);
+    count_run<T, kRanges>(p, inner.size, inner.stride, c, s, want_special);
     int64_t d = static_cast<int64_t>(dims.size()) - 1;
     for (; d >= 0; --d) {  // the odometer: next position of the outer dimensions
       if (++at[d] < dims[d].size) {
@@ -140,9 +158,8 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
   }
 }
 
-}  // namespace
-
-bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
+template <bool kRanges>
+bool count_typed(const at::Tensor& t, Counts* c, Special* s, bool want_special) {
   const int64_t n = t.numel();
   if (n == 0) return true;
   const void* data = t.const_data_ptr();
@@ -165,10 +182,10 @@ bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special)
   Counts once;
   Special special;
   switch (t.scalar_type()) {
-    case at::kFloat: count_walk<float>(static_cast<const float*>(data), dims, &once, &special, want_special); break;
-    case at::kDouble: count_walk<double>(static_cast<const double*>(data), dims, &once, &special, want_special); break;
-    case at::kHalf: count_walk<at::Half>(static_cast<const at::Half*>(data), dims, &once, &special, want_special); break;
-    case at::kBFloat16: count_walk<at::BFloat16>(static_cast<const at::BFloat16*>(data), dims, &once, &special, want_special); break;
+    case at::kFloat: count_walk<float, kRanges>(static_cast<const float*>(data), dims, &once, &special, want_special); break;
+    case at::kDouble: count_walk<double, kRanges>(static_cast<const double*>(data), dims, &once, &special, want_special); break;
+    case at::kHalf: count_walk<at::Half, kRanges>(static_cast<const at::Half*>(data), dims, &once, &special, want_special); break;
+    case at::kBFloat16: count_walk<at::BFloat16, kRanges>(static_cast<const at::BFloat16*>(data), dims, &once, &special, want_special); break;
     default: return false;
   }
   if (t.is_neg()) {
@@ -185,7 +202,16 @@ bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special)
   s->ninf += special.ninf * repeats;
   s->pinf += special.pinf * repeats;
   s->nan += special.nan * repeats;
+  c->hi = std::max(c->hi, once.hi);  // |x| is the same for a negated view and each repeat
+  c->lo = std::min(c->lo, once.lo);
   return true;
+}
+
+}  // namespace
+
+bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special, bool want_ranges) {
+  return want_ranges ? count_typed<true>(t, c, s, want_special)
+                     : count_typed<false>(t, c, s, want_special);
 }
 
 }  // namespace nanscope

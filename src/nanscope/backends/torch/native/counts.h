@@ -8,11 +8,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 
 namespace nanscope {
 
 struct Counts {
   int64_t neg = 0, zero = 0, bad = 0;  // bad: Inf or NaN
+  // With ranges asked for: the largest finite |x| and the smallest non-zero
+  // finite |x| (nanscope.format.headroom); 0 and +inf when there is none.
+  double hi = 0, lo = std::numeric_limits<double>::infinity();
 };
 
 struct Special {
@@ -20,9 +24,10 @@ struct Special {
 };
 
 // Counts over the elements of a CPU float tensor, in memory order; `s` only
-// when `want_special` and some element is Inf or NaN. False for a dtype it
-// does not count (float, double, half and bfloat16 only) or a tensor
-// without data.
-bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special);
+// when `want_special` and some element is Inf or NaN; `c->hi` and `c->lo`
+// only when `want_ranges`. False for a dtype it does not count (float,
+// double, half and bfloat16 only) or a tensor without data.
+bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special,
+                  bool want_ranges = false);
 
 }  // namespace nanscope

@@ -5,6 +5,8 @@
 // recorder.cpp: every file must cast a type with the same caster.
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <limits>
 #include <utility>
 
 namespace nanscope {
@@ -34,7 +36,30 @@ void put_packed(std::string& out, int field, const V& values, const std::vector<
   out += body;
 }
 
+void put_nan_pair(std::string& out) {
+  const double pair[2] = {std::nan(""), std::nan("")};
+  out.append(reinterpret_cast<const char*>(pair), sizeof(pair));
+}
+
+// The largest finite value of a float DataType (nanscope.format.headroom.FORMATS); 0: not a float.
+double format_max(int dtype) {
+  switch (dtype) {
+    case 19: return 65504.0;                 // DT_HALF
+    case 14: return 3.3895313892515355e38;   // DT_BFLOAT16
+    case 1: return 3.4028234663852886e38;    // DT_FLOAT
+    case 2: return 1.7976931348623157e308;   // DT_DOUBLE
+    default: return 0.0;
+  }
+}
+
 }  // namespace
+
+const std::string& Encoder::module_path(int64_t module, py::handle host) {
+  auto it = module_paths.find(module);
+  if (it != module_paths.end()) return it->second;
+  std::string path = host.attr("module_path")(module).cast<std::string>();
+  return module_paths.emplace(module, std::move(path)).first->second;
+}
 
 void Encoder::start(std::string mode_field, std::string sum_prefix, std::string none_field) {
   this->mode_field = std::move(mode_field);
@@ -43,6 +68,7 @@ void Encoder::start(std::string mode_field, std::string sum_prefix, std::string 
   located.clear();
   forward_located.clear();
   extras.clear();
+  module_paths.clear();
   device_ids.clear();
   seq_of_serial.clear();
 }
@@ -87,15 +113,35 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
   body += mode_field;
   int64_t size = 0, ni = 0, pi = 0, nn = 0;
   bool seen = false, flagged = false;
+  // FULL_HEALTH rows carry their ranges after tfdbg2's slots: those go to
+  // output_ranges (1008), and the index keeps one pair (headroom::combine).
+  const bool ranged = mode == kFull && width == kFullRecorded;
+  const int written = ranged ? kFullSlots : width;
+  std::string ranges;
+  double amax = std::nan(""), amin = std::numeric_limits<double>::infinity(), best = -1;
+  int range_dtype = 0;
   if (mode != kNoTensor) {
     for (size_t i = 0; i < ev.out_ids.size(); ++i) {
       if (i >= ev.has.size() || ev.has[i] != 1) {
         body += none_field;
+        if (ranged) put_nan_pair(ranges);
         continue;
       }
       const double* row = ev.sums.data() + i * width;
       body += sum_prefix;
-      body.append(reinterpret_cast<const char*>(row), sizeof(double) * width);
+      body.append(reinterpret_cast<const char*>(row), sizeof(double) * written);
+      if (ranged) {
+        ranges.append(reinterpret_cast<const char*>(row + kFullSlots), sizeof(double) * 2);
+        double top = format_max(static_cast<int>(row[2]));
+        if (top > 0 && row[11] >= 0) {
+          if (row[11] / top > best) {
+            best = row[11] / top;
+            amax = row[11];
+            range_dtype = static_cast<int>(row[2]);
+          }
+          amin = std::min(amin, row[12]);
+        }
+      }
       seen = true;
       if (mode == kFull) {
         size += static_cast<int64_t>(row[4]);
@@ -132,6 +178,13 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
     put_tag(body, 1005, 0);
     put_varint(body, static_cast<uint64_t>(seq));
   }
+  if (range_dtype != 0) {  // some output's ranges are known
+    put_tag(body, 1008, 2);
+    put_varint(body, ranges.size());
+    body += ranges;
+  } else {
+    amin = std::nan("");
+  }
   std::string payload;
   payload.reserve(body.size() + 24);
   if (ev.wall != 0) {
@@ -156,8 +209,13 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
     h_size = size;
   }
   int64_t device = ev.out_dev.empty() ? 0 : device_ids[static_cast<size_t>(ev.out_dev[0])];
+  if (range_dtype != 0) {  // the index stores float32 (as headroom.combine holds them)
+    amax = std::min(amax, static_cast<double>(std::numeric_limits<float>::max()));
+    if (amin > 0) amin = std::max(amin, static_cast<double>(std::numeric_limits<float>::denorm_min()));
+  }
   return py::make_tuple(py::bytes(payload), op.name, "", static_cast<int64_t>(ev.out_ids.size()),
-                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device);
+                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device,
+                        module_path(ev.module, host), amax, amin, range_dtype);
 }
 
 void Encoder::note_seq(int64_t serial, int64_t seq) {

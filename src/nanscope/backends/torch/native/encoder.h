@@ -34,7 +34,8 @@ class Encoder {
   // are left to the Python side. `host` is the Python side.
   bool encodable(const Event& ev, pybind11::handle host);
 
-  // The record of one event, and its index row's health (size, -inf, +inf, nan, nonfinite).
+  // The record of one event and its index row's columns, in the order of
+  // nanscope.events._queue.EncodedExecution.
   pybind11::tuple encode(const Event& ev, const OpFlags& op, int mode, int width, int64_t seq,
                          pybind11::handle host);
 
@@ -46,11 +47,13 @@ class Encoder {
   const std::string& cached_piece(std::unordered_map<int64_t, std::string>& cache, int64_t key,
                                   pybind11::handle host, const char* method, pybind11::args args);
   bool devices_known(const Event& ev) const;
+  const std::string& module_path(int64_t module, pybind11::handle host);
 
   std::string mode_field;  // Execution.tensor_debug_mode
   std::string sum_prefix;  // a summary's tensor_protos field, up to its doubles
   std::string none_field;  // an output without a summary
   std::unordered_map<int64_t, std::string> located, forward_located, extras;
+  std::unordered_map<int64_t, std::string> module_paths;  // module index -> path
   std::vector<int64_t> device_ids;  // device index -> the writer's device id
   std::unordered_map<int64_t, int64_t> seq_of_serial;  // forward ops' sequence numbers
 };

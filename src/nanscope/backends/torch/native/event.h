@@ -18,6 +18,10 @@ namespace nanscope {
 // tfdbg2's TensorDebugMode numbers, and Event.phase's values.
 constexpr int kNoTensor = 1, kCurt = 2, kConcise = 3, kFull = 4, kShape = 5, kFullTensor = 7;
 constexpr int kPhaseForward = 1, kPhaseBackward = 2, kPhaseOptimizer = 3;
+// A FULL_HEALTH row in memory: tfdbg2's 11 slots, then the largest finite |x|
+// and the smallest non-zero finite |x| (nanscope.format.headroom), which the
+// encoder writes to Execution.output_ranges.
+constexpr int kFullSlots = 11, kFullRecorded = 13, kWidestRow = 13;
 // The most entries of a table that links backward ops to forward ones (the
 // recorder's links, the encoder's sequence numbers) before it starts over.
 constexpr size_t kLinksMax = 1 << 20;

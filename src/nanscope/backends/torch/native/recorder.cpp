@@ -154,7 +154,7 @@ struct State {
   std::pmr::unordered_map<int64_t, Link> links{pool()};
 
   std::mutex cache_mu;
-  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, 11>>> cache{pool()};
+  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{pool()};
   std::pmr::unordered_set<int64_t> blank{pool()};
 
   std::mutex dev_mu;
@@ -501,7 +501,7 @@ bool summarize(const at::Tensor& t, double* row) {
   Counts c;
   Special s;
   bool special = mode != kCurt;
-  if (!count_tensor(t, &c, &s, special)) return false;
+  if (!count_tensor(t, &c, &s, special, mode == kFull)) return false;
   int64_t n = t.numel();
   switch (mode) {
     case kCurt:
@@ -527,6 +527,8 @@ bool summarize(const at::Tensor& t, double* row) {
       row[8] = static_cast<double>(c.neg - s.ninf);
       row[9] = static_cast<double>(c.zero);
       row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+      row[11] = c.hi;  // the ranges: the encoder writes them to output_ranges
+      row[12] = c.lo;
       return true;
   }
 }
@@ -550,7 +552,7 @@ void remember(int64_t tid, const at::Tensor& t, const double* row) {
   if (v < 0) return;
   std::lock_guard<std::mutex> g(S->cache_mu);
   if (S->cache.size() > kCacheMax) S->cache.clear();
-  std::array<double, 11> values{};
+  std::array<double, kWidestRow> values{};
   std::copy(row, row + S->width, values.begin());
   S->cache[tid] = {v, values};
 }
@@ -722,6 +724,8 @@ void record(const at::RecordFunction& fn, Ctx& c) {
       if (got) {
         ev.has[i] = 1;
         bad = bad || nonfinite(row);
+        // A view's values are its input's: their ranges belong to the op that made them.
+        if (op.view && mode == kFull) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
       }
     }
     if (!in_python.empty()) {
@@ -964,7 +968,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   drop_python_objects(s);
   s->host = std::move(host);
   s->mode = mode;
-  s->width = mode == kCurt ? 2 : mode == kConcise ? 5 : mode == kShape ? 10 : mode == kFull ? 11 : 0;
+  s->width = mode == kCurt ? 2 : mode == kConcise ? 5 : mode == kShape ? 10 : mode == kFull ? kFullRecorded : 0;
   s->dtype_enum.fill(-1);
   s->dtype_ok.fill(false);
   s->dtype_float.fill(false);

@@ -164,6 +164,10 @@ class NativeRecorder(RecorderBase):
         names = self.context.module_names
         return self.writer.encoder.extras_field(names[module] if module < len(names) else "", phase)
 
+    def module_path(self, module: int) -> str:
+        names = self.context.module_names
+        return names[module] if module < len(names) else ""
+
     def device_ids(self) -> list[int]:
         """The writer's ids of the devices registered so far (never registers: the
         C++ half asks while the writer's lock is held)."""

@@ -25,6 +25,7 @@ from nanscope.backends.torch.summaries import summarize_host
 from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import ExecutionEvent, Phase
 from nanscope.events._model import CollectiveTag
+from nanscope.format.headroom import AMAX_SLOT, RECORDED_WIDTH
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 
 _FORWARD_LINKS_MAX = 1 << 20
@@ -129,6 +130,17 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
     # -- recording ---------------------------------------------------------------------------
 
     def _summary(
+        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
+    ) -> Any:
+        s = self._summary_of(t, tid, info, source)
+        if info.view and self.mode == TensorDebugMode.FULL_HEALTH and isinstance(s, np.ndarray):
+            # A view's values are its input's: their ranges belong to the op that made them
+            # (nanscope.format.headroom), not to every view of them.
+            s = s.copy()
+            s[AMAX_SLOT:RECORDED_WIDTH] = np.nan
+        return s
+
+    def _summary_of(
         self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
     ) -> Any:
         mode = self.mode

@@ -1,0 +1,452 @@
+"""Headroom: overflow and underflow seen coming, from the index's range columns.
+
+Each execution's index row holds the largest finite ``|x|`` of its float outputs,
+the dtype that value is measured in, and the module that ran it (see
+:mod:`nanscope.format.headroom`). Here those rows become, per module, phase and
+process, one point per step: the step's largest ``|x|`` as a fraction of the
+format's largest value (its *level*). From the points:
+
+- **near overflow**: at the last step considered (the step before the first
+  harmful Inf, or the run's last step) the level is at least ``NEAR`` (half of
+  the format's maximum), or at least ``WATCH`` and growing fast enough, by a
+  least-squares fit of ``log2(level)`` over the last ``WINDOW`` steps, to reach
+  the maximum within ``HORIZON`` steps. The warning says since which step the
+  rule held without a break; the rule uses only points up to each step, so a
+  report made at that step would already have warned.
+- **underflow**: the module's largest ``|x|`` is below the format's smallest
+  normal value for ``UNDERFLOW_STEPS`` steps in a row: all its values are
+  subnormal, losing precision, and those below half the smallest subnormal
+  are zero.
+- with a target format (``float8_e4m3fn``...), every float value is measured
+  against it instead, and values beyond its maximum are named.
+
+Values exactly at a format's maximum are sentinels (``torch.finfo(dtype).min``
+as a mask), not growth, and are left out. Under a loss scaler (GradScaler's ops
+in the dump) the backward pass runs near overflow by design and is not warned
+about.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nanscope.format.headroom import FORMATS, FloatFormat, format_of
+from nanscope.reader import EXECUTIONS, HISTORY_DTYPE, DumpReader
+
+NEAR = 0.5  # a level this high warns without growth
+WATCH = 1 / 16  # from this level, growth projected to overflow within HORIZON steps warns
+HORIZON = 500
+WINDOW = 100  # points in the growth fit
+MIN_FIT = 10  # the fewest points a growth rate is fitted on
+MIN_R2 = 0.5  # how well log2(level) must follow a line for a projection
+UNDERFLOW_STEPS = 3
+TABLE_STEPS = 5  # steps of per-module ranges shown before the first Inf
+TABLE_MODULES = 8
+MAX_WARNINGS = 8
+SENTINEL = 1 - 1e-6  # levels at the maximum itself: finfo sentinels, not values
+SCALER_OPS = ("aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_")
+PHASE_NAMES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+
+# DataType number -> the format's (max, smallest normal); 0 where not a float.
+_MAX = np.zeros(256)
+_TINY = np.zeros(256)
+for _dt in range(256):
+    _f = format_of(_dt)
+    if _f is not None:
+        _MAX[_dt], _TINY[_dt] = _f.max, _f.tiny
+
+
+def _number(v: float) -> str:
+    if v >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}" if v >= 0.01 else f"{v:.2e}"
+
+
+@dataclass
+class HeadroomWarning:
+    """One module's values closing in on what their format holds."""
+
+    kind: str  # "overflow" or "underflow"
+    process: int
+    rank: int | None
+    module: str
+    phase: str
+    format: str  # the format measured against
+    value: float  # the module's largest |x| at ``step``
+    limit: float  # the format's largest value (overflow) or smallest normal (underflow)
+    step: int  # the last step considered
+    since_step: int  # the first step of the unbroken stretch where the rule held
+    growth_per_100: float | None  # the level's fitted factor per 100 steps
+    steps_left: int | None  # projected steps until the limit (overflow, growing)
+    index: int  # the execution that reached ``value`` at ``step``
+    first_inf_step: int | None = None
+
+    @property
+    def label(self) -> str:
+        name = f"`{self.module}`" if self.module else "ops outside modules"
+        return f"{name} ({self.phase})" if self.phase and self.phase != "forward" else name
+
+    @property
+    def message(self) -> str:
+        growth = ""
+        if self.growth_per_100 is not None and abs(math.log(self.growth_per_100)) > 0.01:
+            verb = "growing" if self.growth_per_100 > 1 else "shrinking"
+            factor = max(self.growth_per_100, 1 / self.growth_per_100)
+            growth = f", {verb} {factor:.2g}x per 100 steps"
+        if self.kind == "underflow":
+            return (
+                f"underflow: {self.label}'s largest |x| was {_number(self.value)} at step "
+                f"{self.step}, below {self.format}'s smallest normal {_number(self.limit)} since "
+                f"step {self.since_step}{growth}: its values lose precision, and round to zero "
+                f"below {_number(FORMATS[self.format].smallest / 2)}"
+            )
+        if self.value > self.limit:
+            head = (
+                f"beyond {self.format}: {self.label} reached {_number(self.value)}, "
+                f"{self.value / self.limit:.2g}x {self.format}'s largest {_number(self.limit)}, "
+                f"at step {self.step}"
+            )
+        else:
+            head = (
+                f"near overflow: {self.label} reached {_number(self.value)} of {self.format}'s "
+                f"{_number(self.limit)} at step {self.step}{growth}"
+            )
+        tail = f" (within reach since step {self.since_step}"
+        if self.steps_left:
+            tail += f"; at this rate it overflows in about {self.steps_left} steps"
+        if self.first_inf_step is not None:
+            tail += f"; the first Inf came at step {self.first_inf_step}"
+        return head + tail + ")"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "process": self.process, "rank": self.rank,
+                "module": self.module, "phase": self.phase, "format": self.format,
+                "value": self.value, "limit": self.limit, "step": self.step,
+                "since_step": self.since_step, "growth_per_100": self.growth_per_100,
+                "steps_left": self.steps_left, "index": self.index,
+                "first_inf_step": self.first_inf_step, "message": self.message}  # fmt: skip
+
+
+@dataclass
+class Headroom:
+    """Headroom of a dump: warnings, and each module's ranges in the steps before the first Inf."""
+
+    target: str | None  # the format asked about; None: each value's own
+    warnings: list[HeadroomWarning] = field(default_factory=list)
+    # Before the first harmful Inf: one row per (module, phase, step), largest levels first.
+    before_step: int | None = None
+    before_inf: list[dict[str, Any]] = field(default_factory=list)
+    scaler: bool = False  # a loss scaler ran: backward overflow is handled
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "warnings": [w.to_json() for w in self.warnings],
+                "before_step": self.before_step, "before_inf": self.before_inf,
+                "scaler": self.scaler}  # fmt: skip
+
+
+@dataclass
+class _Points:
+    """Per (process, module, phase) group and step: the step's largest level."""
+
+    group: np.ndarray  # int64 group number, sorted by group then step
+    step: np.ndarray
+    level: np.ndarray  # amax / the format's max (overflow)
+    low: np.ndarray  # amax / the format's smallest normal (underflow)
+    amax: np.ndarray
+    index: np.ndarray  # the execution that gave the step's largest level
+    keys: np.ndarray  # per group: (process, module string id, phase)
+    formats: list[FloatFormat]  # per group: the format measured against
+
+
+@dataclass
+class _Rows:
+    """Range rows from the index and the range history, as plain columns."""
+
+    process: np.ndarray
+    module: np.ndarray
+    phase: np.ndarray
+    step: np.ndarray
+    amax: np.ndarray
+    amin: np.ndarray
+    dtype: np.ndarray
+    index: np.ndarray  # the execution (-1: a history point)
+
+
+def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _Rows | None:
+    """Every recorded range: a process's history where it has one (it holds every step,
+    the circular buffer's evicted ones too), else its index rows (``history=False``: the
+    index rows only)."""
+    rows = reader.index(EXECUTIONS)
+    hist = reader.range_history() if history else np.zeros(0, dtype=HISTORY_DTYPE)
+    procs = reader.processes_of(EXECUTIONS)
+    from_index = np.flatnonzero(rows["amax"] >= 0) if len(rows) else np.zeros(0, np.int64)
+    if len(hist):
+        covered = np.unique(hist["process"])
+        from_index = from_index[~np.isin(procs[from_index], covered)]
+    r = _Rows(
+        process=np.concatenate([procs[from_index].astype(np.int64), hist["process"]]),
+        module=np.concatenate([rows["module"][from_index], hist["module"]]).astype(np.int64),
+        phase=np.concatenate([rows["phase"][from_index], hist["phase"]]).astype(np.int64),
+        step=np.concatenate([rows["step"][from_index], hist["step_hi"]]).astype(np.int64),
+        amax=np.concatenate([rows["amax"][from_index], hist["amax"]]).astype(np.float64),
+        amin=np.concatenate([rows["amin"][from_index], hist["amin"]]).astype(np.float64),
+        dtype=np.concatenate([rows["range_dtype"][from_index], hist["range_dtype"]]).astype(
+            np.int64
+        ),
+        index=np.concatenate([from_index, np.full(len(hist), -1, dtype=np.int64)]),
+    )
+    ok = (r.amax >= 0) & (_MAX[r.dtype] > 0)
+    ok &= r.amax < _MAX[r.dtype] * SENTINEL  # sentinels: a value at its format's maximum
+    if until_step is not None:
+        ok &= r.step <= until_step
+    if not ok.any():
+        return None
+    return _Rows(*(getattr(r, f)[ok] for f in _Rows.__dataclass_fields__))
+
+
+def _points(
+    reader: DumpReader, target: FloatFormat | None, until_step: int | None
+) -> _Points | None:
+    r = _rows(reader, until_step)
+    if r is None:
+        return None
+    top = _MAX[r.dtype] if target is None else np.full(len(r.dtype), target.max)
+    tiny = _TINY[r.dtype] if target is None else np.full(len(r.dtype), target.tiny)
+    gkey = (r.process << 40) | (r.module << 8) | (r.phase & 0xFF)
+    keys_u, first_row, group = np.unique(gkey, return_index=True, return_inverse=True)
+    level = r.amax / top
+    # Sort by group, step, then level descending: each (group, step)'s first row is its max.
+    order = np.lexsort((-level, r.step, group))
+    g, s = group[order], r.step[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (g[1:] != g[:-1]) | (s[1:] != s[:-1])
+    pick = order[first]
+    # A group's format: the target, or its rows' own (its first row's).
+    formats = [
+        target or format_of(int(r.dtype[i])) or FORMATS["float32"] for i in first_row.tolist()
+    ]
+    keys = np.stack([keys_u >> 40, (keys_u >> 8) & 0xFFFFFFFF, keys_u & 0xFF], axis=1)
+    return _Points(
+        group=group[pick],
+        step=r.step[pick],
+        level=level[pick],
+        low=r.amax[pick] / tiny[pick],
+        amax=r.amax[pick],
+        index=r.index[pick],
+        keys=keys,
+        formats=formats,
+    )
+
+
+def _rolling_fit(x: np.ndarray, y: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slope and r² of y over x in the trailing window of ``w`` points ending at each point."""
+    n = len(x)
+    x = x - x[0] if n else x  # steps from the group's first: keeps the sums exact enough
+
+    def trailing(v: np.ndarray) -> np.ndarray:
+        c = np.concatenate(([0.0], np.cumsum(v)))
+        lo = np.maximum(np.arange(1, n + 1) - w, 0)
+        return c[1:] - c[lo]
+
+    k = np.minimum(np.arange(1, n + 1), w).astype(np.float64)
+    sx, sy = trailing(x), trailing(y)
+    sxx, syy, sxy = trailing(x * x), trailing(y * y), trailing(x * y)
+    vx = k * sxx - sx * sx
+    vy = k * syy - sy * sy
+    cov = k * sxy - sx * sy
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(vx > 0, cov / vx, 0.0)
+        r2 = np.where((vx > 0) & (vy > 0), cov * cov / (vx * vy), 0.0)
+    slope[k < MIN_FIT] = 0.0
+    r2[k < MIN_FIT] = 0.0
+    return slope, r2
+
+
+def _run_start(held: np.ndarray, steps: np.ndarray) -> int:
+    """The step where the unbroken run of ``held`` ending at the last point began."""
+    broken = np.flatnonzero(~held)
+    start = int(broken[-1]) + 1 if len(broken) else 0
+    return int(steps[start])
+
+
+def analyze_headroom(
+    reader: DumpReader,
+    target: str | None = None,
+    first_inf: tuple[int, int, int] | None = None,
+    until_step: int | None = None,
+) -> Headroom | None:
+    """Headroom of ``reader``'s executions; ``None`` when the dump records no ranges.
+
+    ``target``: a format of :data:`nanscope.format.headroom.TARGET_FORMATS` to measure
+    every float value against. ``first_inf``: ``(process, step, index)`` of the first
+    harmful Inf, before which the trend is judged and the ranges are tabled.
+    ``until_step``: use only steps up to this one (what a report made then would say).
+    """
+    fmt = FORMATS[target] if target is not None else None
+    if target is not None and fmt is None:
+        raise ValueError(f"unknown format {target!r}; use one of: {', '.join(FORMATS)}")
+    pts = _points(reader, fmt, until_step)
+    if pts is None:
+        return None
+    result = Headroom(target=target)
+    result.scaler = len(reader.string_ids(SCALER_OPS)) > 0
+    inf_step = first_inf[1] if first_inf is not None else None
+    ranks = {p.index: p.rank for p in reader.processes}
+    bounds = np.flatnonzero(np.diff(pts.group)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(pts.group)]))
+    # (overflow first, then the highest level; underflow: the lowest first), warning
+    found: list[tuple[tuple[int, float], HeadroomWarning]] = []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        proc, module, phase = (int(v) for v in pts.keys[int(pts.group[a])])
+        steps = pts.step[a:b]
+        if inf_step is not None:
+            b = a + int(np.searchsorted(steps, inf_step))  # the steps before the first Inf
+            steps = pts.step[a:b]
+        if b - a < 1:
+            continue
+        level, low = pts.level[a:b], pts.low[a:b]
+        f = pts.formats[int(pts.group[a])]
+        base = dict(process=proc, rank=ranks.get(proc), module=reader.string(module),
+                    phase=PHASE_NAMES.get(phase, ""), format=f.name, step=int(steps[-1]),
+                    index=int(pts.index[b - 1]), first_inf_step=inf_step)  # fmt: skip
+        logs = np.log2(np.maximum(level, 1e-300))
+        slope, r2 = _rolling_fit(steps.astype(np.float64), logs, WINDOW)
+        growth = float(2.0 ** (slope[-1] * 100)) if r2[-1] >= MIN_R2 else None
+        scaled = result.scaler and phase == 2
+        if not scaled:
+            with np.errstate(divide="ignore"):
+                left = np.where(slope > 0, -logs / slope, np.inf)
+            growing = (level >= WATCH) & (r2 >= MIN_R2) & (left <= HORIZON)
+            held = (level >= NEAR) | growing
+            if held[-1]:
+                steps_left = int(max(0.0, left[-1])) if growing[-1] and level[-1] < 1 else None
+                w = HeadroomWarning(kind="overflow", value=float(pts.amax[b - 1]), limit=f.max,
+                                    since_step=_run_start(held, steps), growth_per_100=growth,
+                                    steps_left=steps_left, **base)  # type: ignore[arg-type]  # fmt: skip
+                found.append(((1, float(level[-1])), w))
+        under = (low < 1) & (low > 0)
+        if len(under) >= UNDERFLOW_STEPS and under[-UNDERFLOW_STEPS:].all():
+            w = HeadroomWarning(kind="underflow", value=float(pts.amax[b - 1]), limit=f.tiny,
+                                since_step=_run_start(under, steps), growth_per_100=growth,
+                                steps_left=None, **base)  # type: ignore[arg-type]  # fmt: skip
+            found.append(((0, -float(low[-1])), w))
+    found.sort(key=lambda t: t[0], reverse=True)
+    result.warnings = [w for _, w in found[:MAX_WARNINGS]]
+    if first_inf is not None:
+        result.before_step = inf_step
+        result.before_inf = _table(reader, first_inf)
+    return result
+
+
+def _table(reader: DumpReader, first_inf: tuple[int, int, int]) -> list[dict[str, Any]]:
+    """The last :data:`TABLE_STEPS` steps of per-module ranges before the first Inf (in its
+    process; the events of its step that ran before it), the modules whose levels came
+    highest first."""
+    process, step, index = first_inf
+    table: dict[tuple[int, int, int], dict[str, Any]] = {}
+    # The steps before from the history (or the index), the first Inf's own step from the
+    # index: only its events before the first Inf (the history's point holds them all).
+    for r in (_rows(reader, step - 1), _rows(reader, step, history=False)):
+        if r is not None:
+            _tabulate(reader, r, (r.process == process) & (r.step > step - TABLE_STEPS) & (
+                (r.step < step) | ((r.index >= 0) & (r.index < index))), table)  # fmt: skip
+    # Modules ordered by their highest level over the window; each module's steps in order.
+    peak: dict[tuple[int, int], float] = {}
+    for (m, ph, _), e in table.items():
+        peak[(m, ph)] = max(peak.get((m, ph), 0.0), e["level"])
+    keep = sorted(peak, key=lambda k: -peak[k])[:TABLE_MODULES]
+    out: list[dict[str, Any]] = []
+    for k in keep:
+        out.extend(table[key] for key in sorted(table) if key[:2] == k)
+    for e in out:
+        if math.isinf(e["min_nonzero_abs"]):
+            e["min_nonzero_abs"] = None  # no non-zero value (JSON has no inf)
+    return out
+
+
+def _tabulate(
+    reader: DumpReader, r: _Rows, sel: np.ndarray, table: dict[tuple[int, int, int], dict[str, Any]]
+) -> None:
+    """Fold the selected rows into ``table``: per (module, phase, step), the extremes."""
+    for i in np.flatnonzero(sel).tolist():
+        fmt = format_of(int(r.dtype[i]))
+        if fmt is None:
+            continue
+        key = (int(r.module[i]), int(r.phase[i]), int(r.step[i]))
+        amax, amin = float(r.amax[i]), float(r.amin[i])
+        level = amax / fmt.max
+        e = table.get(key)
+        if e is None:
+            table[key] = {"module": reader.string(key[0]), "phase": PHASE_NAMES.get(key[1], ""),
+                          "step": key[2], "dtype": fmt.name, "max_abs": amax,
+                          "min_nonzero_abs": amin, "level": level}  # fmt: skip
+            continue
+        if level > e["level"]:
+            e.update(max_abs=amax, level=level, dtype=fmt.name)
+        e["min_nonzero_abs"] = min(e["min_nonzero_abs"], amin)
+
+
+def _nearest_events(
+    reader: DumpReader, process: int, steps: np.ndarray, index: np.ndarray
+) -> np.ndarray:
+    """For points from the history (index -1): the process's first kept execution at or
+    after the point's step (-1: none), so that a chart's point leads to the timeline."""
+    missing = index < 0
+    if not missing.any():
+        return index
+    rows = reader.index(EXECUTIONS)
+    mine = np.flatnonzero(reader.processes_of(EXECUTIONS) == process)
+    out: np.ndarray = index.copy()
+    if len(mine):
+        at = np.searchsorted(rows["step"][mine], steps[missing])
+        found = at < len(mine)
+        out[np.flatnonzero(missing)[found]] = mine[at[found]]
+    return out
+
+
+def headroom_series(
+    reader: DumpReader, target: str | None = None, process: int | None = None,
+    top: int = 8, points: int = 600,
+) -> dict[str, Any]:  # fmt: skip
+    """Per module: its level (largest ``|x|`` over the format's max) at each step, for a chart.
+
+    The ``top`` modules whose levels came highest, each downsampled to at most ``points``
+    points (the largest level of each bucket of steps, so no peak is lost).
+    """
+    fmt = FORMATS.get(target) if target is not None else None
+    pts = _points(reader, fmt, None)
+    if pts is None:
+        return {"target": target, "series": []}
+    sel = np.ones(len(pts.group), dtype=bool)
+    if process is not None:
+        sel = pts.keys[pts.group, 0] == process
+    peaks: dict[int, float] = {}
+    for g, lv in zip(pts.group[sel].tolist(), pts.level[sel].tolist(), strict=True):
+        if lv > peaks.get(g, -1.0):
+            peaks[g] = lv
+    series = []
+    for g in sorted(peaks, key=lambda k: -peaks[k])[:top]:
+        m = sel & (pts.group == g)
+        steps, level, index = pts.step[m], pts.level[m], pts.index[m]
+        if len(steps) > points:
+            edges = np.linspace(0, len(steps), points + 1).astype(np.int64)
+            pick = [
+                int(lo + np.argmax(level[lo:hi]))
+                for lo, hi in itertools.pairwise(edges.tolist())
+                if hi > lo
+            ]
+            steps, level, index = steps[pick], level[pick], index[pick]
+        proc, module, phase = (int(v) for v in pts.keys[g])
+        index = _nearest_events(reader, proc, steps, index)
+        f = pts.formats[g]
+        series.append({"process": proc, "module": reader.string(module),
+                       "phase": PHASE_NAMES.get(phase, ""), "format": f.name, "max": f.max,
+                       "peak": peaks[g], "steps": steps.tolist(),
+                       "level": [float(v) for v in level], "index": index.tolist()})  # fmt: skip
+    return {"target": target, "series": series}
