@@ -116,7 +116,8 @@ class HeadroomWarning:
                 f"near overflow: {self.label} reached {_number(self.value)} of {self.format}'s "
                 f"{_number(self.limit)} at step {self.step}{growth}"
             )
-        tail = f" (within reach since step {self.since_step}"
+        near = "near or beyond it" if self.value > self.limit else "within reach"
+        tail = f" ({near} since step {self.since_step}"
         if self.steps_left:
             tail += f"; at this rate it overflows in about {self.steps_left} steps"
         if self.first_inf_step is not None:

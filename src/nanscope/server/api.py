@@ -17,12 +17,15 @@ from nanscope.analysis import (
     EventView,
     ViewBuilder,
     analyze,
+    analyze_headroom,
     consumers,
     count_alerts,
     graph_op_edges,
+    headroom_series,
     values_json,
 )
 from nanscope.format.files import DumpNotFoundError
+from nanscope.format.headroom import TARGET_FORMATS
 from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
@@ -35,6 +38,8 @@ MAX_TENSOR_VALUES = 100_000
 LOOKBACK = 2000
 # Rows shown on either side of each rank's copy of the collective that spread Inf/NaN.
 MAX_RANKS_WINDOW = 50
+# Modules charted at once by /api/headroom.
+MAX_HEADROOM_SERIES = 32
 
 Route = Callable[[RunSet, Query, Mapping[str, Any]], dict[str, Any]]
 
@@ -455,12 +460,52 @@ def tensor_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
     return {"kind": kind, "index": index, "slot": slot, **values_json(value, limit)}
 
 
+@_reading
+def headroom_route(
+    run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per module, each step's largest |x| as a fraction of its format's largest value."""
+    target = q.text("format", max_len=40) or None
+    if target is not None and target not in TARGET_FORMATS:
+        raise ApiError(400, f"parameter format must be one of {', '.join(TARGET_FORMATS)}")
+    process = q.optional_int("process", lo=0)
+    top = q.integer("top", 8, lo=1, hi=MAX_HEADROOM_SERIES)
+    headroom = _analysis(run, reader).get("headroom")
+
+    def compute() -> dict[str, Any]:
+        series = headroom_series(reader, target, process=process, top=top)
+        if target is None:
+            warnings = headroom["warnings"] if headroom else []
+            before = headroom["before_step"] if headroom else None
+        else:
+            h = analyze_headroom(reader, target, _first_harm_of(reader, run))
+            warnings = [w.to_json() for w in h.warnings] if h else []
+            before = h.before_step if h else None
+        return {**series, "recorded": headroom is not None, "warnings": warnings,
+                "before_step": before}  # fmt: skip
+
+    return run.cached(("headroom", target, process, top), compute)
+
+
+def _first_harm_of(reader: DumpReader, run: Run) -> tuple[int, int, int] | None:
+    """The analysis's first harmful execution with Inf/NaN: ``(process, step, index)``."""
+    a = _analysis(run, reader)
+    if not a.get("found_harmful"):
+        return None
+    for key in ("cause", "first_inf", "first_nan", "origin"):
+        v = a.get(key)
+        if v and v.get("kind") == EXECUTIONS:
+            return int(v["process"]), int(v["step"]), int(v["index"])
+    return None
+
+
 # Path (werkzeug rule syntax) -> handler; the server serves exactly these, read-only.
 ROUTES: dict[str, Route] = {
     "/api/runs": runs_route,
     "/api/alerts": alerts_route,
     "/api/analysis": analysis_route,
     "/api/ranks": ranks_route,
+    "/api/headroom": headroom_route,
     "/api/executions": executions_route,
     "/api/executions/<int:index>": execution_route,
     "/api/traces": traces_route,
