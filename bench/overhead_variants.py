@@ -10,7 +10,9 @@ MODES = ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "
 # "python:MODE": the same mode with the Python dispatch-mode recorder, the
 # fallback where the native recorder cannot be built.
 PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
-TORCH_VARIANTS = ["plain", *MODES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
+# FULL_HEALTH without the headroom ranges (NANSCOPE_HEADROOM=0): what the ranges cost.
+NO_RANGES = "FULL_HEALTH:noranges"
+TORCH_VARIANTS = ["plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 COMPILED_VARIANTS = ["plain", *MODES]
 STEADY_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", *PYTHON_RECORDER]
@@ -44,6 +46,14 @@ class TorchVariant:
                 )
             finally:
                 del os.environ["NANSCOPE_TORCH_RECORDER"]
+        elif self.name == NO_RANGES:
+            os.environ["NANSCOPE_HEADROOM"] = "0"
+            try:
+                self.session = nanscope.enable_dump_debug_info(
+                    self.logdir, tensor_debug_mode="FULL_HEALTH", circular_buffer_size=1000
+                )
+            finally:
+                del os.environ["NANSCOPE_HEADROOM"]
         elif self.name == "check_numerics":
             nanscope.enable_check_numerics()
         elif self.name == "detect_anomaly":

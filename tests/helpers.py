@@ -171,7 +171,7 @@ def shift_clock(logdir: Path, rank: int, seconds: float) -> None:
         if path.suffix == ".nsidx":
             path.unlink()
             continue
-        if path.suffix == ".nsdrops":
+        if path.suffix in (".nsdrops", ".nsranges"):  # no wall times in them
             continue
         out = []
         for payload in iter_payloads(path.read_bytes(), str(path)):

@@ -116,6 +116,11 @@ class Analysis:
         text = f"{name} {verb} {what}" + (f" at {', '.join(where)}" if where else "")
         return f"{text}: {o.explanation}" if o.explanation else text
 
+    @property
+    def warnings(self) -> list[str]:
+        """Warnings beside the verdict, one sentence each: overflow or underflow coming."""
+        return [w.message for w in self.headroom.warnings] if self.headroom is not None else []
+
     def to_json(self) -> dict[str, Any]:
         """The documented, stable JSON form (``docs/REPORT_JSON.md``)."""
 

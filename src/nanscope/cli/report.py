@@ -11,6 +11,7 @@ import argparse
 import json
 
 from nanscope.analysis import analyze
+from nanscope.format.headroom import TARGET_FORMATS
 from nanscope.reader import DumpReader
 from nanscope.report import console_for, render_text
 
@@ -26,11 +27,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema nanscope.report/2)"
     )
+    p.add_argument(
+        "--headroom-format", choices=TARGET_FORMATS, default=None, metavar="FORMAT",
+        help="measure every float value against this format's limits (one of "
+        f"{', '.join(TARGET_FORMATS)}), not its own: would the values fit in float8?",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     with DumpReader(args.logdir) as reader:
-        analysis = analyze(reader)
+        analysis = analyze(reader, headroom_format=args.headroom_format)
     if args.json:
         print(json.dumps(analysis.to_json(), indent=2, allow_nan=False, default=str))
     else:

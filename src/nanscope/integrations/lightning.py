@@ -173,11 +173,13 @@ class NanscopeCallback(pl.Callback):
         if headline is None:
             headline = "harmful Inf/NaN" if self.analysis.found_harmful else "no Inf/NaN recorded"
         text = f"nanscope: {headline} (`nanscope report {self.dump_dir}`)"
-        rank_zero_info(text)
+        warnings = [f"nanscope: {w}" for w in self.analysis.warnings[:3]]
+        for line in (text, *warnings):
+            rank_zero_info(line)
         for logger in trainer.loggers:
             experiment: Any = getattr(logger, "experiment", None)
             if hasattr(experiment, "add_text"):  # TensorBoard's SummaryWriter
-                experiment.add_text("nanscope", text, trainer.global_step)
+                experiment.add_text("nanscope", "\n\n".join((text, *warnings)), trainer.global_step)
 
     # -- stop_on_harmful -------------------------------------------------------------------------
 

@@ -210,12 +210,17 @@ class NanscopeCallback(TrainerCallback):
             )
         self.headline = headline
         line = f"nanscope: {headline} (nanscope report {self.logdir})"
-        logger.info(line)
-        print(line, file=sys.stderr, flush=True)
+        warnings = [f"nanscope: {w}" for w in self.analysis.warnings[:3]]
+        for text in (line, *warnings):
+            logger.info(text)
+            print(text, file=sys.stderr, flush=True)
         if self.tb_writer is not None:
             # The Trainer's logs are numbers; TensorBoard takes the sentence as text.
             # A closed torch SummaryWriter opens its file again for this: close it after.
             self.tb_writer.add_text("nanscope/headline", headline, state.global_step)
+            if warnings:
+                self.tb_writer.add_text("nanscope/headroom", "\n\n".join(warnings),
+                                        state.global_step)  # fmt: skip
             self.tb_writer.close()
 
 

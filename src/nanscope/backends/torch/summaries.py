@@ -11,6 +11,7 @@ without blocking (see :mod:`nanscope.backends.torch.device_buffer`).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,16 @@ for _name, _value in DTYPE_NAMES.items():
 DTYPE_ENUM[torch.bool] = 10
 DTYPE_ENUM[torch.complex64] = 8
 DTYPE_ENUM[torch.complex128] = 18
+
+
+# Whether FULL_HEALTH summaries carry the ranges (nanscope.format.headroom): set when a
+# session starts, from NANSCOPE_HEADROOM (0: off, to measure what they cost).
+RANGES = True
+
+
+def ranges_from_environment() -> None:
+    global RANGES
+    RANGES = os.environ.get("NANSCOPE_HEADROOM", "1") != "0"
 
 
 # Elements copied at once from a layout numpy cannot walk in place.
@@ -204,6 +215,11 @@ def summarize_host(
         ni, pi, nn, _, _, _ = tensor_counts(t)
         return np.array([tensor_id, size, ni, pi, nn], dtype=np.float64)
     ni, pi, nn, neg, zero, pos = tensor_counts(t)
+    if not RANGES:
+        return np.array(
+            [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos],
+            dtype=np.float64,
+        )
     # FULL_HEALTH's 11 slots, then the ranges (nanscope.format.headroom).
     hi, lo = tensor_ranges(t)
     return np.array(
@@ -252,6 +268,8 @@ def summarize_device(t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1
         [tensor_id, -1, DTYPE_ENUM[dtype], t.dim()], dtype=torch.float64, device=x.device
     )
     counts = torch.stack([size, neg_inf, pos_inf, nan, neg, zero, pos]).double()
+    if not RANGES:
+        return torch.cat([head, counts])
     # The ranges (nanscope.format.headroom), on the device like the counts.
     mag = torch.where(torch.isfinite(x), x.abs(), 0).double()
     hi = mag.max() if x.numel() else torch.zeros((), dtype=torch.float64, device=x.device)

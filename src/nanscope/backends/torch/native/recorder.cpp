@@ -34,6 +34,7 @@
 #include <pybind11/numpy.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -501,7 +502,8 @@ bool summarize(const at::Tensor& t, double* row) {
   Counts c;
   Special s;
   bool special = mode != kCurt;
-  if (!count_tensor(t, &c, &s, special, mode == kFull)) return false;
+  const bool ranges = mode == kFull && S->width == kFullRecorded;
+  if (!count_tensor(t, &c, &s, special, ranges)) return false;
   int64_t n = t.numel();
   switch (mode) {
     case kCurt:
@@ -527,8 +529,10 @@ bool summarize(const at::Tensor& t, double* row) {
       row[8] = static_cast<double>(c.neg - s.ninf);
       row[9] = static_cast<double>(c.zero);
       row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
-      row[11] = c.hi;  // the ranges: the encoder writes them to output_ranges
-      row[12] = c.lo;
+      if (ranges) {
+        row[11] = c.hi;  // the ranges: the encoder writes them to output_ranges
+        row[12] = c.lo;
+      }
       return true;
   }
 }
@@ -725,7 +729,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
         ev.has[i] = 1;
         bad = bad || nonfinite(row);
         // A view's values are its input's: their ranges belong to the op that made them.
-        if (op.view && mode == kFull) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
+        if (op.view && w == kFullRecorded) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
       }
     }
     if (!in_python.empty()) {
@@ -968,7 +972,14 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   drop_python_objects(s);
   s->host = std::move(host);
   s->mode = mode;
-  s->width = mode == kCurt ? 2 : mode == kConcise ? 5 : mode == kShape ? 10 : mode == kFull ? kFullRecorded : 0;
+  // NANSCOPE_HEADROOM=0: FULL_HEALTH without the ranges (to measure what they cost).
+  const char* headroom = std::getenv("NANSCOPE_HEADROOM");
+  const bool ranges = headroom == nullptr || std::string(headroom) != "0";
+  s->width = mode == kCurt     ? 2
+             : mode == kConcise ? 5
+             : mode == kShape   ? 10
+             : mode == kFull    ? (ranges ? kFullRecorded : kFullSlots)
+                                : 0;
   s->dtype_enum.fill(-1);
   s->dtype_ok.fill(false);
   s->dtype_float.fill(false);

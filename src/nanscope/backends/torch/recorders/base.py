@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from nanscope.backends.torch import summaries
 from nanscope.backends.torch.collectives import CollectiveCounter, wait_for_functional
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.device_buffer import DeviceBuffer
@@ -101,6 +102,7 @@ class RecorderBase:
         self.dtype_filter = setup.dtype_filter
         self.device_buffer = DeviceBuffer()
         self.collectives = CollectiveCounter()
+        summaries.ranges_from_environment()
         self._warned = False
 
     def failed(self, exc: Exception) -> None:
