@@ -125,7 +125,7 @@ def test_stop_on_harmful_stops_at_that_step(
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
     stops = [r.getMessage() for r in caplog.records if "training stops" in r.getMessage()]
     assert stops == [
-        f"nanscope: harmful Inf/NaN at step {BAD_STEP} (a non-finite loss or gradient norm): "
+        f"nanscope: harmful Inf/NaN at step {BAD_STEP} (a non-finite loss or gradient): "
         "training stops"
     ]
     a = callback.analysis

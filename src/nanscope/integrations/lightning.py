@@ -26,6 +26,7 @@ except ImportError:  # only the older package name is installed
 
 import nanscope
 from nanscope.backends.torch.suspension import not_recorded
+from nanscope.integrations._checks import all_finite
 
 if TYPE_CHECKING:
     from nanscope.analysis import Analysis
@@ -200,16 +201,13 @@ class NanscopeCallback(pl.Callback):
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         grads = [g._values() if g.is_sparse else g for g in grads]  # nn.Embedding(sparse=True)
         with not_recorded():
-            checks = [] if self._bad_loss is None else [self._bad_loss]
-            self._bad_loss = None
-            if not _scaler_handles_overflow(trainer):
-                checks += [_nonfinite_norm(group) for group in _by_device(grads)]
-            # The one host sync (with one device; a model spread over several adds copies).
-            found = (
-                bool(torch.stack([c.to(checks[0].device) for c in checks]).any())
-                if checks
-                else False
-            )
+            bad_loss, self._bad_loss = self._bad_loss, None
+            found = bool(bad_loss) if bad_loss is not None else False
+            # The same check as the Hugging Face callback's: a non-finite gradient value
+            # (not a norm that overflows on finite values); under a GradScaler overflowing
+            # gradients are skipped steps, not harm.
+            if not found and not _scaler_handles_overflow(trainer):
+                found = not all_finite(grads)
             if trainer.world_size > 1:  # every rank stops at the same step
                 found = trainer.strategy.reduce_boolean_decision(found, all=False)
         if not found:
@@ -221,7 +219,7 @@ class NanscopeCallback(pl.Callback):
         trainer.should_stop = True
         rank_zero_info(
             f"nanscope: harmful Inf/NaN at step {self.stopped_at} (a non-finite loss or "
-            "gradient norm): training stops"
+            "gradient): training stops"
         )
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -240,19 +238,6 @@ class NanscopeCallback(pl.Callback):
         # The logdir given to this callback wins (the checkpoint may come from elsewhere);
         # the count goes on, so that a resumed fit does not overwrite an earlier one.
         self.fits = max(self.fits, int(state_dict.get("fits", 0)))
-
-
-def _by_device(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[torch.device, list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault(t.device, []).append(t)
-    return list(groups.values())
-
-
-def _nonfinite_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Whether the total norm of ``grads`` (on one device) is non-finite, as a 0-d tensor."""
-    norms = torch._foreach_norm(grads)  # one fused kernel per dtype, no host sync
-    return ~torch.isfinite(torch.stack(norms)).all()
 
 
 def _scaler_handles_overflow(trainer: pl.Trainer) -> bool:
