@@ -14,7 +14,7 @@ import nanscope
 from nanscope.analysis import analyze, analyze_headroom
 from nanscope.events import DumpWriter, ExecutionEvent, Phase
 from nanscope.events._history import RangeHistory
-from nanscope.format import headroom, sidecar
+from nanscope.format import headroom
 from nanscope.format.files import RANGES
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.types_pb2 import DataType
@@ -96,24 +96,11 @@ def test_ranges_are_written_apart_from_the_tfdbg2_summary(tmp_path: Path) -> Non
         ex = r.execution(0)
         assert ex.output_ranges == ((300.0, 0.25), None)
         assert ex.outputs_json()[0]["range"] == {"max_abs": 300.0, "min_nonzero_abs": 0.25}
-        row = r.index(EXECUTIONS)[0]
-        assert (float(row["amax"]), float(row["amin"]), int(row["range_dtype"])) == (
+        (point,) = r.range_history()  # the history: one point, the step's extremes
+        assert (float(point["amax"]), float(point["amin"]), int(point["range_dtype"])) == (
             300.0, 0.25, HALF,
         )  # fmt: skip
-        assert r.string(int(row["module"])) == "net.fc"
-
-
-def test_an_older_sidecar_is_read_without_ranges() -> None:
-    """Rows of the layout before headroom (chunk kind R) read as rows with no module or ranges."""
-    old = np.zeros(2, dtype=sidecar.ROW_DTYPE_V1)
-    old["offset"] = [0, 40]
-    old["step"] = [3, 4]
-    rows, strings = sidecar.decode_chunk(sidecar.KIND_ROWS_V1 + old.tobytes())
-    assert strings is None and rows is not None and rows.dtype == sidecar.ROW_DTYPE
-    assert rows["step"].tolist() == [3, 4] and rows["module"].tolist() == [0, 0]
-    assert np.isnan(rows["amax"]).all() and np.isnan(rows["amin"]).all()
-    with pytest.raises(ValueError, match="multiple of the row size"):
-        sidecar.decode_chunk(sidecar.KIND_ROWS_V1 + b"\0" * 7)
+        assert r.string(int(point["module"])) == "net.fc" and int(point["phase"]) == 1
 
 
 def test_the_history_halves_its_oldest_points_and_keeps_the_largest() -> None:
@@ -134,15 +121,28 @@ def test_the_history_halves_its_oldest_points_and_keeps_the_largest() -> None:
         assert float(p["amin"]) == pytest.approx(min(0.5, 1.0 / (p["step_hi"] + 1)))
 
 
-def test_a_damaged_history_is_a_problem_and_the_index_serves(tmp_path: Path) -> None:
-    write(tmp_path, {("net.fc", Phase.FORWARD): [1.0] * 5})
+def test_without_a_history_the_records_serve(tmp_path: Path) -> None:
+    """A damaged history is a problem; a missing one (a process killed before its first
+    rewrite) is not: either way the kept records' ranges are read instead."""
+    values = [2.0 ** (k / 20) for k in range(300)]
+    write(tmp_path, {("net.fc", Phase.FORWARD): values})
     (path,) = tmp_path.glob(f"*.{RANGES}")
+    with nanscope.open_dump(tmp_path) as r:
+        expected = analyze_headroom(r)
+    assert expected is not None and len(expected.warnings) == 1
     path.write_bytes(path.read_bytes()[:-3])
     with nanscope.open_dump(tmp_path) as r:
         assert len(r.range_history()) == 0
         assert any("range history cannot be read" in p.message for p in r.problems)
         h = analyze_headroom(r)
-        assert h is not None and h.warnings == []
+    path.unlink()
+    with nanscope.open_dump(tmp_path) as r:
+        assert not r.problems
+        h2 = analyze_headroom(r)
+    for got in (h, h2):
+        assert got is not None
+        assert [w.message for w in got.warnings] == [w.message for w in expected.warnings]
+        assert [w.value for w in got.warnings] == [w.value for w in expected.warnings]
 
 
 # -- the rules ---------------------------------------------------------------------------------

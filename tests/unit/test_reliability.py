@@ -63,8 +63,7 @@ def test_reader_holds_an_index_not_the_events(tmp_path: Path) -> None:
         assert len(index) == 3000 and index.dtype == INDEX_DTYPE
         assert r.decoded_for_index() == 0  # the sidecar served it: no record was decoded
         assert index.nbytes == 3000 * INDEX_DTYPE.itemsize < records
-        # 64 bytes of place and health, then module, largest/smallest |x| and their dtype.
-        assert INDEX_DTYPE.itemsize == 77
+        assert INDEX_DTYPE.itemsize == 64
 
 
 def test_backpressure_waits_a_bounded_time_then_drops_and_counts(

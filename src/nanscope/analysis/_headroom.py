@@ -1,10 +1,10 @@
-"""Headroom: overflow and underflow seen coming, from the index's range columns.
+"""Headroom: overflow and underflow seen coming, from the writer's range history.
 
-Each execution's index row holds the largest finite ``|x|`` of its float outputs,
-the dtype that value is measured in, and the module that ran it (see
-:mod:`nanscope.format.headroom`). Here those rows become, per module, phase and
-process, one point per step: the step's largest ``|x|`` as a fraction of the
-format's largest value (its *level*). From the points:
+The range history (:mod:`nanscope.format.headroom`) holds, per module, phase and
+process, each step's largest finite ``|x|`` and the dtype it is measured in (a
+process without one: its kept records' ranges). Each step becomes one point: the
+step's largest ``|x|`` as a fraction of the format's largest value (its *level*).
+From the points:
 
 - **near overflow**: at the last step considered (the step before the first
   harmful Inf, or the run's last step) the level is at least ``NEAR`` (half of
@@ -35,8 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.format.headroom import FORMATS, FloatFormat, format_of
-from nanscope.reader import EXECUTIONS, HISTORY_DTYPE, DumpReader
+from nanscope.format.headroom import FORMATS, FloatFormat, combine, format_of
+from nanscope.format.modes import TensorDebugMode
+from nanscope.format.tensors import DTYPE_NAMES
+from nanscope.reader import EXECUTIONS, HISTORY_DTYPE, UNREADABLE, DumpReader
 
 NEAR = 0.5  # a level this high warns without growth
 WATCH = 1 / 16  # from this level, growth projected to overflow within HORIZON steps warns
@@ -59,6 +61,10 @@ for _dt in range(256):
     _f = format_of(_dt)
     if _f is not None:
         _MAX[_dt], _TINY[_dt] = _f.max, _f.tiny
+
+
+# A dtype's name (Health.dtype) -> its DataType number.
+_DTYPE_NUMBERS = {name: int(value) for name, value in DTYPE_NAMES.items()}
 
 
 def _number(v: float) -> str:
@@ -166,7 +172,7 @@ class _Points:
 
 @dataclass
 class _Rows:
-    """Range rows from the index and the range history, as plain columns."""
+    """Range rows from the range history or the records, as plain columns."""
 
     process: np.ndarray
     module: np.ndarray
@@ -178,28 +184,42 @@ class _Rows:
     index: np.ndarray  # the execution (-1: a history point)
 
 
+# The first Inf's own step: at most this many of its records before the Inf are decoded.
+TABLE_DECODED = 5000
+# Without a range history (a process killed before its first rewrite), at most this many
+# records of a process are decoded for their ranges.
+MAX_DECODED = 200_000
+
+
 def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _Rows | None:
-    """Every recorded range: a process's history where it has one (it holds every step,
-    the circular buffer's evicted ones too), else its index rows (``history=False``: the
-    index rows only)."""
-    rows = reader.index(EXECUTIONS)
+    """Every recorded range: each process's range history (every step, the circular
+    buffer's evicted ones too), or, for a process without one, its kept records' ranges
+    (``history=False``: the records only)."""
     hist = reader.range_history() if history else np.zeros(0, dtype=HISTORY_DTYPE)
+    covered = set(np.unique(hist["process"]).tolist())
+    parts: list[tuple[np.ndarray, ...]] = [
+        (hist["process"], hist["module"], hist["phase"], hist["step_hi"], hist["amax"],
+         hist["amin"], hist["range_dtype"], np.full(len(hist), -1, dtype=np.int64)),
+    ]  # fmt: skip
     procs = reader.processes_of(EXECUTIONS)
-    from_index = np.flatnonzero(rows["amax"] >= 0) if len(rows) else np.zeros(0, np.int64)
-    if len(hist):
-        covered = np.unique(hist["process"])
-        from_index = from_index[~np.isin(procs[from_index], covered)]
+    steps = reader.index(EXECUTIONS)["step"]
+    for p in reader.processes:
+        if p.index in covered:
+            continue
+        mine = np.flatnonzero(procs == p.index)
+        if until_step is not None:
+            mine = mine[steps[mine] <= until_step]
+        parts.append(_decoded(reader, mine[-MAX_DECODED:]))
+    cols = [np.concatenate([np.asarray(part[k]) for part in parts]) for k in range(8)]
     r = _Rows(
-        process=np.concatenate([procs[from_index].astype(np.int64), hist["process"]]),
-        module=np.concatenate([rows["module"][from_index], hist["module"]]).astype(np.int64),
-        phase=np.concatenate([rows["phase"][from_index], hist["phase"]]).astype(np.int64),
-        step=np.concatenate([rows["step"][from_index], hist["step_hi"]]).astype(np.int64),
-        amax=np.concatenate([rows["amax"][from_index], hist["amax"]]).astype(np.float64),
-        amin=np.concatenate([rows["amin"][from_index], hist["amin"]]).astype(np.float64),
-        dtype=np.concatenate([rows["range_dtype"][from_index], hist["range_dtype"]]).astype(
-            np.int64
-        ),
-        index=np.concatenate([from_index, np.full(len(hist), -1, dtype=np.int64)]),
+        process=cols[0].astype(np.int64),
+        module=cols[1].astype(np.int64),
+        phase=cols[2].astype(np.int64),
+        step=cols[3].astype(np.int64),
+        amax=cols[4].astype(np.float64),
+        amin=cols[5].astype(np.float64),
+        dtype=cols[6].astype(np.int64),
+        index=cols[7].astype(np.int64),
     )
     ok = (r.amax >= 0) & (_MAX[r.dtype] > 0)
     ok &= r.amax < _MAX[r.dtype] * SENTINEL  # sentinels: a value at its format's maximum
@@ -208,6 +228,31 @@ def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _
     if not ok.any():
         return None
     return _Rows(*(getattr(r, f)[ok] for f in _Rows.__dataclass_fields__))
+
+
+def _decoded(reader: DumpReader, indices: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The range columns of the executions at ``indices``, decoded from their records."""
+    out: list[tuple[int, int, int, int, float, float, int, int]] = []
+    mode = reader.tensor_debug_mode
+    if mode not in (TensorDebugMode.FULL_HEALTH, TensorDebugMode.FULL_TENSOR):
+        indices = indices[:0]
+    for i in indices.tolist():
+        try:
+            ex = reader.execution(i)
+        except UNREADABLE:
+            continue
+        dtypes = [h.dtype if h is not None else "" for h in ex.output_health]
+        pairs = list(ex.output_ranges)
+        row = combine([_DTYPE_NUMBERS.get(d, 0) for d in dtypes], pairs)
+        if row.dtype:
+            out.append((ex.process, reader.intern(ex.module_path), ex.phase, ex.step,
+                        row.amax, row.amin, row.dtype, i))  # fmt: skip
+    if not out:
+        return tuple(np.zeros(0) for _ in range(8))
+    cols = [np.array(c) for c in zip(*out, strict=True)]
+    for k in (4, 5):  # as the history holds them
+        cols[k] = cols[k].astype(np.float32)
+    return tuple(cols)
 
 
 def _points(
@@ -351,12 +396,21 @@ def _table(reader: DumpReader, first_inf: tuple[int, int, int]) -> list[dict[str
     highest first."""
     process, step, index = first_inf
     table: dict[tuple[int, int, int], dict[str, Any]] = {}
-    # The steps before from the history (or the index), the first Inf's own step from the
-    # index: only its events before the first Inf (the history's point holds them all).
-    for r in (_rows(reader, step - 1), _rows(reader, step, history=False)):
-        if r is not None:
-            _tabulate(reader, r, (r.process == process) & (r.step > step - TABLE_STEPS) & (
-                (r.step < step) | ((r.index >= 0) & (r.index < index))), table)  # fmt: skip
+    # The steps before from the history (or the records), the first Inf's own step from its
+    # records before the first Inf (the history's point holds the whole step).
+    before = _rows(reader, step - 1)
+    if before is not None:
+        _tabulate(reader, before, (before.process == process) & (before.step > step - TABLE_STEPS),
+                  table)  # fmt: skip
+    rows = reader.index(EXECUTIONS)
+    lo = index - 1
+    procs = reader.processes_of(EXECUTIONS)
+    while lo >= 0 and index - lo <= TABLE_DECODED and int(rows["step"][lo]) == step:
+        lo -= 1
+    mine = np.arange(lo + 1, index)
+    own = _Rows(*_decoded(reader, mine[procs[mine] == process]))
+    if len(own.step):
+        _tabulate(reader, own, own.amax >= 0, table)
     # Modules ordered by their highest level over the window; each module's steps in order.
     peak: dict[tuple[int, int], float] = {}
     for (m, ph, _), e in table.items():

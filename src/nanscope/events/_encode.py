@@ -226,7 +226,7 @@ class Encoder:
         return payload, index_row(self.mode, summaries), summaries
 
     def ranges(self, summaries: Sequence[np.ndarray | None]) -> RangeRow:
-        """The index's range columns of an execution's summaries (or FULL_TENSOR values)."""
+        """An execution's ranges for the range history, from its summaries (or FULL_TENSOR values)."""
         if self.mode == TensorDebugMode.FULL_HEALTH:
             return headroom.of_summaries(summaries)
         if self.mode == TensorDebugMode.FULL_TENSOR:

@@ -39,8 +39,9 @@ class EncodedExecution(NamedTuple):
     nonfinite: int
     phase: int
     device: int  # the writer's id of the first output's device (0: none)
+    # For the writer's range history (nanscope.format.headroom.RangeRow; NaN unknown).
     module_path: str
-    amax: float  # the range columns (nanscope.format.headroom.RangeRow); NaN unknown
+    amax: float
     amin: float
     range_dtype: int
 

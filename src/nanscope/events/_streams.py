@@ -30,10 +30,8 @@ from nanscope.format.strings import StringTable
 
 # Row tuples in the order of sidecar.ROW_DTYPE without offset and length:
 # (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf, nan,
-#  nonfinite, phase, device, module, amax, amin, range_dtype).
-RowTuple = tuple[
-    int, int, int, float, int, int, int, int, int, int, int, int, int, int, float, float, int
-]
+#  nonfinite, phase, device).
+RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
 _NAN = 9  # the position of the NaN count in a RowTuple
 _NONFINITE = 12  # the position of the nonfinite flag in a full sidecar row
 

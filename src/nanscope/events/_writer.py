@@ -60,7 +60,6 @@ from nanscope.events._queue import (
 from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events._streams import AppendFile, EventStream, RowTuple
 from nanscope.format import files, sidecar
-from nanscope.format.headroom import UNKNOWN_RANGES
 from nanscope.format.health import UNKNOWN_ROW, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
@@ -955,8 +954,7 @@ class DumpWriter:
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         st = self._executions.strings
         row = (st.intern(ev.op_type), st.intern(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device,
-               st.intern(ev.module_path), r.amax, r.amin, r.dtype)  # fmt: skip
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
         if r.dtype:
             self._history.add(ev.module_path, int(ev.phase), ev.step, r.amax, r.amin, r.dtype)
         # The spec is what _encode_execution turns into the record, at flush time.
@@ -971,8 +969,7 @@ class DumpWriter:
         for (payload, op_type, graph_id, num_outputs, wall, step, seq, size, neg_inf, pos_inf, nan,
              nonfinite, phase, device, module, amax, amin, range_dtype) in records:  # fmt: skip
             row = (st.intern(op_type), st.intern(graph_id), num_outputs, wall, step, seq, size, neg_inf,
-                   pos_inf, nan, nonfinite, phase, device, st.intern(module), amax, amin,
-                   range_dtype)  # fmt: skip
+                   pos_inf, nan, nonfinite, phase, device)  # fmt: skip
             if range_dtype:
                 history(module, phase, step, amax, amin, range_dtype)
             add(frame(payload), row, nonfinite == 1)
@@ -982,7 +979,7 @@ class DumpWriter:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
         st = self._traces.strings
         row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0, 0, *UNKNOWN_RANGES)  # fmt: skip
+               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
         self.stats.traces += 1
 
@@ -1031,7 +1028,6 @@ class DumpWriter:
             rows["sequence"] = np.arange(first, first + n)
             for k, col in enumerate(("size", "neg_inf", "pos_inf", "nan", "nonfinite")):
                 rows[col] = health[:, k]
-            rows["amax"] = rows["amin"] = np.nan
             stream.add_batch(payloads, rows)
             self.stats.traces += n
             return
@@ -1040,7 +1036,7 @@ class DumpWriter:
             zip(payloads, health.tolist(), strict=True)
         ):
             add((payload,), (st.intern(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
-                          nn, nf, 0, 0, 0, *UNKNOWN_RANGES), nf == 1)  # fmt: skip
+                          nn, nf, 0, 0), nf == 1)  # fmt: skip
         self.stats.traces += len(payloads)
 
     def _on_stack_frame(self, new: NewStackFrame) -> None:

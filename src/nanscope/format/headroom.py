@@ -8,10 +8,10 @@ TensorFlow's reader expects them (``Execution.tensor_protos``) and the pairs
 go to ``Execution.output_ranges`` (field 1008), which TensorFlow ignores.
 In FULL_TENSOR mode the same two numbers are computed from the values.
 
-The sidecar index keeps one pair per event (:class:`RangeRow`): over the
-event's float outputs, the output that came closest to its format's largest
-value gives ``amax`` and ``dtype``; ``amin`` is the smallest non-zero over
-all of them. ``NaN`` where nothing was recorded.
+The writer's range history keeps one pair per event (:class:`RangeRow`):
+over the event's float outputs, the output that came closest to its format's
+largest value gives ``amax`` and ``dtype``; ``amin`` is the smallest non-zero
+over all of them. ``NaN`` where nothing was recorded.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def format_of(dtype: int) -> FloatFormat | None:
 
 
 class RangeRow(NamedTuple):
-    """The index's range columns of one event (storage layout, not an analysis type)."""
+    """One event's ranges as the range history takes them (not an analysis type)."""
 
     amax: float  # the largest finite |x| of the output nearest its format's max; NaN unknown
     amin: float  # the smallest non-zero finite |x| over the float outputs; NaN unknown
@@ -105,7 +105,7 @@ def combine(dtypes: Sequence[int], pairs: Sequence[tuple[float, float] | None]) 
             amin = pair[1]
     if not seen:
         return UNKNOWN_RANGES
-    # The index stores float32: a float64 tensor's extremes are held at float32's limits.
+    # The history stores float32: a float64 tensor's extremes are held at float32's limits.
     return RangeRow(
         min(row.amax, _F32_MAX), max(amin, _F32_SMALLEST) if amin > 0 else amin, row.dtype
     )

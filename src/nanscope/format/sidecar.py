@@ -10,12 +10,10 @@ decoding records. TensorFlow ignores the extra file.
 The sidecar is itself a TFRecord stream (so torn tails and corruption are
 detected the same way). Each record is one chunk: a one-byte kind, then
 
-* ``H``: ``n`` rows of :data:`ROW_DTYPE`;
+* ``R``: ``n`` rows of :data:`ROW_DTYPE`;
 * ``S``: new entries of the chunk's string table, UTF-8, NUL-separated
-  (op types, op names, graph ids, module paths; row columns ``name``, ``graph``
-  and ``module`` index it, entry 0 being the empty string);
-* ``R``: rows of the layout before headroom (:data:`ROW_DTYPE_V1`, written by
-  nanscope before headroom was recorded); read as rows without a module or ranges.
+  (op types, op names, graph ids; row columns ``name`` and ``graph`` index it,
+  entry 0 being the empty string).
 
 Readers must treat the sidecar as a hint: a row is trusted only if the record
 header at its offset in the data file agrees with its length.
@@ -42,20 +40,10 @@ ROW_DTYPE = np.dtype(
         ("nonfinite", "i1"),  # 1 yes, 0 no, -1 the mode does not tell
         ("phase", "i1"),
         ("device", "<i2"),
-        # Appended with headroom (kind "H"); older sidecars' rows ("R") end above.
-        ("module", "<u4"),  # executions: module path (string-table index); traces: 0
-        ("amax", "<f4"),  # largest finite |x| (see nanscope.format.headroom); NaN unknown
-        ("amin", "<f4"),  # smallest non-zero finite |x|; NaN unknown
-        ("range_dtype", "u1"),  # the DataType amax is measured in; 0 unknown
     ]
 )
-_V1_COLUMNS = 15  # the columns up to ``device``
-ROW_DTYPE_V1 = np.dtype(
-    [(name, ROW_DTYPE.fields[name][0]) for name in (ROW_DTYPE.names or ())[:_V1_COLUMNS]]  # type: ignore[index]
-)
 
-KIND_ROWS = b"H"
-KIND_ROWS_V1 = b"R"
+KIND_ROWS = b"R"
 KIND_STRINGS = b"S"
 
 
@@ -86,15 +74,6 @@ def decode_chunk(payload: bytes | memoryview) -> tuple[np.ndarray | None, list[s
             raise ValueError("row chunk size is not a multiple of the row size")
         # A read-only view of the chunk's bytes, no copy.
         return np.frombuffer(payload, dtype=ROW_DTYPE, offset=1), None
-    if kind == KIND_ROWS_V1:
-        if (len(payload) - 1) % ROW_DTYPE_V1.itemsize:
-            raise ValueError("row chunk size is not a multiple of the row size")
-        old = np.frombuffer(payload, dtype=ROW_DTYPE_V1, offset=1)
-        rows = np.zeros(len(old), dtype=ROW_DTYPE)
-        for name in ROW_DTYPE_V1.names or ():
-            rows[name] = old[name]
-        rows["amax"] = rows["amin"] = np.nan
-        return rows, None
     if kind == KIND_STRINGS:
         return None, bytes(payload[1:]).decode("utf-8", errors="replace").split("\0")
     raise ValueError(f"unknown sidecar chunk kind {kind!r}")

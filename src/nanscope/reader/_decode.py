@@ -6,8 +6,6 @@ import math
 
 import numpy as np
 
-from nanscope.format import headroom
-from nanscope.format.headroom import UNKNOWN_RANGES, RangeRow
 from nanscope.format.health import index_row, summary_problem
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
@@ -86,32 +84,15 @@ def tensor_values(
 
 
 # Row tuple: (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf,
-# nan, nonfinite, phase, device, module, amax, amin, range_dtype), strings as str (the
-# caller interns them).
-RowData = tuple[
-    str, str, int, float, int, int, int, int, int, int, int, int, int, str, float, float, int
-]
-EMPTY_ROW: RowData = ("", "", 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", *UNKNOWN_RANGES)
-
-
-def execution_ranges(
-    ex: pb.Execution, mode: TensorDebugMode, values: list[np.ndarray | None]
-) -> RangeRow:
-    """An execution's range columns: from ``output_ranges`` (FULL_HEALTH) or its values."""
-    if mode == TensorDebugMode.FULL_TENSOR:
-        return headroom.of_values(values)
-    if mode != TensorDebugMode.FULL_HEALTH or not ex.output_ranges:
-        return UNKNOWN_RANGES
-    dtypes = [int(v[2]) if v is not None and len(v) > 2 else 0 for v in values]
-    return headroom.combine(dtypes, headroom.pairs_of(ex.output_ranges))
+# nan, nonfinite, phase, device), strings as str (the caller interns them).
+RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, int]
 
 
 def execution_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
     """The index row of an execution; what is wrong with its outputs goes to ``problems``."""
     ex = event.execution
     mode = mode_of(ex.tensor_debug_mode)
-    values = tensor_values(list(ex.tensor_protos), mode, problems)
-    h = index_row(mode, values)
+    h = index_row(mode, tensor_values(list(ex.tensor_protos), mode, problems))
     device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
     return (
         ex.op_type,
@@ -123,8 +104,6 @@ def execution_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
         *h,
         ex.phase,
         device,
-        ex.module_path,
-        *execution_ranges(ex, mode, values),
     )
 
 
@@ -144,6 +123,4 @@ def trace_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
         *h,
         0,
         0,
-        "",
-        *UNKNOWN_RANGES,
     )

@@ -565,6 +565,10 @@ class DumpReader:
         out["process"] = proc.index
         return out
 
+    def intern(self, value: str) -> int:
+        """The string id of ``value``, numbered now if no index string names it yet."""
+        return self._strings.intern(value)
+
     def string_id(self, value: str) -> int | None:
         return self._strings.get(value)
 

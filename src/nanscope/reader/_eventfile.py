@@ -58,10 +58,6 @@ INDEX_DTYPE = np.dtype(
 )
 
 
-# The columns that index the string table.
-STRING_COLUMNS = ("name", "graph", "module")
-
-
 def _offset(dtype: np.dtype, name: str) -> int:
     return int(dtype.fields[name][1])  # type: ignore[index]
 
@@ -347,8 +343,8 @@ class EventFile:
         times = rows["wall_time"]
         times[~np.isfinite(times)] = 0.0  # as for decoded records: JSON has no NaN
         remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
-        for column in STRING_COLUMNS:
-            rows[column] = remap[rows[column]]
+        rows["name"] = remap[rows["name"]]
+        rows["graph"] = remap[rows["graph"]]
         self._confirmed.append(rows)
         self._confirmed_end = int(rows["offset"][-1]) + int(rows["length"][-1])
         self._sidecar_offset = end
@@ -419,7 +415,7 @@ class EventFile:
                 return False
         if int(offsets[-1]) + int(lengths[-1]) > data_size:
             return False
-        if any(rows[c].max(initial=0) >= n_strings for c in STRING_COLUMNS):
+        if rows["name"].max(initial=0) >= n_strings or rows["graph"].max(initial=0) >= n_strings:
             return False
         picks = np.unique(np.linspace(0, len(rows) - 1, min(_SAMPLES, len(rows))).astype(np.int64))
         try:
@@ -574,9 +570,6 @@ class EventFile:
         for name, col in zip(_ROW_COLUMNS, cols, strict=True):
             if name == "size":
                 continue
-            if name == "module":
-                rows[name] = [local.setdefault(m, len(local)) for m in col]
-                continue
             rows[name] = (
                 np.minimum(np.asarray(col, dtype=np.int64), _I32_MAX) if name in _NARROW else col
             )
@@ -589,12 +582,12 @@ class EventFile:
             return
         strings = list(local)
         remap = np.zeros(len(strings), dtype=np.uint32)
-        for column in STRING_COLUMNS:
+        for column in ("name", "graph"):
             codes, first = np.unique(rows[column], return_index=True)
             for code in codes[np.argsort(first, kind="stable")].tolist():
                 remap[code] = self._intern(strings[code])
-        for column in STRING_COLUMNS:
-            rows[column] = remap[rows[column]]
+        rows["name"] = remap[rows["name"]]
+        rows["graph"] = remap[rows["graph"]]
 
 
 # The columns of a RowData after its two strings, in order.
@@ -610,8 +603,4 @@ _ROW_COLUMNS = (
     "nonfinite",
     "phase",
     "device",
-    "module",
-    "amax",
-    "amin",
-    "range_dtype",
 )

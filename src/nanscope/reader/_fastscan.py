@@ -30,7 +30,7 @@ import numpy as np
 
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import HEADER_SIZE, MAX_RECORD_SIZE, OVERHEAD, masked_crc32c
-from nanscope.reader._decode import EMPTY_ROW, DecodeError, RowData, parse_event
+from nanscope.reader._decode import DecodeError, RowData, parse_event
 
 _HEADER = struct.Struct("<QI")
 _LENGTH = struct.Struct("<Q")
@@ -299,7 +299,7 @@ def top_level(
             event = parse_event(key)
         except DecodeError:
             refused[i] = True  # the careful path says why, record by record
-            rows.append(EMPTY_ROW)
+            rows.append(("", "", 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
             damage.append([])
             continue
         found: list[str] = []
