@@ -119,6 +119,10 @@ export class Api {
   ranks(window) {
     return getJSON("api/ranks", this.params({ window }));
   }
+  /** Each module's largest |x| per step over its format's largest value (or `format`'s), with the headroom warnings. */
+  headroom(format) {
+    return getJSON("api/headroom", this.params({ format }));
+  }
   timeline(kind, begin, end, buckets, process) {
     return getJSON("api/timeline", this.params({ kind, begin, end, buckets, process }));
   }

@@ -28,6 +28,17 @@
 //   spreading collective, on one line across columns; .rk-pad blank rows that align them). Timeline buttons: #tl-zoom-in,
 //   #tl-zoom-out, #tl-left, #tl-right, #tl-fit, #tl-center. Alert navigation: #prev-alert,
 //   #next-alert, #alert-pos ("k / N").
+//   Headroom (the dump records value ranges): #headroom (hidden otherwise; <body
+//   class="has-headroom"> while shown), #headroom-sub, #headroom-format (the format measured
+//   against; "" = each value's own), #headroom-body. The chart .hr-chart (data-clicked-step,
+//   data-clicked-index, data-clicked-module once a point was clicked) holds svg.hr-svg
+//   (data-lo, data-hi: its decades) with polyline.hr-line[data-key][data-module][data-phase]
+//   (one per module and phase; circle.hr-dot for a single point), line.hr-overflow and
+//   text.hr-overflow-label, line.hr-half, line.hr-inf[data-step] (first Inf), g.hr-warn-mark
+//   [data-module][data-phase][data-step] (where each warning began); tooltip .hr-tip. Legend
+//   .hr-lg[data-module][data-phase] (focusable; .hr-lg-name, .hr-lg-peak); warnings
+//   .hr-warn[data-module][data-phase][data-step] (.hr-warn-text: the message; Enter selects)
+//   or .hr-ok when there are none. line.hr-sel[data-step]: the selected event's step.
 //   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
 //   run's alerts are shown; data-selected="e401" / "t12" once the selection's detail is shown.
 //
@@ -50,6 +61,7 @@ import { Timeline } from "./timeline.js";
 import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
 import { renderDetail, renderDetailError } from "./detail.js";
 import { RANKS_WINDOW, renderRanks, renderRanksLoading, renderRanksError, hideRanks, markRanksSelection } from "./ranks.js";
+import { renderHeadroom, renderHeadroomLoading, renderHeadroomError, hideHeadroom, headroomShown } from "./headroom.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
 import { SourceView } from "./source.js";
 import { renderStack } from "./stack.js";
@@ -162,6 +174,14 @@ class App {
       Object.assign(this.state, { run: e.target.value, process: null, sel: null, src: null, tab: null, nf: false, op: "" });
       this.loadRun();
     });
+    $("#headroom-format").addEventListener("change", () => {
+      if (this.analysis) this.loadHeadroom(this.analysis);
+    });
+    // The headroom chart is drawn at its panel's width: again when that changes.
+    const redrawHeadroom = debounce(() => {
+      if (this.headroomChart && !$("#headroom").hidden) this.headroomChart.redraw();
+    }, 150);
+    new ResizeObserver(redrawHeadroom).observe($("#headroom"));
     $("#process-select").addEventListener("change", (e) => {
       this.state.process = e.target.value === "" ? null : Number(e.target.value);
       this.setupLists().then(() => {
@@ -289,6 +309,8 @@ class App {
     this.detail = null;
     this.listPos = null;
     hideRanks($("#ranks"));
+    hideHeadroom($("#headroom"));
+    this.headroomChart = null;
     if (info.error) {
       this.showBanner(`This run cannot be read: ${info.error}`, true);
       this.clearPanels();
@@ -563,6 +585,7 @@ class App {
       this.analysis = an;
       renderRootCause($("#rootcause"), an, this);
       this.loadRanks(an);
+      this.loadHeadroom(an);
     } catch (e) {
       if (seq === this.alertSeq) renderRootCauseError($("#rootcause"), e.message);
     }
@@ -583,6 +606,28 @@ class App {
       else hideRanks($("#ranks"));
     } catch (e) {
       if (run === this.state.run) renderRanksError($("#ranks"), $("#ranks-body"), e.message);
+    }
+  }
+
+  /**
+   * The Headroom panel: each module's largest |x| per step against its format's largest
+   * value (or the one chosen in #headroom-format); hidden when the dump records no ranges.
+   */
+  async loadHeadroom(an) {
+    const run = this.state.run;
+    const format = $("#headroom-format").value;
+    const seq = (this.headroomSeq = (this.headroomSeq || 0) + 1);
+    if (this.headroomChart) renderHeadroomLoading($("#headroom"), $("#headroom-body"));
+    try {
+      const data = await this.api.headroom(format);
+      if (seq !== this.headroomSeq || run !== this.state.run || this.analysis !== an) return;
+      if (headroomShown(data)) this.headroomChart = renderHeadroom($("#headroom"), $("#headroom-body"), $("#headroom-sub"), data, this);
+      else {
+        this.headroomChart = null;
+        hideHeadroom($("#headroom"));
+      }
+    } catch (e) {
+      if (seq === this.headroomSeq && run === this.state.run) renderHeadroomError($("#headroom"), $("#headroom-body"), e.message);
     }
   }
 
@@ -756,6 +801,7 @@ class App {
     d.classList.remove("loading");
     this.detail = { kind, index, ev };
     renderDetail($("#detail-body"), $("#detail-title"), $("#detail-sub"), ev, kind, this);
+    if (this.headroomChart) this.headroomChart.markStep(ev.step ?? null);
     d.dataset.kind = kind;
     d.dataset.index = String(index);
 
