@@ -384,6 +384,9 @@ def analyze_headroom(
             found.append(((0, -float(low[-1])), w))
     found.sort(key=lambda t: t[0], reverse=True)
     result.warnings = [w for _, w in found[:MAX_WARNINGS]]
+    for w in result.warnings:
+        if w.index < 0:  # a history point: an execution of that step, for the GUI's link
+            w.index = int(_nearest_events(reader, w.process, np.array([w.step]), np.array([-1]))[0])
     if first_inf is not None:
         result.before_step = inf_step
         result.before_inf = _table(reader, first_inf)
