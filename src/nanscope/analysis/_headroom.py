@@ -187,8 +187,10 @@ class _Rows:
 # The first Inf's own step: at most this many of its records before the Inf are decoded.
 TABLE_DECODED = 5000
 # Without a range history (a process killed before its first rewrite), at most this many
-# records of a process are decoded for their ranges.
-MAX_DECODED = 200_000
+# records, over all processes, are decoded for their ranges (the last ones of each), after
+# a probe of the last PROBE records says that the process recorded ranges at all.
+MAX_DECODED = 50_000
+PROBE = 8
 
 
 def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _Rows | None:
@@ -203,13 +205,20 @@ def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _
     ]  # fmt: skip
     procs = reader.processes_of(EXECUTIONS)
     steps = reader.index(EXECUTIONS)["step"]
+    budget = MAX_DECODED
     for p in reader.processes:
-        if p.index in covered:
+        if p.index in covered or budget <= 0:
             continue
         mine = np.flatnonzero(procs == p.index)
         if until_step is not None:
             mine = mine[steps[mine] <= until_step]
-        parts.append(_decoded(reader, mine[-MAX_DECODED:]))
+        # Records without ranges (an older nanscope, NANSCOPE_HEADROOM=0) are not read on:
+        # a probe of the last few tells.
+        if not len(mine) or not len(_decoded(reader, mine[-PROBE:])[0]):
+            continue
+        take = mine[-budget:]
+        budget -= len(take)
+        parts.append(_decoded(reader, take))
     cols = [np.concatenate([np.asarray(part[k]) for part in parts]) for k in range(8)]
     r = _Rows(
         process=cols[0].astype(np.int64),
