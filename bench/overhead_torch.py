@@ -108,6 +108,11 @@ def main() -> None:
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-steady", action="store_true", help="no long-run MLP section")
     ap.add_argument("--rounds", type=int, help="rounds for the MLP (both frameworks)")
+    ap.add_argument(
+        "--variants",
+        help="only these PyTorch variants, comma-separated (plain is always run), e.g. "
+        "FULL_HEALTH,FULL_HEALTH:noranges: more rounds for the same time",
+    )
     ap.add_argument("--transformer-rounds", type=int)
     ap.add_argument("--breakdown", action="store_true", help="only the MLP cost breakdown")
     ap.add_argument("--json", help="also write the raw results here")
@@ -188,8 +193,16 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
         cfg.update(variants=variants, rounds=rounds, steps=steps, warmup=warmup)
         return run_child(kind, cfg, timeout=1800 if cfg.get("model") == "transformer" else 900)
 
+    torch_variants = TORCH_VARIANTS
+    if args.variants:
+        asked = set(args.variants.split(","))
+        unknown = asked - set(TORCH_VARIANTS)
+        if unknown:
+            sys.exit(f"unknown variants {sorted(unknown)}; choose from {TORCH_VARIANTS}")
+        torch_variants = [v for v in TORCH_VARIANTS if v == "plain" or v in asked]
+        no_full_tensor = [v for v in torch_variants if v != "FULL_TENSOR"]
     log("PyTorch MLP timing")
-    results["mlp"] = timing("torch-time", TORCH_VARIANTS, mlp_rounds, mlp_steps, 3, model="mlp")
+    results["mlp"] = timing("torch-time", torch_variants, mlp_rounds, mlp_steps, 3, model="mlp")
     if not args.skip_tf:
         log("TensorFlow MLP timing")
         results["tf_mlp"] = timing("tf-time", TF_VARIANTS, mlp_rounds, mlp_steps, 3)
@@ -204,7 +217,7 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
     mem: dict[str, dict[str, Any]] = {"mlp": {}, "tf_mlp": {}, "transformer": {}}
     if not args.skip_memory:
         log("peak memory")
-        for v in TORCH_VARIANTS:
+        for v in torch_variants:
             cfg = {"model": "mlp", "variant": v, "steps": mem_steps}
             mem["mlp"][v] = run_child("torch-mem", cfg)
         for v in [] if args.skip_tf else TF_VARIANTS:

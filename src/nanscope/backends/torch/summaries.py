@@ -158,24 +158,28 @@ def tensor_counts(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     return ni, pi, nn, neg, zero, pos
 
 
-def ranges(a: np.ndarray) -> tuple[float, float]:
+def ranges(a: np.ndarray, finite: bool = False, zeros: bool = True) -> tuple[float, float]:
     """``(largest finite |x|, smallest non-zero finite |x|)`` of a flat float array
-    (``0`` and ``inf`` where it holds no such element); see :mod:`nanscope.format.headroom`."""
-    if not all_finite(a):
+    (``0`` and ``inf`` where it holds no such element); see :mod:`nanscope.format.headroom`.
+
+    ``finite``: the caller knows it holds no Inf/NaN; ``zeros=False``: no zero either
+    (the counts said so), which saves the mask of non-zero values.
+    """
+    if not finite and not all_finite(a):
         a = a[np.isfinite(a)]
     if not a.size:
         return 0.0, math.inf
-    hi = max(float(a.max()), -float(a.min()))
+    hi = max(float(a.max()), -float(a.min()))  # two passes, no temporary
     mag = np.abs(a)
-    lo = float(np.min(mag, where=mag > 0, initial=math.inf))
+    lo = float(mag.min()) if not zeros else float(np.min(mag, where=mag > 0, initial=math.inf))
     return hi, lo
 
 
-def tensor_ranges(t: torch.Tensor) -> tuple[float, float]:
+def tensor_ranges(t: torch.Tensor, finite: bool = False, zeros: bool = True) -> tuple[float, float]:
     """:func:`ranges` over a CPU float tensor of any layout, without materialising views."""
     hi, lo = 0.0, math.inf
     for a in host_parts(t)[0]:
-        h, m = ranges(a)
+        h, m = ranges(a, finite, zeros)
         hi, lo = max(hi, h), min(lo, m)
     return hi, lo
 
@@ -221,7 +225,7 @@ def summarize_host(
             dtype=np.float64,
         )
     # FULL_HEALTH's 11 slots, then the ranges (nanscope.format.headroom).
-    hi, lo = tensor_ranges(t)
+    hi, lo = tensor_ranges(t, finite=not (ni or pi or nn), zeros=zero > 0)
     return np.array(
         [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos, hi, lo],
         dtype=np.float64,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -14,41 +15,82 @@ namespace {
 
 // Comparisons summed as integers: no branches, so the loop vectorises; 32-bit
 // sums over blocks fill twice the lanes of 64-bit ones. |x| <= max is false
-// exactly for Inf and NaN. With kRanges, the largest finite |x| and the
-// smallest non-zero one are two more branch-free reductions (selects, then
-// max and min) in the same pass.
-template <typename T, bool kRanges>
-__attribute__((target_clones("avx2", "default"))) void count_plain(const T* p, int64_t n,
-                                                                   Counts* c) {
+// exactly for Inf and NaN.
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) void count_values(const T* p, int64_t n,
+                                                                    Counts* c) {
   constexpr int64_t kBlock = 1 << 20;
   const T big = std::numeric_limits<T>::max();
-  const T inf = std::numeric_limits<T>::infinity();
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
     const T* q = p + start;
     int32_t neg = 0, zero = 0, bad = 0;
-    T hi = T(0), lo = inf;
     for (int64_t i = 0; i < m; ++i) {
       T x = q[i];
-      T a = std::fabs(x);
-      bool finite = a <= big;
       neg += x < T(0);
       zero += x == T(0);
-      bad += !finite;
-      if constexpr (kRanges) {
-        T fin = finite ? a : T(0);
-        hi = fin > hi ? fin : hi;
-        T nz = (finite && a > T(0)) ? a : inf;
-        lo = nz < lo ? nz : lo;
-      }
+      bad += !(std::fabs(x) <= big);
     }
     c->neg += neg;
     c->zero += zero;
     c->bad += bad;
-    if constexpr (kRanges) {
-      c->hi = std::max(c->hi, static_cast<double>(hi));
-      c->lo = std::min(c->lo, static_cast<double>(lo));
+  }
+}
+
+// The same counts, and the largest finite |x| and the smallest non-zero one,
+// in one pass over the values' bits: for non-negative IEEE values the bit
+// patterns order as integers do, and integer reductions vectorise where
+// floating-point max/min do not (NaN and signed zeros forbid reordering them
+// without -ffast-math). Both extremes are max reductions (GCC 12 vectorises a
+// max beside a min of these selects in no form tried): the smallest non-zero
+// |x| is kMax minus the largest of kMax - (|x| - 1), where |x| - 1 wraps a
+// zero (or a non-finite value, taken as 0) to the sign bit, masked off.
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) void count_ranged(const T* p, int64_t n,
+                                                                    Counts* c) {
+  using S = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  using U = std::make_unsigned_t<S>;
+  constexpr int kSign = sizeof(T) * 8 - 1;
+  constexpr S kMax = std::numeric_limits<S>::max();  // also the mask of |x|'s bits
+  constexpr S kInf = sizeof(T) == 4 ? S(0x7f800000) : S(0x7ff0000000000000ll);
+  constexpr int64_t kBlock = 1 << 20;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const T* q = p + start;
+    S neg = 0, zero = 0, bad = 0, hi = 0, rlo = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      U b;
+      std::memcpy(&b, q + i, sizeof(T));
+      S a = static_cast<S>(b & static_cast<U>(kMax));  // |x|'s bits
+      S fin = a < kInf ? a : S(0);
+      hi = std::max(hi, fin);
+      rlo = std::max(rlo, S(kMax - ((fin - 1) & kMax)));
+      neg += static_cast<S>(b >> kSign) & S(a != 0) & S(a <= kInf);  // x < 0, -Inf too
+      zero += S(a == 0);
+      bad += S(a >= kInf);
     }
+    c->neg += neg;
+    c->zero += zero;
+    c->bad += bad;
+    T h;
+    std::memcpy(&h, &hi, sizeof(T));
+    c->hi = std::max(c->hi, static_cast<double>(h));
+    const S lo = kMax - rlo;
+    if (lo != kMax) {
+      const S bits = lo + 1;
+      T l;
+      std::memcpy(&l, &bits, sizeof(T));
+      c->lo = std::min(c->lo, static_cast<double>(l));
+    }
+  }
+}
+
+template <typename T, bool kRanges>
+void count_plain(const T* p, int64_t n, Counts* c) {
+  if constexpr (kRanges) {
+    count_ranged<T>(p, n, c);
+  } else {
+    count_values<T>(p, n, c);
   }
 }
 
