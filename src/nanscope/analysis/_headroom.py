@@ -203,13 +203,17 @@ def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _
         (hist["process"], hist["module"], hist["phase"], hist["step_hi"], hist["amax"],
          hist["amin"], hist["range_dtype"], np.full(len(hist), -1, dtype=np.int64)),
     ]  # fmt: skip
-    procs = reader.processes_of(EXECUTIONS)
     steps = reader.index(EXECUTIONS)["step"]
     budget = MAX_DECODED
-    for p in reader.processes:
-        if p.index in covered or budget <= 0:
-            continue
-        mine = np.flatnonzero(procs == p.index)
+    missing = [p.index for p in reader.processes if p.index not in covered]
+    if reader.tensor_debug_mode not in (TensorDebugMode.FULL_HEALTH, TensorDebugMode.FULL_TENSOR):
+        missing = []  # no mode but these records ranges
+    spans = _spans(reader) if missing else {}
+    for p in missing:
+        if budget <= 0:
+            break
+        lo, hi = spans.get(p, (0, 0))
+        mine = _of_process(reader, p, lo, hi)
         if until_step is not None:
             mine = mine[steps[mine] <= until_step]
         # Records without ranges (an older nanscope, NANSCOPE_HEADROOM=0) are not read on:
@@ -237,6 +241,27 @@ def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _
     if not ok.any():
         return None
     return _Rows(*(getattr(r, f)[ok] for f in _Rows.__dataclass_fields__))
+
+
+def _spans(reader: DumpReader) -> dict[int, tuple[int, int]]:
+    """Per process, the span of the merged execution index that holds its rows (one pass)."""
+    procs = reader.processes_of(EXECUTIONS)
+    if not len(procs):
+        return {}
+    cuts = np.flatnonzero(procs[1:] != procs[:-1]) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(procs)]))
+    spans: dict[int, tuple[int, int]] = {}
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        p = int(procs[a])
+        lo, hi = spans.get(p, (a, b))
+        spans[p] = (min(lo, a), max(hi, b))  # interleaved processes: one span over them all
+    return spans
+
+
+def _of_process(reader: DumpReader, process: int, lo: int, hi: int) -> np.ndarray:
+    """The indices of ``process``'s executions within ``lo:hi``."""
+    return lo + np.flatnonzero(reader.processes_of(EXECUTIONS)[lo:hi] == process)
 
 
 def _decoded(reader: DumpReader, indices: np.ndarray) -> tuple[np.ndarray, ...]:
