@@ -217,9 +217,12 @@ def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _
         if until_step is not None:
             mine = mine[steps[mine] <= until_step]
         # Records without ranges (an older nanscope, NANSCOPE_HEADROOM=0) are not read on:
-        # a probe of the last few tells.
-        if not len(mine) or not len(_decoded(reader, mine[-PROBE:])[0]):
+        # a probe of the last few tells, and one process's answer stands for the others
+        # (they were written alike; a 1,024-rank dump is not probed 1,024 times).
+        if not len(mine):
             continue
+        if not len(_decoded(reader, mine[-PROBE:])[0]):
+            break
         take = mine[-budget:]
         budget -= len(take)
         parts.append(_decoded(reader, take))
