@@ -134,6 +134,9 @@ def report(r: dict[str, Any]) -> list[str]:
                     "step ms (mean)",
                     "ratio of medians",
                     "ratio of means",
+                    "p99 step ms",
+                    "ratio of p99s",
+                    "max step ms",
                 ],
                 numeric=False,
             ),
@@ -141,7 +144,8 @@ def report(r: dict[str, Any]) -> list[str]:
         for v, t in r["steady"].items():
             out.append(
                 f"| {_label(v, 'torch')} | {t['step_ms']:.2f} | {t['step_mean_ms']:.2f} "
-                f"| {t['ratio_wall']:.2f}x | {t['ratio_mean']:.2f}x |"
+                f"| {t['ratio_wall']:.2f}x | {t['ratio_mean']:.2f}x | {t['step_p99_ms']:.2f} "
+                f"| {t['ratio_p99']:.2f}x | {t['step_max_ms']:.1f} |"
             )
     if r["memory"]["mlp"]:
         out += [

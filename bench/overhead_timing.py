@@ -46,7 +46,16 @@ def interleave(
     import shutil
 
     per: dict[str, dict[str, list[float]]] = {
-        v: {"wall": [], "mean": [], "cpu": [], "main_cpu": [], "ops_per_step": []} for v in variants
+        v: {
+            "wall": [],
+            "mean": [],
+            "p99": [],
+            "max": [],
+            "cpu": [],
+            "main_cpu": [],
+            "ops_per_step": [],
+        }
+        for v in variants
     }
     root = Path(tempfile.mkdtemp(prefix=f"nanscope-bench-{label}-"))
     try:
@@ -61,6 +70,9 @@ def interleave(
                     walls, cpu, main_cpu = time_steps(step, steps)
                 per[v]["wall"].append(statistics.median(walls))
                 per[v]["mean"].append(statistics.mean(walls))
+                # The 99th percentile step: the stalls a long run feels (flushes, GIL waits).
+                per[v]["p99"].append(sorted(walls)[min(len(walls) - 1, int(0.99 * len(walls)))])
+                per[v]["max"].append(max(walls))
                 per[v]["cpu"].append(cpu)
                 per[v]["main_cpu"].append(main_cpu)
                 executions = getattr(sw, "executions", 0)
@@ -81,7 +93,11 @@ def summarize(per: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     for v, d in per.items():
         ratios = [w / p for w, p in zip(d["wall"], plain["wall"], strict=True)]
         means = [w / p for w, p in zip(d["mean"], plain["mean"], strict=True)]
+        p99s = [w / p for w, p in zip(d["p99"], plain["p99"], strict=True)]
         out[v] = {
+            "step_p99_ms": statistics.median(d["p99"]) * 1e3,
+            "ratio_p99": statistics.median(p99s),
+            "step_max_ms": max(d["max"]) * 1e3,
             # Mean step over mean plain step, median over rounds: what a long run's
             # throughput sees, periodic stalls (flushes, GIL waits) included.
             "ratio_mean": statistics.median(means),
