@@ -121,6 +121,19 @@ def test_the_history_halves_its_oldest_points_and_keeps_the_largest() -> None:
         assert float(p["amin"]) == pytest.approx(min(0.5, 1.0 / (p["step_hi"] + 1)))
 
 
+def test_a_history_larger_than_a_writer_makes_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crafted ``.nsranges`` cannot make the reader allocate what it claims."""
+    from nanscope.reader import _dump
+
+    write(tmp_path, {("net.fc", Phase.FORWARD): [1.0] * 5})
+    monkeypatch.setattr(_dump, "MAX_HISTORY_BYTES", 64)
+    with nanscope.open_dump(tmp_path) as r:
+        assert len(r.range_history()) == 0
+        assert any("more than a writer makes" in p.message for p in r.problems)
+
+
 def test_without_a_history_the_records_serve(tmp_path: Path) -> None:
     """A damaged history is a problem; a missing one (a process killed before its first
     rewrite) is not: either way the kept records' ranges are read instead."""

@@ -55,6 +55,9 @@ EXECUTIONS = "execution"
 TRACES = "graph_execution_trace"
 
 
+# The largest range history read: a writer's holds at most 1024 points per module and phase
+# (22 bytes each); a file larger than this is not one (docs/FORMAT.md, "Headroom").
+MAX_HISTORY_BYTES = 64 << 20
 # A range history row as the reader hands it out: a point of one process.
 HISTORY_DTYPE = np.dtype([("process", "<i4"), *headroom.POINT_DTYPE.descr])
 
@@ -548,6 +551,11 @@ class DumpReader:
 
     def _read_history(self, proc: _Process, path: Path) -> np.ndarray | None:
         try:
+            if path.stat().st_size > MAX_HISTORY_BYTES:
+                raise ValueError(
+                    f"{path.stat().st_size:,} bytes, more than a writer makes "
+                    f"({MAX_HISTORY_BYTES:,} at most)"
+                )
             data = path.read_bytes()
             result = scan(data, str(path))
             if result.errors or result.torn:
