@@ -2,10 +2,14 @@
 
 See :mod:`nanscope.format.headroom` for what it holds and why. Updated on the
 writer thread, once per recorded execution with ranges: one dictionary lookup
-and, within a step, an in-place max and min.
+and, within a step, an in-place max and min. The points are kept in typed
+arrays (``array.array``), so that writing the file is a copy per column, not
+a conversion of Python numbers (the writer holds the GIL meanwhile).
 """
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 
@@ -17,34 +21,37 @@ _MAXES: dict[int, float] = {}
 
 
 class _Series:
-    """One (module, phase)'s points, oldest first, as parallel lists."""
+    """One (module, phase)'s points, oldest first, as parallel typed arrays."""
 
     __slots__ = ("amax", "amin", "dtype", "hi", "level", "lo")
 
     def __init__(self) -> None:
-        self.lo: list[int] = []
-        self.hi: list[int] = []
-        self.amax: list[float] = []
-        self.amin: list[float] = []
-        self.dtype: list[int] = []
-        self.level: list[float] = []  # amax over its format's max: what "largest" compares
+        self.lo = array("q")
+        self.hi = array("q")
+        self.amax = array("f")  # float32, as the file holds them
+        self.amin = array("f")
+        self.dtype = array("B")
+        self.level = array("d")  # amax over its format's max: what "largest" compares
 
     def halve(self) -> None:
         """Merge the points two by two: the same steps at half the resolution."""
         n = len(self.lo) // 2 * 2
-        lo, hi, amax, amin, dtype, level = (
-            self.lo, self.hi, self.amax, self.amin, self.dtype, self.level
+        lo, hi = np.frombuffer(self.lo, np.int64), np.frombuffer(self.hi, np.int64)
+        amax, amin = np.frombuffer(self.amax, np.float32), np.frombuffer(self.amin, np.float32)
+        dtype, level = np.frombuffer(self.dtype, np.uint8), np.frombuffer(self.level, np.float64)
+        first = np.arange(0, n, 2)
+        pick = np.where(level[first] >= level[first + 1], first, first + 1)
+        cols = (
+            lo[first], hi[first + 1], amax[pick],
+            np.minimum(amin[first], amin[first + 1]), dtype[pick], level[pick],
         )  # fmt: skip
-        keep = [] if n == len(lo) else [(lo[-1], hi[-1], amax[-1], amin[-1], dtype[-1], level[-1])]
-        merged = []
-        for i in range(0, n, 2):
-            j = i if level[i] >= level[i + 1] else i + 1
-            merged.append(
-                (lo[i], hi[i + 1], amax[j], min(amin[i], amin[i + 1]), dtype[j], level[j])
-            )
-        merged += keep
+        if n != len(lo):  # an odd point out stays as it is
+            last = len(lo) - 1
+            tails = (lo, hi, amax, amin, dtype, level)
+            cols = tuple(np.append(c, t[last]) for c, t in zip(cols, tails, strict=True))
         self.lo, self.hi, self.amax, self.amin, self.dtype, self.level = (
-            list(c) for c in zip(*merged, strict=True)
+            array(code, np.ascontiguousarray(c).tobytes())
+            for code, c in zip(("q", "q", "f", "f", "B", "d"), cols, strict=True)
         )
 
 
@@ -86,17 +93,19 @@ class RangeHistory:
     def to_bytes(self) -> bytes:
         """The whole ``.nsranges`` file."""
         modules: dict[str, int] = {}
-        parts = []
+        total = sum(len(s.lo) for s in self._series.values())
+        points = np.zeros(total, dtype=POINT_DTYPE)
+        at = 0
         for (module, phase), s in self._series.items():
-            p = np.zeros(len(s.lo), dtype=POINT_DTYPE)
+            n = len(s.lo)
+            p = points[at : at + n]
             p["module"] = modules.setdefault(module, len(modules))
             p["phase"] = phase
-            p["range_dtype"] = s.dtype
-            p["step_lo"] = s.lo
-            p["step_hi"] = s.hi
-            p["amax"] = s.amax
-            p["amin"] = s.amin
-            parts.append(p)
-        points = np.concatenate(parts) if parts else np.zeros(0, dtype=POINT_DTYPE)
+            p["range_dtype"] = np.frombuffer(s.dtype, np.uint8)
+            p["step_lo"] = np.frombuffer(s.lo, np.int64)
+            p["step_hi"] = np.frombuffer(s.hi, np.int64)
+            p["amax"] = np.frombuffer(s.amax, np.float32)
+            p["amin"] = np.frombuffer(s.amin, np.float32)
+            at += n
         self.dirty = False
         return b"".join(frame(r) for r in history_records(list(modules), points))
