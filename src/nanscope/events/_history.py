@@ -41,18 +41,17 @@ class _Series:
         dtype, level = np.frombuffer(self.dtype, np.uint8), np.frombuffer(self.level, np.float64)
         first = np.arange(0, n, 2)
         pick = np.where(level[first] >= level[first + 1], first, first + 1)
-        cols = (
-            lo[first], hi[first + 1], amax[pick],
-            np.minimum(amin[first], amin[first + 1]), dtype[pick], level[pick],
-        )  # fmt: skip
         if n != len(lo):  # an odd point out stays as it is
-            last = len(lo) - 1
-            tails = (lo, hi, amax, amin, dtype, level)
-            cols = tuple(np.append(c, t[last]) for c, t in zip(cols, tails, strict=True))
-        self.lo, self.hi, self.amax, self.amin, self.dtype, self.level = (
-            array(code, np.ascontiguousarray(c).tobytes())
-            for code, c in zip(("q", "q", "f", "f", "B", "d"), cols, strict=True)
-        )
+            first = np.append(first, len(lo) - 1)
+            pick = np.append(pick, len(lo) - 1)
+        ends = np.minimum(first + 1, len(lo) - 1)
+        lows = np.minimum(amin[first], amin[ends])
+        self.lo = array("q", lo[first].tobytes())
+        self.hi = array("q", hi[ends].tobytes())
+        self.amax = array("f", amax[pick].tobytes())
+        self.amin = array("f", lows.tobytes())
+        self.dtype = array("B", dtype[pick].tobytes())
+        self.level = array("d", level[pick].tobytes())
 
 
 class RangeHistory:
