@@ -103,20 +103,21 @@ def test_ranges_are_written_apart_from_the_tfdbg2_summary(tmp_path: Path) -> Non
         assert r.string(int(point["module"])) == "net.fc" and int(point["phase"]) == 1
 
 
-def test_the_history_halves_its_oldest_points_and_keeps_the_largest() -> None:
-    h = RangeHistory(points=8)
+@pytest.mark.parametrize("points", [8, 7])  # an odd point out stays as it is
+def test_the_history_halves_its_oldest_points_and_keeps_the_largest(points: int) -> None:
+    h = RangeHistory(points=points)
     levels = [float(k) for k in range(20)]
     for step, v in enumerate(levels):
         h.add("m", 1, step, v, 1.0 / (step + 1), HALF)
         h.add("m", 1, step, v / 2, 0.5, HALF)  # a smaller value in the same step
     data = h.to_bytes()
-    modules, points = headroom.parse_history([r.payload for r in scan(data, "h").records])
+    modules, kept = headroom.parse_history([r.payload for r in scan(data, "h").records])
     assert modules == ["m"]
     # Every step is covered once, in order, and each point holds its steps' largest value.
-    lo, hi = points["step_lo"].tolist(), points["step_hi"].tolist()
+    lo, hi = kept["step_lo"].tolist(), kept["step_hi"].tolist()
     assert lo[0] == 0 and hi[-1] == 19 and all(a == b + 1 for a, b in zip(lo[1:], hi, strict=False))
-    assert len(points) <= 8
-    for p in points:
+    assert len(kept) <= points
+    for p in kept:
         assert float(p["amax"]) == max(levels[p["step_lo"] : p["step_hi"] + 1])
         assert float(p["amin"]) == pytest.approx(min(0.5, 1.0 / (p["step_hi"] + 1)))
 
