@@ -13,10 +13,12 @@ take nanscope's word for the format.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,6 +74,17 @@ def summarize(mode: str, tensor_id: int, array: np.ndarray | None) -> np.ndarray
     return np.asarray(vec, dtype=np.float64)
 
 
+def with_ranges(mode: str, summary: np.ndarray | None, array: np.ndarray | None) -> Any:
+    """A FULL_HEALTH summary with the largest and smallest non-zero finite |x| appended."""
+    if mode != "FULL_HEALTH" or summary is None or array is None:
+        return summary
+    mag = np.abs(array[np.isfinite(array)].astype(np.float64))
+    nonzero = mag[mag > 0]
+    hi = float(mag.max()) if mag.size else 0.0
+    lo = float(nonzero.min()) if nonzero.size else math.inf
+    return np.concatenate([summary, [hi, lo]])
+
+
 def summary_row(mode: str, tensor_id: int, array: np.ndarray) -> np.ndarray:
     """One row of a ``write_traces`` matrix: :func:`summarize` in a mode that makes a vector."""
     row = summarize(mode, tensor_id, array)
@@ -111,7 +124,7 @@ class WrittenExecution:
     output_ids: list[int]
     device_ids: list[int]
     values: list[np.ndarray | None]  # the output tensors (None: a non-float output)
-    summaries: list[np.ndarray | None]  # what the writer got, one per output
+    summaries: list[np.ndarray | None]  # tfdbg2 slots of what the writer got, one per output
     site: str  # "forward" or "backward"
     graph_id: str = ""
 
@@ -206,13 +219,16 @@ def _write_dump(logdir: Path, mode: str) -> Written:
     ]  # fmt: skip
     for step, (op_type, ins, outs, devs, values, site, phase, graph_id) in enumerate(plan):
         summaries = [summarize(mode, tid, v) for tid, v in zip(outs, values, strict=True)]
+        # FULL_HEALTH as the recorders hand it over: the ranges after tfdbg2's 11 slots,
+        # which the writer puts in output_ranges (1008), a field TensorFlow must ignore.
+        handed = [with_ranges(mode, sm, v) for sm, v in zip(summaries, values, strict=True)]
         w.write_execution(
             ExecutionEvent(
                 op_type=op_type,
                 input_tensor_ids=ins,
                 output_tensor_ids=outs,
                 output_device_ids=devs,
-                summaries=[] if mode == "NO_TENSOR" else summaries,
+                summaries=[] if mode == "NO_TENSOR" else handed,
                 stack=stacks[site],
                 module_path="model.fc",
                 phase=phase,
@@ -425,6 +441,13 @@ def test_nanscope_and_tf_readers_agree(tmp_path: Path, mode: str) -> None:
         assert [ours.execution(i).op_type for i in range(ours.num_executions())] == [
             e.op_type for e in reader.executions(digest=True)
         ]
+        if mode == "FULL_HEALTH":
+            # The ranges TensorFlow skipped are nanscope's to read, output by output.
+            for i, want in enumerate(written.executions):
+                expected = [r[11:].tolist() if (r := with_ranges(mode, sm, v)) is not None else None
+                            for sm, v in zip(want.summaries, want.values, strict=True)]  # fmt: skip
+                got = [list(r) if r is not None else None for r in ours.execution(i).output_ranges]
+                assert got == expected, want.op_type
         assert [ours.trace(i).op_type for i in range(ours.num_graph_execution_traces())] == [
             t.op_type for t in reader.graph_execution_traces(digest=True)
         ]
