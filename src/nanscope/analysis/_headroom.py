@@ -38,7 +38,7 @@ import numpy as np
 from nanscope.format.headroom import FORMATS, FloatFormat, combine, format_of
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import DTYPE_NAMES
-from nanscope.reader import EXECUTIONS, HISTORY_DTYPE, UNREADABLE, DumpReader
+from nanscope.reader import EXECUTIONS, PHASES, UNREADABLE, DumpReader
 
 NEAR = 0.5  # a level this high warns without growth
 WATCH = 1 / 16  # from this level, growth projected to overflow within HORIZON steps warns
@@ -52,7 +52,6 @@ TABLE_MODULES = 8
 MAX_WARNINGS = 8
 SENTINEL = 1 - 1e-6  # levels at the maximum itself: finfo sentinels, not values
 SCALER_OPS = ("aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_")
-PHASE_NAMES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
 
 # DataType number -> the format's (max, smallest normal); 0 where not a float.
 _MAX = np.zeros(256)
@@ -61,10 +60,6 @@ for _dt in range(256):
     _f = format_of(_dt)
     if _f is not None:
         _MAX[_dt], _TINY[_dt] = _f.max, _f.tiny
-
-
-# A dtype's name (Health.dtype) -> its DataType number.
-_DTYPE_NUMBERS = {name: int(value) for name, value in DTYPE_NAMES.items()}
 
 
 def _number(v: float) -> str:
@@ -193,11 +188,10 @@ MAX_DECODED = 50_000
 PROBE = 8
 
 
-def _rows(reader: DumpReader, until_step: int | None, history: bool = True) -> _Rows | None:
+def _rows(reader: DumpReader, until_step: int | None) -> _Rows | None:
     """Every recorded range: each process's range history (every step, the circular
-    buffer's evicted ones too), or, for a process without one, its kept records' ranges
-    (``history=False``: the records only)."""
-    hist = reader.range_history() if history else np.zeros(0, dtype=HISTORY_DTYPE)
+    buffer's evicted ones too), or, for a process without one, its kept records' ranges."""
+    hist = reader.range_history()
     covered = set(np.unique(hist["process"]).tolist())
     parts: list[tuple[np.ndarray, ...]] = [
         (hist["process"], hist["module"], hist["phase"], hist["step_hi"], hist["amax"],
@@ -280,7 +274,7 @@ def _decoded(reader: DumpReader, indices: np.ndarray) -> tuple[np.ndarray, ...]:
             continue
         dtypes = [h.dtype if h is not None else "" for h in ex.output_health]
         pairs = list(ex.output_ranges)
-        row = combine([_DTYPE_NUMBERS.get(d, 0) for d in dtypes], pairs)
+        row = combine([int(DTYPE_NAMES.get(d, 0)) for d in dtypes], pairs)
         if row.dtype:
             out.append((ex.process, reader.intern(ex.module_path), ex.phase, ex.step,
                         row.amax, row.amin, row.dtype, i))  # fmt: skip
@@ -396,7 +390,7 @@ def analyze_headroom(
         level, low = pts.level[a:b], pts.low[a:b]
         f = pts.formats[int(pts.group[a])]
         base = dict(process=proc, rank=ranks.get(proc), module=reader.string(module),
-                    phase=PHASE_NAMES.get(phase, ""), format=f.name, step=int(steps[-1]),
+                    phase=PHASES.get(phase, ""), format=f.name, step=int(steps[-1]),
                     index=int(pts.index[b - 1]), first_inf_step=inf_step)  # fmt: skip
         logs = np.log2(np.maximum(level, 1e-300))
         slope, r2 = _rolling_fit(steps.astype(np.float64), logs, WINDOW)
@@ -421,9 +415,10 @@ def analyze_headroom(
             found.append(((0, -float(low[-1])), w))
     found.sort(key=lambda t: t[0], reverse=True)
     result.warnings = [w for _, w in found[:MAX_WARNINGS]]
+    nearest = _Nearest(reader)
     for w in result.warnings:
         if w.index < 0:  # a history point: an execution of that step, for the GUI's link
-            w.index = int(_nearest_events(reader, w.process, np.array([w.step]), np.array([-1]))[0])
+            w.index = int(nearest(w.process, np.array([w.step]), np.array([-1]))[0])
     if first_inf is not None:
         result.before_step = inf_step
         result.before_inf = _table(reader, first_inf)
@@ -478,7 +473,7 @@ def _tabulate(
         level = amax / fmt.max
         e = table.get(key)
         if e is None:
-            table[key] = {"module": reader.string(key[0]), "phase": PHASE_NAMES.get(key[1], ""),
+            table[key] = {"module": reader.string(key[0]), "phase": PHASES.get(key[1], ""),
                           "step": key[2], "dtype": fmt.name, "max_abs": amax,
                           "min_nonzero_abs": amin, "level": level}  # fmt: skip
             continue
@@ -487,22 +482,31 @@ def _tabulate(
         e["min_nonzero_abs"] = min(e["min_nonzero_abs"], amin)
 
 
-def _nearest_events(
-    reader: DumpReader, process: int, steps: np.ndarray, index: np.ndarray
-) -> np.ndarray:
+class _Nearest:
     """For points from the history (index -1): the process's first kept execution at or
-    after the point's step (-1: none), so that a chart's point leads to the timeline."""
-    missing = index < 0
-    if not missing.any():
-        return index
-    rows = reader.index(EXECUTIONS)
-    mine = np.flatnonzero(reader.processes_of(EXECUTIONS) == process)
-    out: np.ndarray = index.copy()
-    if len(mine):
-        at = np.searchsorted(rows["step"][mine], steps[missing])
-        found = at < len(mine)
-        out[np.flatnonzero(missing)[found]] = mine[at[found]]
-    return out
+    after the point's step (-1: none), so that a chart's point leads to the timeline. Each
+    process's executions are found once (one pass over the merged index per process)."""
+
+    def __init__(self, reader: DumpReader) -> None:
+        self._reader = reader
+        self._steps = reader.index(EXECUTIONS)["step"]
+        self._of: dict[int, np.ndarray] = {}
+
+    def __call__(self, process: int, steps: np.ndarray, index: np.ndarray) -> np.ndarray:
+        missing = index < 0
+        if not missing.any():
+            return index
+        mine = self._of.get(process)
+        if mine is None:
+            mine = self._of[process] = np.flatnonzero(
+                self._reader.processes_of(EXECUTIONS) == process
+            )
+        out: np.ndarray = index.copy()
+        if len(mine):
+            at = np.searchsorted(self._steps[mine], steps[missing])
+            found = at < len(mine)
+            out[np.flatnonzero(missing)[found]] = mine[at[found]]
+        return out
 
 
 def headroom_series(
@@ -526,6 +530,7 @@ def headroom_series(
         if lv > peaks.get(g, -1.0):
             peaks[g] = lv
     series = []
+    nearest = _Nearest(reader)
     for g in sorted(peaks, key=lambda k: -peaks[k])[:top]:
         m = sel & (pts.group == g)
         steps, level, index = pts.step[m], pts.level[m], pts.index[m]
@@ -538,10 +543,10 @@ def headroom_series(
             ]
             steps, level, index = steps[pick], level[pick], index[pick]
         proc, module, phase = (int(v) for v in pts.keys[g])
-        index = _nearest_events(reader, proc, steps, index)
+        index = nearest(proc, steps, index)
         f = pts.formats[g]
         series.append({"process": proc, "module": reader.string(module),
-                       "phase": PHASE_NAMES.get(phase, ""), "format": f.name, "max": f.max,
+                       "phase": PHASES.get(phase, ""), "format": f.name, "max": f.max,
                        "peak": peaks[g], "steps": steps.tolist(),
                        "level": [float(v) for v in level], "index": index.tolist()})  # fmt: skip
     return {"target": target, "series": series}

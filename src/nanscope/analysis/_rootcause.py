@@ -117,6 +117,17 @@ class Analysis:
         return f"{text}: {o.explanation}" if o.explanation else text
 
     @property
+    def first_harm(self) -> tuple[int, int, int] | None:
+        """``(process, step, index)`` of the first harmful execution with Inf/NaN, if any:
+        where headroom's trend is judged up to."""
+        if not self.found_harmful:
+            return None
+        for v in (self.cause, self.first_inf, self.first_nan, self.origin):
+            if v is not None and v.kind == EXECUTIONS:
+                return v.process, v.step, v.index
+        return None
+
+    @property
     def warnings(self) -> list[str]:
         """Warnings beside the verdict, one sentence each: overflow or underflow coming."""
         return [w.message for w in self.headroom.warnings] if self.headroom is not None else []
@@ -237,7 +248,7 @@ def analyze(
     and how close values came to overflow and underflow (measured against
     ``headroom_format``, e.g. ``"float8_e4m3fn"``, or else each value's own format)."""
     result = _analyze(reader, lookback)
-    result.headroom = analyze_headroom(reader, headroom_format, _first_harm(result))
+    result.headroom = analyze_headroom(reader, headroom_format, result.first_harm)
     # Again at the end: decoding the events found damage that indexing from a sidecar did not.
     result.problems = [p.to_json() for p in reader.problems]
     return result
@@ -332,16 +343,6 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         if v is not None:
             views.add_context(v)
     return result
-
-
-def _first_harm(result: Analysis) -> tuple[int, int, int] | None:
-    """``(process, step, index)`` of the first harmful execution with Inf/NaN, if any."""
-    if not result.found_harmful:
-        return None
-    for v in (result.cause, result.first_inf, result.first_nan, result.origin):
-        if v is not None and v.kind == EXECUTIONS:
-            return v.process, v.step, v.index
-    return None
 
 
 def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:

@@ -153,13 +153,6 @@ def pairs_of(flat: Sequence[float]) -> list[tuple[float, float] | None]:
     return out
 
 
-def split_summary(s: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
-    """A recorded FULL_HEALTH summary as tfdbg2's 11 slots and its ranges pair."""
-    if len(s) >= RECORDED_WIDTH:
-        return s[:TFDBG_WIDTH], (float(s[AMAX_SLOT]), float(s[AMIN_SLOT]))
-    return s, (math.nan, math.nan)
-
-
 # -- the range history: ``<file set>.nsranges`` ------------------------------------------------
 #
 # A circular buffer keeps the last events only, but a trend needs every step. The writer

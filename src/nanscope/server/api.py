@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.analysis import (
+    Analysis,
     EventView,
     ViewBuilder,
     analyze,
@@ -167,11 +168,16 @@ def alerts_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
     return run.cached(("alerts", process), compute)
 
 
+def _analysis_of(run: Run, reader: DumpReader) -> Analysis:
+    """The run's analysis, computed once (shared by every route that needs it)."""
+    return run.cached("analysis object", lambda: analyze(reader))
+
+
 def _analysis(run: Run, reader: DumpReader) -> dict[str, Any]:
-    """The run's analysis as JSON, computed once (shared by /api/analysis and /api/ranks)."""
+    """The run's analysis as JSON (/api/analysis, /api/ranks, /api/headroom)."""
 
     def compute() -> dict[str, Any]:
-        a = analyze(reader)
+        a = _analysis_of(run, reader)
         return {**a.to_json(), "headline": a.headline}
 
     return run.cached("analysis", compute)
@@ -478,25 +484,13 @@ def headroom_route(
             warnings = headroom["warnings"] if headroom else []
             before = headroom["before_step"] if headroom else None
         else:
-            h = analyze_headroom(reader, target, _first_harm_of(reader, run))
+            h = analyze_headroom(reader, target, _analysis_of(run, reader).first_harm)
             warnings = [w.to_json() for w in h.warnings] if h else []
             before = h.before_step if h else None
         return {**series, "recorded": headroom is not None, "warnings": warnings,
                 "before_step": before}  # fmt: skip
 
     return run.cached(("headroom", target, process, top), compute)
-
-
-def _first_harm_of(reader: DumpReader, run: Run) -> tuple[int, int, int] | None:
-    """The analysis's first harmful execution with Inf/NaN: ``(process, step, index)``."""
-    a = _analysis(run, reader)
-    if not a.get("found_harmful"):
-        return None
-    for key in ("cause", "first_inf", "first_nan", "origin"):
-        v = a.get(key)
-        if v and v.get("kind") == EXECUTIONS:
-            return int(v["process"]), int(v["step"]), int(v["index"])
-    return None
 
 
 # Path (werkzeug rule syntax) -> handler; the server serves exactly these, read-only.

@@ -34,7 +34,6 @@
 #include <pybind11/numpy.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -941,7 +940,7 @@ void drop_python_objects(State* s) {
 
 // `dtypes`: (an empty tensor of the dtype, tfdbg2 enum or -1, kept by the filter, a float type).
 void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes,
-           py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field) {
+           py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field, bool ranges) {
   if (S == nullptr) {
     S = new State();  // lives for the process: callbacks may still be running
     // Leaked on purpose too: unregistering at exit would run after the dispatcher is gone.
@@ -972,9 +971,8 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   drop_python_objects(s);
   s->host = std::move(host);
   s->mode = mode;
-  // NANSCOPE_HEADROOM=0: FULL_HEALTH without the ranges (to measure what they cost).
-  const char* headroom = std::getenv("NANSCOPE_HEADROOM");
-  const bool ranges = headroom == nullptr || std::string(headroom) != "0";
+  // `ranges`: FULL_HEALTH rows carry the headroom ranges (the Python side decides:
+  // nanscope.backends.torch.summaries.RANGES).
   s->width = mode == kCurt     ? 2
              : mode == kConcise ? 5
              : mode == kShape   ? 10

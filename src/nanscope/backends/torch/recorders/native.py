@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from nanscope.backends.torch import summaries
 from nanscope.backends.torch.device_buffer import PendingSummaries
 from nanscope.backends.torch.ops import OpInfo, describe
 from nanscope.backends.torch.recorders.base import (
@@ -104,7 +105,10 @@ class NativeRecorder(RecorderBase):
             os.register_at_fork(after_in_child=lib.forget_in_child)
         width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
         try:
-            lib.start(self, int(self.mode), table, *self.writer.encoder.execution_pieces(width))
+            lib.start(
+                self, int(self.mode), table, *self.writer.encoder.execution_pieces(width),
+                summaries.RANGES,
+            )  # fmt: skip
         except RuntimeError:
             # An op of the previous session still inside the recorder on
             # another thread: the session records with the Python recorder.
