@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "checker.h"
 #include "counts.h"
 #include "encoder.h"
 #include "event.h"
@@ -1148,7 +1149,8 @@ int64_t tensor_id(const at::Tensor& t, bool fresh) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace nanscope;
-  m.doc() = "nanscope's native PyTorch op recorder";
+  m.doc() = "nanscope's native PyTorch op recorder and checker";
+  add_checker(m);
   m.def("start", &start);
   m.def("stop", &stop);
   m.def("release", &release);
