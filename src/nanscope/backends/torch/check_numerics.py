@@ -978,10 +978,16 @@ class TorchCheckNumerics:
                 NativeCheckNumericsMode,
             )
 
+            from nanscope.backends.torch.compiled.checks import GraphChecks
+
             native = NativeCheckNumericsMode(self.context, lib, sync_every)
             self.mode = native
             self._hook_in()
             self._installed = NativeChecking(native)
+            # Inductor's kernels bypass the dispatcher: compiled graphs count their own values.
+            graphs = GraphChecks(native)
+            graphs.install()
+            self._undo.append(graphs.uninstall)
         else:
             self.mode = CheckNumericsMode(self.context, sync_every, queue_cpu)
             self._hook_in()

@@ -103,6 +103,9 @@ struct Checker {
 Checker* C = nullptr;  // made once, lives for the process (kernels may run at exit)
 
 thread_local int tl_paused = 0;  // > 0 while nanscope's own Python code runs ops
+// > 0 while suspension.py's SUSPENDED is: a compiled graph runs (checked as a
+// whole, compiled/checks.py), torch.compile traces, or the thread is nanscope's.
+thread_local int tl_suspended = 0;
 thread_local int tl_module = 0;
 thread_local int64_t tl_last_seq = -1;
 
@@ -307,7 +310,8 @@ void to_python(const CheckOp& op, const std::vector<c10::IValue>& args,
 void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
                   torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
-  if (C == nullptr || !C->active.load(std::memory_order_relaxed) || tl_paused > 0) {
+  if (C == nullptr || !C->active.load(std::memory_order_relaxed) || tl_paused > 0 ||
+      tl_suspended > 0) {
     c10::impl::ExcludeDispatchKeyGuard off(kKey);
     handle.redispatchBoxed(below, stack);
     return;
@@ -411,6 +415,7 @@ void add_checker(py::module_& m) {
     if (C != nullptr) C->watch = bits;
   });
   m.def("check_pause", [](int delta) { tl_paused += delta; });
+  m.def("check_suspend", [](int depth) { tl_suspended = depth; });
   m.def("check_set_module", [](int module) { tl_module = module; });
   m.def("check_link", &link);
 }
