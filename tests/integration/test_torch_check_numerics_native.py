@@ -27,7 +27,13 @@ from nanscope.backends.torch.check_numerics import TorchCheckNumerics
 
 from ..helpers import marked_line
 
-pytestmark = pytest.mark.torch
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(
+        os.environ.get("NANSCOPE_TORCH_RECORDER", "").strip().lower() == "python",
+        reason="the native checker's own tests",
+    ),
+]
 
 THIS_FILE = os.path.abspath(__file__)
 
@@ -38,8 +44,6 @@ def line_of(marker: str) -> int:
 
 @pytest.fixture
 def checking() -> Iterator[TorchCheckNumerics]:
-    if os.environ.get("NANSCOPE_TORCH_RECORDER", "").strip().lower() == "python":
-        pytest.skip("the native checker's own tests")
     session = TorchCheckNumerics()
     assert session.native, "the native checker was not used"
     try:
@@ -155,7 +159,8 @@ class _MaskedAttention(nn.Module):
         t = x.shape[1]
         scores = q @ k.transpose(-2, -1) / math.sqrt(8)
         scores = scores.masked_fill(torch.ones(t, t).triu(1) > 0, float("-inf"))
-        return (F.softmax(scores, dim=-1) @ v).pow(2).mean()
+        out: torch.Tensor = (F.softmax(scores, dim=-1) @ v).pow(2).mean()
+        return out
 
 
 def test_a_mask_absorbed_inside_a_compiled_graph_raises_nothing(

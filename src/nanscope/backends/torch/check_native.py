@@ -78,7 +78,7 @@ class NativeCheckNumericsMode(CheckNumericsMode):
         self._funcs: list[tuple[Any, Any]] = []
         self.op_names: list[str] = []
         self.frames: list[Frame | None] = []
-        self._forward = _Links(self)
+        self._links = _Links(self)
         self._watching = 0
 
     @contextlib.contextmanager

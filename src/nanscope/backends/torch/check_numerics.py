@@ -298,7 +298,8 @@ class CheckNumericsMode(DynamoFreeMode):
         self._ops = OpCache(None)
         self._local = _Local()
         # autograd node sequence_nr -> (forward op, forward user frame, module path)
-        self._forward: ForwardLinks = {}
+        self._forward: dict[int, tuple[str, Frame | None, str]] = {}
+        self._links: ForwardLinks = self._forward  # the native checker keeps its own
         self._queue: list[_Op] = []
         self._last_step = 0
         self._write_spots: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -432,7 +433,7 @@ class CheckNumericsMode(DynamoFreeMode):
                     del links[k]
 
     def _facts(self, node: Any, frame: FrameType | None) -> _Where:
-        link = self._forward.get(node._sequence_nr()) if node is not None else None
+        link = self._links.get(node._sequence_nr()) if node is not None else None
         module_path = link[2] if link is not None else self.context.module_path()
         forward = (link[0], link[1]) if link is not None else None
         return _Where(
@@ -972,12 +973,12 @@ class TorchCheckNumerics:
         self.context.install()
         self._undo: list[Callable[[], None]] = []
         self._installed: InstalledMode | Any
+        self.mode: CheckNumericsMode
         if lib is not None:
             from nanscope.backends.torch.check_native import (
                 NativeChecking,
                 NativeCheckNumericsMode,
             )
-
             from nanscope.backends.torch.compiled.checks import GraphChecks
 
             native = NativeCheckNumericsMode(self.context, lib, sync_every)

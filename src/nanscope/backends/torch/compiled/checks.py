@@ -234,7 +234,7 @@ class GraphChecks:
         index = {v.value: i for i, v in enumerate(plan.values)}
         plan.outputs = [index.get(o, -1) if isinstance(o, torch.fx.Node) else -1 for o in outs]
         extra = self._add_counts(graph, plan)
-        output.args = (tuple(outs) + (extra,),)
+        output.args = ((*outs, extra),)
         traces = output.meta.get("output_stack_traces")
         if isinstance(traces, list):
             traces.append(None)
@@ -332,7 +332,9 @@ class GraphChecks:
         backward = plan.kind == "backward"
         phase = "backward" if backward else "forward"
         step = self.mode.context.step
-        where = f"{phase} pass, step {step}" + (f", module {v.module_path}" if v.module_path else "")
+        where = f"{phase} pass, step {step}" + (
+            f", module {v.module_path}" if v.module_path else ""
+        )
         lines = [
             f"{v.op_type} produced {kinds} in output {v.slot} ({where})",
             f"  node {v.node} of the compiled graph {plan.graph_name!r}"
@@ -344,7 +346,10 @@ class GraphChecks:
         source = call if backward else v.frame
         forward = v.frame if backward else None
         if source is not None:
-            lines += [f"  at {source[0]}:{source[1]} in {source[2]}", f"      {_source_line(source)}"]
+            lines += [
+                f"  at {source[0]}:{source[1]} in {source[2]}",
+                f"      {_source_line(source)}",
+            ]
         if forward is not None:
             lines += [
                 f"  backward of the node created at {forward[0]}:{forward[1]} in {forward[2]}",

@@ -90,7 +90,10 @@ struct Checker {
 
   std::mutex ops_mu;
   std::unordered_map<const c10::OperatorName*, CheckOp*> ops;
+  // Never emptied: a kernel on another thread may still hold an entry when
+  // checking starts again (a new session gets new entries, and a new generation).
   std::deque<CheckOp> op_store;
+  std::atomic<uint64_t> generation{0};
 
   std::mutex links_mu;
   std::unordered_map<int64_t, Link> links;
@@ -114,13 +117,31 @@ struct Paused {
   ~Paused() { --tl_paused; }
 };
 
+// Each thread's last ops, without the table's lock.
+struct CacheSlot {
+  const c10::OperatorName* key = nullptr;
+  const CheckOp* op = nullptr;
+  uint64_t generation = 0;
+};
+thread_local CacheSlot tl_cache[64];
+
+bool names(const CheckOp& op, const c10::OperatorName& name) {
+  return op.name == name.name && op.overload == name.overload_name;
+}
+
 const CheckOp* lookup(const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
+  CacheSlot& slot = tl_cache[(reinterpret_cast<uintptr_t>(&name) >> 4) & 63];
+  const uint64_t generation = C->generation.load(std::memory_order_acquire);
+  if (slot.key == &name && slot.generation == generation && names(*slot.op, name)) {
+    return slot.op;
+  }
+  slot.op = nullptr;
   {
     std::lock_guard<std::mutex> g(C->ops_mu);
     auto it = C->ops.find(&name);
-    if (it != C->ops.end() && it->second->name == name.name &&
-        it->second->overload == name.overload_name) {
+    if (it != C->ops.end() && names(*it->second, name)) {
+      slot = {&name, it->second, generation};
       return it->second;
     }
   }
@@ -150,6 +171,7 @@ const CheckOp* lookup(const c10::OperatorHandle& op) {
   C->op_store.push_back(std::move(f));
   CheckOp* p = &C->op_store.back();
   C->ops[&name] = p;
+  slot = {&name, p, generation};
   return p;
 }
 
@@ -204,7 +226,10 @@ int capture_stack() {
   return id;
 }
 
-void tensors_of(const c10::IValue& v, std::vector<at::Tensor>& out) {
+using Tensors = c10::SmallVector<at::Tensor, 4>;
+using Args = c10::SmallVector<c10::IValue, 8>;
+
+void tensors_of(const c10::IValue& v, Tensors& out) {
   if (v.isTensor()) {
     if (v.toTensor().defined()) out.push_back(v.toTensor());
   } else if (v.isTensorList()) {
@@ -253,10 +278,15 @@ Look look(const at::Tensor& t) {
   return c.bad > 0 ? Look::kBad : Look::kFinite;
 }
 
-void remember_forward(const CheckOp& op, const std::vector<at::Tensor>& ins) {
+// A forward op that autograd recorded: its stack and module, for the backward
+// ops its node will run (autograd numbers the node it makes with the sequence
+// number before this op's).
+void remember_forward(const CheckOp& op, const Args& args) {
   const int64_t cur = static_cast<int64_t>(at::sequence_number::peek());
   if (cur == tl_last_seq) return;
   tl_last_seq = cur;
+  Tensors ins;
+  for (const auto& a : args) tensors_of(a, ins);
   bool grad = false;
   for (const auto& t : ins) grad = grad || t.requires_grad();
   if (!grad) return;
@@ -271,15 +301,15 @@ py::object wrap(const at::Tensor& t) {
 }
 
 // The Python side looks at the op: follows lineages, and may raise.
-void to_python(const CheckOp& op, const std::vector<c10::IValue>& args,
-               const std::vector<at::Tensor>& outs, const std::vector<int>& bad, bool elsewhere) {
+void to_python(const CheckOp& op, const Args& args, const Tensors& outs,
+               const c10::SmallVector<int, 4>& bad, bool elsewhere) {
   Paused paused;
   c10::impl::ExcludeDispatchKeyGuard off(kKey);
   py::gil_scoped_acquire gil;
   try {
     py::list pargs;
     for (const auto& a : args) pargs.append(torch::jit::toPyObject(a));
-    std::vector<at::Tensor> ins;
+    Tensors ins;
     for (const auto& a : args) tensors_of(a, ins);
     py::list pouts;
     for (const auto& t : outs) {
@@ -327,20 +357,22 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
     return;
   }
   const size_t nargs = handle.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<ptrdiff_t>(nargs), stack->end());
+  Args args(stack->end() - static_cast<ptrdiff_t>(nargs), stack->end());
   {
     c10::impl::ExcludeDispatchKeyGuard off(kKey);
     handle.redispatchBoxed(below, stack);
   }
   const size_t nrets = handle.schema().returns().size();
-  std::vector<at::Tensor> outs;
+  Tensors outs;
   for (auto it = stack->end() - static_cast<ptrdiff_t>(nrets); it != stack->end(); ++it) {
     tensors_of(*it, outs);
   }
   if (outs.empty()) {  // _foreach_add_ and co. return nothing: what they wrote
-    for (int i : op.written) tensors_of(args[static_cast<size_t>(i)], outs);
+    for (int i : op.written) {
+      if (static_cast<size_t>(i) < args.size()) tensors_of(args[static_cast<size_t>(i)], outs);
+    }
   }
-  std::vector<int> bad;
+  c10::SmallVector<int, 4> bad;
   bool elsewhere = false;
   for (size_t i = 0; i < outs.size(); ++i) {
     switch (look(outs[i])) {
@@ -350,9 +382,7 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
     }
   }
   if (torch::autograd::get_current_node() == nullptr && c10::GradMode::is_enabled()) {
-    std::vector<at::Tensor> ins;
-    for (const auto& a : args) tensors_of(a, ins);
-    remember_forward(op, ins);
+    remember_forward(op, args);
   }
   const int watch = C->watch.load(std::memory_order_relaxed);
   if (bad.empty() && !elsewhere && !op.special && !(watch & kWatchReads) &&
@@ -372,7 +402,7 @@ void start(py::object host) {
   {
     std::lock_guard<std::mutex> g(C->ops_mu);
     C->ops.clear();
-    C->op_store.clear();
+    C->generation.fetch_add(1, std::memory_order_release);
   }
   {
     std::lock_guard<std::mutex> g(C->links_mu);
