@@ -46,6 +46,27 @@ class EncodedExecution(NamedTuple):
     range_dtype: int
 
 
+class ExecutionBatch(NamedTuple):
+    """Executions a backend encoded and framed itself, handed over as one batch.
+
+    ``data`` holds the framed records back to back; ``rows`` is the bytes of
+    their sidecar rows (:data:`nanscope.format.sidecar.ROW_DTYPE`), ``offset``
+    and ``length`` within ``data``, whose ``name`` column numbers ``names``
+    (op types) instead of the stream's string table and whose ``graph`` column
+    is 0 (no graph id). ``ranges`` are the range history's updates, in order:
+    ``(module path, phase, step, amax, amin, range dtype)``, the events of one
+    module, phase and step already combined (as ``RangeHistory.add`` would).
+    The native recorder builds these in C++: the writer then handles a batch
+    in a few numpy operations, with no Python object per event.
+    """
+
+    events: int
+    data: bytes
+    rows: bytes
+    names: Sequence[str]
+    ranges: Sequence[tuple[str, int, int, float, float, int]]
+
+
 class QueuedExecution(NamedTuple):
     """An execution event, encoded on the writer thread."""
 
@@ -126,6 +147,7 @@ class CloseRequest(NamedTuple):
 QueueItem = (
     QueuedExecution
     | EncodedExecutions
+    | ExecutionBatch
     | QueuedTrace
     | GraphCallTraces
     | NewSourceFile
