@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from overhead_models import torch_mlp  # noqa: E402
+from overhead_models import torch_mlp
 
 
 def _timed(owner: Any, name: str, kind: str, into: dict[str, list[tuple[float, float]]]) -> None:
@@ -74,18 +70,20 @@ def main() -> None:
             _timed(native.NativeRecorder, method, "drain: encode (C++)", times)
 
     step = torch_mlp(torch)
-    with tempfile.TemporaryDirectory() as logdir:
-        with nanscope.enable_dump_debug_info(logdir, args.mode, circular_buffer_size=1000):
-            for _ in range(args.warmup):
-                step()
-            for v in times.values():
-                v.clear()
-            walls = []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                step()
-                walls.append(time.perf_counter() - t0)
-            seen = {k: list(v) for k, v in times.items()}
+    with (
+        tempfile.TemporaryDirectory() as logdir,
+        nanscope.enable_dump_debug_info(logdir, args.mode, circular_buffer_size=1000),
+    ):
+        for _ in range(args.warmup):
+            step()
+        for v in times.values():
+            v.clear()
+        walls = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            step()
+            walls.append(time.perf_counter() - t0)
+        seen = {k: list(v) for k, v in times.items()}
     walls.sort()
     p99 = walls[min(len(walls) - 1, int(0.99 * len(walls)))]
     print(f"{args.mode}, {args.steps} steps: median {statistics.median(walls) * 1e3:.2f} ms, "

@@ -19,10 +19,10 @@ class EncodedExecution(NamedTuple):
     """One execution that a backend turned into its record before handing it over.
 
     The health fields are those of :func:`nanscope.format.health.index_row`
-    (``-1`` where unknown). The native recorder's C++ encoder builds plain
-    tuples in exactly this field order (a ``NamedTuple`` per record would cost
-    its drain thread about a microsecond each), so the writer reads records
-    by position, which serves both.
+    (``-1`` where unknown). The writer reads records by position, so plain
+    tuples in this field order serve too. The native recorder hands over most
+    of its events as :class:`ExecutionBatch` instead (no Python object per
+    event); this is for events encoded in Python on a backend's thread.
     """
 
     payload: bytes  # the DebugEvent, not framed yet

@@ -129,7 +129,7 @@ class _Block:
     that are evicted before a flush are thus never encoded.
     """
 
-    __slots__ = ("data", "first", "index", "items", "raw", "rows")
+    __slots__ = ("data", "first", "freed", "index", "items", "raw", "rows")
 
     def __init__(
         self, first: int, rows: np.ndarray, data: bytes | None, items: list[Any] | None,
@@ -141,6 +141,7 @@ class _Block:
         self.items = items
         self.raw = raw
         self.index: np.ndarray | None = None  # arrival numbers, when not first + arange
+        self.freed = 0  # items before it that were let go of are freed (None)
 
     def numbers(self) -> np.ndarray:
         if self.index is not None:
@@ -393,6 +394,23 @@ class EventStream:
                 blocks[i] = self._compact(block, keep)
             i += 1
         self._pinned = i
+        if i < len(blocks):
+            self._free_items(blocks[i])
+
+    def _free_items(self, block: _Block) -> None:
+        """Free the items (event objects, large records) that a block straddling the
+        floor let go of, before the block is wholly let go of."""
+        items = block.items
+        if items is None or block.index is not None:
+            return
+        upto = min(self._floor - block.first, len(items))
+        if upto <= block.freed:
+            return
+        keep = self._kept_mask(block)
+        if keep is not None:  # None: all of them protected
+            for j in (np.flatnonzero(~keep[block.freed : upto]) + block.freed).tolist():
+                items[j] = None
+        block.freed = upto
 
     def _kept_mask(self, block: _Block) -> np.ndarray | None:
         """Which of ``block``'s events are kept (``None``: all of them)."""
