@@ -31,10 +31,6 @@ from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dispatch import on_new_threads
 from nanscope.errors import Frame
 
-# What the checker is asked to show Python besides Inf/NaN (checker.cpp's set_watch bits).
-_WATCH_READS = 1  # every op but views: written Inf/NaN wait to be read (or a device queue)
-_WATCH_INPLACE = 2  # in-place ops: storages hold Inf/NaN that a write may end
-
 
 class _Mirror:
     """The run context's per-thread module, given to the checker (``RunContext.mirror``)."""
@@ -79,7 +75,7 @@ class NativeCheckNumericsMode(CheckNumericsMode):
         self.op_names: list[str] = []
         self.frames: list[Frame | None] = []
         self._links = _Links(self)
-        self._watching = 0
+        self._watching: tuple[bool, tuple[int, ...], tuple[int, ...]] = (False, (), ())
 
     @contextlib.contextmanager
     def outside(self) -> Iterator[None]:
@@ -136,12 +132,11 @@ class NativeCheckNumericsMode(CheckNumericsMode):
     # -- what the checker shows Python ---------------------------------------------------------
 
     def _rewatch(self) -> None:
-        bits = (_WATCH_READS if self._unread or self._queue else 0) | (
-            _WATCH_INPLACE if self._holds else 0
-        )
-        if bits != self._watching:
-            self._watching = bits
-            self.lib.check_watch(bits)
+        """Tell the checker which ops Python must see although they write no Inf/NaN."""
+        watch = (bool(self._queue), tuple(self._unread), tuple(self._holds))
+        if watch != self._watching:
+            self._watching = watch
+            self.lib.check_watch(*watch)
 
     def _freed(self, ptr: int, ref: Any) -> None:
         super()._freed(ptr, ref)

@@ -46,6 +46,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "checker.h"
@@ -60,9 +61,10 @@ namespace {
 constexpr auto kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 constexpr int kMaxFrames = 64;
 constexpr size_t kLinksMax = 1 << 20;
-// What the Python side asks to see besides Inf/NaN (set_watch's bits).
-constexpr int kWatchReads = 1;    // every op but views: Inf/NaN wait to be read
-constexpr int kWatchInplace = 2;  // in-place ops: storages hold Inf/NaN
+// What the Python side asks to see besides Inf/NaN (check_watch).
+constexpr int kWatchAll = 1;      // every op: device checks are queued, in order
+constexpr int kWatchReads = 2;    // ops reading a storage whose Inf/NaN wait to be read
+constexpr int kWatchInplace = 4;  // in-place ops writing into a storage that holds Inf/NaN
 
 struct CheckOp {
   std::string name, overload;  // to tell a reused address from the op it named
@@ -86,6 +88,8 @@ struct StackEntry {
 struct Checker {
   std::atomic<bool> active{false};
   std::atomic<int> watch{0};
+  std::mutex watch_mu;  // the storages (their data addresses) watched
+  std::unordered_set<const void*> unread, held;
   py::object host;  // check_numerics.NativeHost: describe, new_stack, op
 
   std::mutex ops_mu;
@@ -337,6 +341,39 @@ void to_python(const CheckOp& op, const Args& args, const Tensors& outs,
   }
 }
 
+const void* storage_of(const at::Tensor& t) {
+  if (!t.has_storage()) return nullptr;
+  try {
+    return t.storage().data();
+  } catch (const c10::Error&) {
+    return nullptr;
+  }
+}
+
+// Whether the Python side must see this op although it wrote no Inf/NaN: it
+// reads Inf/NaN not read yet, or overwrites a storage holding Inf/NaN.
+bool watched(const CheckOp& op, const Args& args, const Tensors& outs) {
+  const int watch = C->watch.load(std::memory_order_relaxed);
+  if (watch == 0) return false;
+  if (watch & kWatchAll) return true;
+  std::lock_guard<std::mutex> g(C->watch_mu);
+  if ((watch & kWatchReads) != 0) {
+    Tensors ins;
+    for (const auto& a : args) tensors_of(a, ins);
+    for (const auto& t : ins) {
+      const void* p = storage_of(t);
+      if (p != nullptr && C->unread.count(p) != 0) return true;
+    }
+  }
+  if ((watch & kWatchInplace) != 0 && op.inplace) {
+    for (const auto& t : outs) {
+      const void* p = storage_of(t);
+      if (p != nullptr && C->held.count(p) != 0) return true;
+    }
+  }
+  return false;
+}
+
 void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
                   torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
@@ -384,11 +421,7 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   if (torch::autograd::get_current_node() == nullptr && c10::GradMode::is_enabled()) {
     remember_forward(op, args);
   }
-  const int watch = C->watch.load(std::memory_order_relaxed);
-  if (bad.empty() && !elsewhere && !op.special && !(watch & kWatchReads) &&
-      !((watch & kWatchInplace) && op.inplace)) {
-    return;
-  }
+  if (bad.empty() && !elsewhere && !op.special && !watched(op, args, outs)) return;
   to_python(op, args, outs, bad, elsewhere);
 }
 
@@ -415,7 +448,12 @@ void start(py::object host) {
     C->held_codes.clear();
   }
   C->host = std::move(host);
-  C->watch = 0;
+  {
+    std::lock_guard<std::mutex> g(C->watch_mu);
+    C->watch = 0;
+    C->unread.clear();
+    C->held.clear();
+  }
   tl_last_seq = -1;
   C->active = true;
   c10::impl::tls_set_dispatch_key_included(kKey, true);
@@ -441,8 +479,18 @@ void add_checker(py::module_& m) {
   m.def("check_start", &start);
   m.def("check_stop", &stop);
   m.def("check_thread", [](bool on) { c10::impl::tls_set_dispatch_key_included(kKey, on); });
-  m.def("check_watch", [](int bits) {
-    if (C != nullptr) C->watch = bits;
+  // What Python must see besides Inf/NaN: every op (``all``), or the ops that read the
+  // storages in ``unread`` or write in place into those in ``held`` (data addresses).
+  m.def("check_watch", [](bool all, const std::vector<uintptr_t>& unread,
+                          const std::vector<uintptr_t>& held) {
+    if (C == nullptr) return;
+    std::lock_guard<std::mutex> g(C->watch_mu);
+    C->unread.clear();
+    C->held.clear();
+    for (uintptr_t p : unread) C->unread.insert(reinterpret_cast<const void*>(p));
+    for (uintptr_t p : held) C->held.insert(reinterpret_cast<const void*>(p));
+    C->watch = (all ? kWatchAll : 0) | (unread.empty() ? 0 : kWatchReads) |
+               (held.empty() ? 0 : kWatchInplace);
   });
   m.def("check_pause", [](int delta) { tl_paused += delta; });
   m.def("check_suspend", [](int depth) { tl_suspended = depth; });
