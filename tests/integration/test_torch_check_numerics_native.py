@@ -224,3 +224,29 @@ def test_checking_off_leaves_compiled_graphs_plain() -> None:
     assert cfx.compile_fx is before
     out: Any = torch.compile(_log_of_shift)(torch.randn(3, 3))
     assert out.isnan().any()  # no error: checking is off
+
+
+@pytest.mark.parametrize("first", ["recording", "checking"])
+def test_recording_and_checking_a_compiled_graph_at_once(tmp_path: Any, first: str) -> None:
+    """Both instrument the graph; the call that raises is in the dump, with its NaN."""
+    from nanscope.reader import DumpReader
+
+    def record() -> Any:
+        return nanscope.enable_dump_debug_info(tmp_path, tensor_debug_mode="FULL_HEALTH")
+
+    session = record() if first == "recording" else None
+    nanscope.enable_check_numerics()
+    if session is None:
+        session = record()
+    try:
+        with pytest.raises(nanscope.NonFiniteError) as info:
+            torch.compile(_log_of_shift)(torch.randn(4, 5))
+    finally:
+        nanscope.disable_check_numerics()
+        session.close()
+    assert info.value.op_type == "aten.log.default"
+    with DumpReader(tmp_path) as reader:
+        traces = reader.traces()
+        logs = [t for t in traces if t.op_type == "aten.log.default"]
+        assert len(logs) == 1
+        assert logs[0].debug_tensor_value[7] == info.value.counts["nan"]  # FULL_HEALTH's NaN slot

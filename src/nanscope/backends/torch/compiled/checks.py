@@ -125,8 +125,13 @@ class GraphChecks:
         def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
             if not checks.active or args:
                 return original(model_, example_inputs_, *args, **kwargs)
-            if kwargs.get("inner_compile", inner_default) is inner_default:
-                kwargs["inner_compile"] = functools.partial(checks.inner_compile, inner_default)
+            # Recording and checking at once: each instruments the graph, checking's
+            # wrapper outermost at run time (see beneath_checks).
+            outer = functools.partial(
+                checks.inner_compile, kwargs.get("inner_compile", inner_default)
+            )
+            outer.nanscope_checks = True  # type: ignore[attr-defined]
+            kwargs["inner_compile"] = outer
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 return original(model_, example_inputs_, **kwargs)
 
