@@ -8,7 +8,6 @@ out the summaries that the graph computed.
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any

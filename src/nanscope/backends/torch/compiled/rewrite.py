@@ -40,9 +40,9 @@ from nanscope._imports import AfterImport
 from nanscope.backends.torch.compiled.calls import GraphCalls
 from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
-    beneath_checks,
     GraphPlan,
     TracedValue,
+    beneath_checks,
     drop_output_strides,
     numel,
 )
