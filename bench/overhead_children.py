@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import peak_rss_mib, pin_tf_threads, pin_torch_threads, vm_hwm_mib
-from overhead_breakdown import child_breakdown
+from overhead_breakdown import child_breakdown, child_native_breakdown
 from overhead_models import Step, compiled_transformer, tf_mlp, torch_model
 from overhead_timing import Switch, interleave
 from overhead_variants import MODES, TFVariant, TorchVariant
@@ -147,5 +147,6 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], Any]] = {
     "tf-time": child_tf_time,
     "tf-mem": child_tf_mem,
     "breakdown": child_breakdown,
+    "native-breakdown": child_native_breakdown,
     "torch-compiled-time": child_torch_compiled_time,
 }

@@ -16,6 +16,7 @@ TORCH_VARIANTS = ["plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics"
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 COMPILED_VARIANTS = ["plain", *MODES]
 STEADY_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", *PYTHON_RECORDER]
+RNN_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", "check_numerics"]
 
 
 class TorchVariant:
