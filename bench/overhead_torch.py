@@ -148,6 +148,16 @@ def main() -> None:
     ap.add_argument("--compiled-seq", type=int, default=TRANSFORMER["seq"])
     ap.add_argument("--compiled-steps", type=int, default=3)
     ap.add_argument("--compiled-variants", default=",".join(COMPILED_VARIANTS))
+    ap.add_argument(
+        "--compile-time",
+        type=int,
+        metavar="N",
+        help="with --compiled: instead of step times, N rounds of cold first compiles "
+        "(a fresh child and inductor cache per variant and round)",
+    )
+    ap.add_argument(
+        "--compile-profile", help="with --compile-time: write cProfiles of one round here"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("cfg", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -329,6 +339,9 @@ def run_compiled(args: argparse.Namespace, run_child: Runner) -> None:
         "warmup": 2,
     }
     started = time.time()
+    if args.compile_time:
+        run_compile_time(args, cfg, run_child)
+        return
     res = run_child("torch-compiled-time", cfg, timeout=3600)
     print(f"torch.compile Transformer: {cfg}  ({time.time() - started:.0f} s)")
     print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
@@ -341,6 +354,39 @@ def run_compiled(args: argparse.Namespace, run_child: Runner) -> None:
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"compiled": res, "cfg": cfg}, indent=1))
+
+
+def run_compile_time(args: argparse.Namespace, cfg: dict[str, Any], run_child: Runner) -> None:
+    """``--compiled --compile-time N``: cold first-compile times, variants interleaved."""
+    import random
+    import statistics
+
+    started = time.time()
+    times: dict[str, list[float]] = {v: [] for v in cfg["variants"]}
+    profiles: dict[str, str] = {}
+    for r in range(args.compile_time):
+        order = list(cfg["variants"])
+        random.Random(2000 + r).shuffle(order)
+        for v in order:
+            profile = bool(args.compile_profile) and r == 0
+            res = run_child("torch-compile-cold", {**cfg, "variant": v, "profile": profile})
+            times[v].append(res["compile_s"])
+            if profile:
+                profiles[v] = res["profile"]
+            print(f"[compile] round {r + 1} {v}: {res['compile_s']:.1f} s", file=sys.stderr)
+    shape = {k: cfg[k] for k in ("layers", "d_model", "batch", "seq")}
+    print(f"torch.compile cold first compile: {shape}  ({time.time() - started:.0f} s)")
+    print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print("\n".join(table_head(["variant", "compile s (median)", "all rounds s", "ratio"])))
+    plain = statistics.median(times["plain"]) if times.get("plain") else None
+    for v, ts in times.items():
+        med = statistics.median(ts)
+        ratio = f"{med / plain:.2f}" if plain else "-"
+        print(f"| {v} | {med:.1f} | {', '.join(f'{t:.1f}' for t in ts)} | {ratio} |")
+    if args.compile_profile:
+        Path(args.compile_profile).write_text(
+            "\n".join(f"=== {v}\n{text}" for v, text in profiles.items())
+        )
 
 
 if __name__ == "__main__":

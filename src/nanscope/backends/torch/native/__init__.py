@@ -26,6 +26,7 @@ SOURCES = (
     "counts.cpp",
     "encoder.cpp",
     "frames.cpp",
+    "graph_counts.cpp",
     "counts.h",
     "encoder.h",
     "event.h",
