@@ -129,7 +129,8 @@ def _mode_counts(c: np.ndarray, mode: TensorDebugMode) -> np.ndarray:
     """nanscope_graph::counts's columns as the mode's in-graph counts (NaN counted)."""
     ninf, pinf, nan, neg, zero, pos = c.T
     if mode == TensorDebugMode.CURT_HEALTH:
-        return (ninf + pinf + nan)[:, None]
+        out: np.ndarray = (ninf + pinf + nan)[:, None]
+        return out
     if mode == TensorDebugMode.CONCISE_HEALTH:
         return np.stack([ninf, pinf, nan, neg + zero + pos - ninf - pinf], axis=1)
     return c
