@@ -61,6 +61,8 @@ from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
 _graph_ids = itertools.count(1)
+# False: CPU graphs count with the in-graph reductions too (tests and bench/ compare the two).
+USE_NATIVE_COUNTS = True
 
 
 def parse_stack_trace(text: str) -> list[tuple[str, int, str]]:
@@ -459,7 +461,7 @@ def _native_counts_op() -> Any:
     """``nanscope_graph::counts`` where the native extension is loaded, else ``None``."""
     from nanscope.backends.torch import native
 
-    if native.loaded() is None:
+    if not USE_NATIVE_COUNTS or native.loaded() is None:
         return None
     try:
         return torch.ops.nanscope_graph.counts.default
