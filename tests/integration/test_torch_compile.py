@@ -281,9 +281,7 @@ def test_counts_of_every_class_are_exact(
     with nanscope.open_dump(tmp_path) as dump:
         (mul,) = traces_of(dump, "mul", "inference")
         np.testing.assert_array_equal(summary(mul), expected(y))
-        values = [
-            recorded_summary(dump.trace(i)) for i in range(dump.num_graph_execution_traces())
-        ]
+        values = [recorded_summary(dump.trace(i)) for i in range(dump.num_graph_execution_traces())]
     # The transposed (y + 1) - 4 and the bfloat16 x - 1 (small integers: exact in bfloat16).
     bf16 = DTYPE_ENUM[torch.bfloat16]
     for v in (expected((y + 1.0).T - 4.0), expected(x.numpy() - 1.0, bf16)):
