@@ -15,6 +15,7 @@ import torch
 
 import nanscope
 from nanscope.analysis import analyze
+from nanscope.backends.torch.session import TorchDumpSession
 from nanscope.backends.torch.summaries import DTYPE_ENUM
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader, GraphExecutionTrace
 
@@ -266,6 +267,7 @@ def test_counts_of_every_class_are_exact(
     with nanscope.enable_dump_debug_info(tmp_path, mode, circular_buffer_size=-1) as session:
         fn(x)
     # The native counts are used exactly where asked for and the native recorder is on.
+    assert isinstance(session._session, TorchDumpSession)
     assert bool(native_calls) == (counts == "native" and session._session.recorder == "native")
 
     def expected(y: np.ndarray, dtype: int = 1) -> list[float]:
