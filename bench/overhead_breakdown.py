@@ -230,3 +230,129 @@ def print_breakdown(res: dict[str, Any]) -> None:
         print(f"| {name} | {value:.1f} |")
     print()
     print(res["profile"])
+
+
+# -- the native recorder's per-op cost ladder --------------------------------------------------
+
+# Rungs: (name, mode or None for plain, the recorder's set_bench_cut bits). The bits leave a
+# part of the recording out: 1 the whole callback (it returns at once), 2 the stack capture,
+# 4 the count kernel, 8 the event push (the event is built, then dropped).
+NATIVE_LADDER: list[tuple[str, str | None, int]] = [
+    ("plain", None, 0),
+    ("RecordFunction only", "NO_TENSOR", 1),
+    ("NT no stack, no push", "NO_TENSOR", 2 | 8),
+    ("NT no push", "NO_TENSOR", 8),
+    ("NO_TENSOR", "NO_TENSOR", 0),
+    ("FH no counts, no push", "FULL_HEALTH", 4 | 8),
+    ("FH no push", "FULL_HEALTH", 8),
+    ("FULL_HEALTH", "FULL_HEALTH", 0),
+]
+
+
+def micro_step(torch: Any, ops: int = 600) -> Any:
+    """A step of ``ops`` small elementwise ops on [20, 200] floats (no autograd): per-op
+    costs without a model's large kernels around them."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(20, 200, generator=g)
+    b = torch.rand(20, 200, generator=g)
+
+    def step() -> None:
+        x = a
+        with torch.no_grad():
+            for _ in range(ops // 3):
+                x = torch.tanh(x * b + a)
+
+    return step
+
+
+def child_native_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The native recorder's ladder on ``cfg["model"]`` ("micro" or a bench model), interleaved."""
+    from overhead_models import torch_model
+
+    import nanscope
+    from nanscope.backends.torch import native
+
+    torch = pin_torch_threads()
+    lib = native.load()
+    assert lib is not None, native.failure()
+    step = micro_step(torch) if cfg["model"] == "micro" else torch_model(torch, cfg)
+    for _ in range(cfg["warmup"]):
+        step()
+    rungs = {name: (mode, cut) for name, mode, cut in NATIVE_LADDER}
+
+    class Rung:
+        def __init__(self, name: str, logdir: Path) -> None:
+            self.mode, self.cut = rungs[name]
+            self.logdir = logdir
+            self.session: Any = None
+            self.executions = 0
+
+        def __enter__(self) -> Rung:
+            if self.mode is not None:
+                self.session = nanscope.enable_dump_debug_info(
+                    self.logdir, tensor_debug_mode=self.mode, circular_buffer_size=1000
+                )
+                lib.set_bench_cut(self.cut)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            lib.set_bench_cut(0)
+            if self.session is not None:
+                self.session.close()
+                self.executions = self.session.writer.stats.executions
+
+    # Ops per step, counted once with everything on (the cut rungs write fewer events).
+    logdir = Path(tempfile.mkdtemp(prefix="nanscope-bench-count-"))
+    with Rung("NO_TENSOR", logdir) as r:
+        for _ in range(3):
+            step()
+    shutil.rmtree(logdir, ignore_errors=True)
+    ops = r.executions / 3
+    names = [name for name, _, _ in NATIVE_LADDER]
+    result = interleave(
+        names, cfg["rounds"], cfg["steps"], cfg["warmup"], Rung, step, f"native-{cfg['model']}"
+    )
+    return {"ladder": result, "ops_per_step": ops, "model": cfg["model"]}
+
+
+def print_native_breakdown(res: dict[str, Any]) -> None:
+    """The native ladder's table and the per-op costs it implies."""
+    lad = res["ladder"]
+    ops = res["ops_per_step"]
+    print(
+        f"{res['model']}, {ops:.0f} recorded ops per step. Main-thread CPU time per step "
+        "(time.thread_time; the least contended round, like timeit's min):"
+    )
+    cols = ["rung", "step ms (median)", "wall ratio", "main-thread CPU ms/step (min)",
+            "other threads ms/step (min)"]  # fmt: skip
+    print("\n".join(table_head(cols, numeric=False)))
+    for v, t in lad.items():
+        print(
+            f"| {v} | {t['step_ms']:.2f} | {t['ratio_wall']:.2f}x | {t['main_cpu_min_ms']:.2f} "
+            f"| {t['other_cpu_min_ms']:.2f} |"
+        )
+
+    def us(a: str, b: str) -> float:
+        return float((lad[a]["main_cpu_min_ms"] - lad[b]["main_cpu_min_ms"]) * 1e3 / ops)
+
+    parts = [
+        ("RecordFunction with an empty callback (inputs and outputs kept)",
+         us("RecordFunction only", "plain")),
+        ("bookkeeping: op lookup, context, tensor ids, links, the event",
+         us("NT no stack, no push", "RecordFunction only")),
+        ("stack capture (walk and intern)", us("NT no push", "NT no stack, no push")),
+        ("event push, NO_TENSOR", us("NO_TENSOR", "NT no push")),
+        ("FULL_HEALTH rows without the counts (cache, views)",
+         us("FH no counts, no push", "NT no push")),
+        ("count kernel", us("FH no push", "FH no counts, no push")),
+        ("event push, FULL_HEALTH", us("FULL_HEALTH", "FH no push")),
+        ("the whole NO_TENSOR, training thread", us("NO_TENSOR", "plain")),
+        ("the whole FULL_HEALTH, training thread", us("FULL_HEALTH", "plain")),
+    ]  # fmt: skip
+    for v in ("NO_TENSOR", "FULL_HEALTH"):
+        other = lad[v]["other_cpu_min_ms"] - lad["plain"]["other_cpu_min_ms"]
+        parts.append((f"drain and writer threads, {v} (other threads' CPU)", other * 1e3 / ops))
+    print()
+    print("\n".join(table_head(["per op", "µs"], numeric=False)))
+    for name, value in parts:
+        print(f"| {name} | {value:.2f} |")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import peak_rss_mib, pin_tf_threads, pin_torch_threads, vm_hwm_mib
-from overhead_breakdown import child_breakdown
+from overhead_breakdown import child_breakdown, child_native_breakdown
 from overhead_models import Step, compiled_transformer, tf_mlp, torch_model
 from overhead_timing import Switch, interleave
 from overhead_variants import MODES, TFVariant, TorchVariant
@@ -141,11 +141,69 @@ def child_torch_compiled_time(cfg: dict[str, Any]) -> dict[str, Any]:
     return _time_variants(compiled_transformer(torch, cfg), _torch_switch(torch), cfg, "compiled")
 
 
+def child_torch_compile_cold(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One cold first compile of the compiled Transformer with ``cfg["variant"]`` on.
+
+    Inductor's and AOTAutograd's on-disk caches go to a fresh directory (set
+    before PyTorch is imported), so that nothing compiled by an earlier child is
+    reused: the first step compiles the forward and backward graphs, the second
+    only runs them. With ``cfg["profile"]``, a cProfile of the first step (the
+    compile's functions by cumulative time) comes back too.
+    """
+    import os
+    import time
+
+    cache = tempfile.mkdtemp(prefix="nanscope-bench-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    torch = pin_torch_threads()
+    step = compiled_transformer(torch, cfg)
+    logdir = Path(tempfile.mkdtemp(prefix="nanscope-bench-cold-"))
+    out: dict[str, Any] = {}
+    try:
+        with TorchVariant(torch, cfg["variant"], logdir):
+            prof = None
+            if cfg.get("profile"):
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
+            t0 = time.perf_counter()
+            step()
+            first = time.perf_counter() - t0
+            if prof is not None:
+                prof.disable()
+            t0 = time.perf_counter()
+            step()
+            second = time.perf_counter() - t0
+        out = {"first_s": first, "second_s": second, "compile_s": first - second}
+        if prof is not None:
+            out["profile"] = _profile_text(prof)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def _profile_text(prof: Any, top: int = 40) -> str:
+    """A profile's functions by cumulative time, then by self time."""
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 CHILDREN: dict[str, Callable[[dict[str, Any]], Any]] = {
     "torch-time": child_torch_time,
     "torch-mem": child_torch_mem,
     "tf-time": child_tf_time,
     "tf-mem": child_tf_mem,
     "breakdown": child_breakdown,
+    "native-breakdown": child_native_breakdown,
     "torch-compiled-time": child_torch_compiled_time,
+    "torch-compile-cold": child_torch_compile_cold,
 }

@@ -1,7 +1,8 @@
 """The models bench/overhead_torch.py trains: each builder returns one training step.
 
 The MLP is written once in PyTorch and once in TensorFlow (same sizes, data and
-initial weights); the Transformer in PyTorch, eager and under ``torch.compile``.
+initial weights); the Transformer in PyTorch, eager and under ``torch.compile``;
+the word-level language model (LSTM, or ReLU RNN) in PyTorch: many small ops.
 Builders take the framework module (imported by the child), so that importing
 this file imports neither framework.
 """
@@ -23,6 +24,20 @@ TRANSFORMER: dict[str, Any] = {
     "layers": 4,
     "vocab": 1000,
     "lr": 0.01,
+}
+# The shape of pytorch/examples' word_language_model (its defaults: 2 layers of 200,
+# embedding 200, batch 20, bptt 35, dropout 0.2, lr 20, clip 0.25), on ~10k tokens.
+RNN_LM: dict[str, Any] = {
+    "vocab": 10000,
+    "emsize": 200,
+    "hidden": 200,
+    "layers": 2,
+    "batch": 20,
+    "bptt": 35,
+    "dropout": 0.2,
+    "lr": 20.0,
+    "clip": 0.25,
+    "batches": 8,  # distinct bptt windows the steps cycle through
 }
 
 
@@ -134,10 +149,98 @@ def torch_transformer(
     return step
 
 
+def torch_rnn_lm(torch: Any, cell: str = "LSTM", unfused: bool = False) -> Step:
+    """A word-level language model: embedding, 2-layer RNN, linear decoder; SGD, clipping.
+
+    ``cell`` is ``"LSTM"`` or ``"RNN_RELU"`` (``nn.RNN(nonlinearity="relu")``). On
+    CPU, PyTorch runs ``nn.LSTM`` as one oneDNN kernel per layer (~100 ops a
+    step); ``unfused`` turns oneDNN off in the step, so that the LSTM runs as
+    its per-timestep ATen ops (~3,500 a step), as where no fused kernel applies.
+    The ReLU RNN has no fused CPU kernel: ~1,400 ops a step. Like
+    the example's training loop, each step trains on the next bptt window of a
+    token stream (generated: Zipf-like word frequencies over the vocabulary) and
+    detaches the hidden state carried over from the previous window.
+    """
+    nn = torch.nn
+    F = torch.nn.functional
+    c = RNN_LM
+    torch.manual_seed(0)
+
+    class RNNModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drop = nn.Dropout(c["dropout"])
+            self.encoder = nn.Embedding(c["vocab"], c["emsize"])
+            if cell == "LSTM":
+                self.rnn: Any = nn.LSTM(c["emsize"], c["hidden"], c["layers"], dropout=c["dropout"])
+            else:
+                self.rnn = nn.RNN(
+                    c["emsize"], c["hidden"], c["layers"], nonlinearity="relu",
+                    dropout=c["dropout"],
+                )  # fmt: skip
+            self.decoder = nn.Linear(c["hidden"], c["vocab"])
+
+        def forward(self, tokens: Any, hidden: Any) -> tuple[Any, Any]:
+            emb = self.drop(self.encoder(tokens))
+            output, hidden = self.rnn(emb, hidden)
+            decoded = self.decoder(self.drop(output)).view(-1, c["vocab"])
+            return F.log_softmax(decoded, dim=1), hidden
+
+        def init_hidden(self) -> Any:
+            h = torch.zeros(c["layers"], c["batch"], c["hidden"])
+            return (h, h.clone()) if cell == "LSTM" else h
+
+    model = RNNModel()
+    g = torch.Generator().manual_seed(1)
+    n = c["bptt"] * c["batches"] + 1
+    # Word frequencies fall like 1/rank, as in text.
+    weights = 1.0 / torch.arange(1, c["vocab"] + 1, dtype=torch.float64)
+    stream = torch.multinomial(weights, n * c["batch"], replacement=True, generator=g)
+    data = stream.view(c["batch"], n).t().contiguous()  # [time, batch], the example's batchify
+    opt = torch.optim.SGD(model.parameters(), lr=c["lr"])
+    state: dict[str, Any] = {"hidden": model.init_hidden(), "i": 0}
+
+    def detach(h: Any) -> Any:
+        return h.detach() if isinstance(h, torch.Tensor) else tuple(detach(v) for v in h)
+
+    def train() -> None:
+        i = state["i"]
+        state["i"] = (i + c["bptt"]) % (n - 1)
+        tokens = data[i : i + c["bptt"]]
+        targets = data[i + 1 : i + 1 + c["bptt"]].reshape(-1)
+        # Starting each window from the last one's state, without backpropagating into it.
+        hidden = detach(state["hidden"])
+        opt.zero_grad()
+        output, state["hidden"] = model(tokens, hidden)
+        loss = F.nll_loss(output, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
+        opt.step()
+
+    if not unfused:
+        return train
+
+    def step() -> None:
+        with torch.backends.mkldnn.flags(enabled=False):
+            train()
+
+    return step
+
+
+RNN_MODELS = ["lstm", "lstm_unfused", "rnn_relu"]
+
+
 def torch_model(torch: Any, cfg: dict[str, Any]) -> Step:
-    """The step of ``cfg["model"]``: ``"mlp"``, or the Transformer at ``cfg["batch"]``."""
+    """The step of ``cfg["model"]``: ``"mlp"``, one of :data:`RNN_MODELS`, or the
+    Transformer at ``cfg["batch"]``."""
     if cfg["model"] == "mlp":
         return torch_mlp(torch)
+    if cfg["model"] == "lstm":
+        return torch_rnn_lm(torch, "LSTM")
+    if cfg["model"] == "lstm_unfused":
+        return torch_rnn_lm(torch, "LSTM", unfused=True)
+    if cfg["model"] == "rnn_relu":
+        return torch_rnn_lm(torch, "RNN_RELU")
     return torch_transformer(torch, cfg["batch"])
 
 

@@ -41,6 +41,8 @@ circular buffer 1000, which keeps all of them). Children start from a short
     .venv/bin/python bench/overhead_torch.py --quick         # smoke run (small Transformer)
     .venv/bin/python bench/overhead_torch.py --skip-tf --skip-transformer --rounds 5
     .venv/bin/python bench/overhead_torch.py --breakdown     # where nanscope's time goes (MLP)
+    .venv/bin/python bench/overhead_torch.py --rnn           # the word-level language models
+    .venv/bin/python bench/overhead_torch.py --breakdown --breakdown-model rnn_relu
 
 ``--breakdown`` times a ladder of partial recorders on the MLP (a no-op
 dispatch mode; nanscope without stack capture and without the writer; with
@@ -60,10 +62,16 @@ from pathlib import Path
 from typing import Any
 
 from harness import ONE_THREAD_ENV, ChildFailed, run_child, send_result, source_state, table_head
-from overhead_breakdown import print_breakdown
-from overhead_models import TRANSFORMER
+from overhead_breakdown import print_breakdown, print_native_breakdown
+from overhead_models import RNN_LM, RNN_MODELS, TRANSFORMER
 from overhead_report import report
-from overhead_variants import COMPILED_VARIANTS, STEADY_VARIANTS, TF_VARIANTS, TORCH_VARIANTS
+from overhead_variants import (
+    COMPILED_VARIANTS,
+    RNN_VARIANTS,
+    STEADY_VARIANTS,
+    TF_VARIANTS,
+    TORCH_VARIANTS,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -122,12 +130,24 @@ def main() -> None:
     )
     ap.add_argument("--transformer-rounds", type=int)
     ap.add_argument("--breakdown", action="store_true", help="only the MLP cost breakdown")
+    ap.add_argument(
+        "--breakdown-native",
+        help="only the native recorder's per-op cost ladder on these models, comma-separated "
+        "(micro: small elementwise ops; mlp; lstm, lstm_unfused, rnn_relu)",
+    )
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument(
         "--as-script",
         action="store_true",
         help="run the children as this script (its <module> frame under every op)",
     )
+    ap.add_argument(
+        "--rnn",
+        action="store_true",
+        help="only the word-level language models (LSTM, unfused LSTM, ReLU RNN)",
+    )
+    ap.add_argument("--rnn-models", default=",".join(RNN_MODELS))
+    ap.add_argument("--rnn-variants", default=",".join(RNN_VARIANTS))
     ap.add_argument("--compiled", action="store_true", help="only the torch.compile section")
     ap.add_argument("--compiled-layers", type=int, default=TRANSFORMER["layers"])
     ap.add_argument("--compiled-d-model", type=int, default=TRANSFORMER["d_model"])
@@ -135,6 +155,16 @@ def main() -> None:
     ap.add_argument("--compiled-seq", type=int, default=TRANSFORMER["seq"])
     ap.add_argument("--compiled-steps", type=int, default=3)
     ap.add_argument("--compiled-variants", default=",".join(COMPILED_VARIANTS))
+    ap.add_argument(
+        "--compile-time",
+        type=int,
+        metavar="N",
+        help="with --compiled: instead of step times, N rounds of cold first compiles "
+        "(a fresh child and inductor cache per variant and round)",
+    )
+    ap.add_argument(
+        "--compile-profile", help="with --compile-time: write cProfiles of one round here"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("cfg", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,8 +177,12 @@ def main() -> None:
     run_child = Runner(args.as_script)
     if args.compiled:
         run_compiled(args, run_child)
+    elif args.rnn:
+        run_rnn(args, run_child)
     elif args.breakdown:
         run_breakdown(args, run_child)
+    elif args.breakdown_native:
+        run_native_breakdown(args, run_child)
     else:
         run_all(args, run_child)
 
@@ -161,6 +195,25 @@ def run_breakdown(args: argparse.Namespace, run_child: Runner) -> None:
     print_breakdown(res)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+def run_native_breakdown(args: argparse.Namespace, run_child: Runner) -> None:
+    """``--breakdown-native``: the native recorder's per-op cost ladder, model by model."""
+    out = {}
+    for model in args.breakdown_native.split(","):
+        small = model in ("micro", "mlp")
+        cfg = {
+            "model": model,
+            "rounds": args.rounds or (2 if args.quick else 7),
+            "steps": (10 if small else 3) if args.quick else (30 if small else 6),
+            "warmup": 2,
+        }
+        out[model] = res = run_child("native-breakdown", cfg, timeout=1800)
+        print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  {cfg}")
+        print_native_breakdown(res)
+        print()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 def run_all(args: argparse.Namespace, run_child: Runner) -> None:
@@ -249,6 +302,44 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
     print("\n".join(report(results)))
 
 
+def run_rnn(args: argparse.Namespace, run_child: Runner) -> None:
+    """``--rnn``: the word_language_model-shaped models, plain vs the variants, side by side."""
+    rounds = args.rounds or (2 if args.quick else 5)
+    steps = 3 if args.quick else 8
+    variants = ["plain", *[v for v in args.rnn_variants.split(",") if v != "plain"]]
+    unknown = set(variants) - set(TORCH_VARIANTS)
+    if unknown:
+        sys.exit(f"unknown variants {sorted(unknown)}; choose from {TORCH_VARIANTS}")
+    results: dict[str, Any] = {}
+    started = time.time()
+    for model in args.rnn_models.split(","):
+        cfg = {"model": model, "variants": variants, "rounds": rounds, "steps": steps, "warmup": 2}
+        results[model] = run_child("torch-time", cfg, timeout=1800)
+    c = RNN_LM
+    print(
+        f"Word-level language models (embedding {c['emsize']}, {c['layers']} layers of "
+        f"{c['hidden']}, vocabulary {c['vocab']}, batch {c['batch']}, bptt {c['bptt']}, "
+        f"dropout {c['dropout']}, SGD lr {c['lr']}, clipping {c['clip']}): {rounds} rounds x "
+        f"{steps} steps after 2 warm-up steps ({time.time() - started:.0f} s)"
+    )
+    print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    head = ["model", "variant", "ops/step", "step ms (median)", "wall ratio (min-max)", "CPU ratio"]
+    print("\n".join(table_head(head, numeric=False)))
+    for model, res in results.items():
+        ops = next((r["ops_per_step"] for r in res.values() if r["ops_per_step"]), None)
+        for v in variants:
+            r = res[v]
+            spread = (
+                "" if v == "plain" else f" ({r['ratio_wall_min']:.2f}-{r['ratio_wall_max']:.2f})"
+            )
+            print(
+                f"| {model} | {v} | {'' if ops is None else f'{ops:.0f}'} | {r['step_ms']:.1f} "
+                f"| {r['ratio_wall']:.2f}x{spread} | {r['ratio_cpu']:.2f}x |"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
 def run_compiled(args: argparse.Namespace, run_child: Runner) -> None:
     """``--compiled``: compiled Transformer, plain vs every mode, side by side."""
     cfg = {
@@ -262,6 +353,9 @@ def run_compiled(args: argparse.Namespace, run_child: Runner) -> None:
         "warmup": 2,
     }
     started = time.time()
+    if args.compile_time:
+        run_compile_time(args, cfg, run_child)
+        return
     res = run_child("torch-compiled-time", cfg, timeout=3600)
     print(f"torch.compile Transformer: {cfg}  ({time.time() - started:.0f} s)")
     print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
@@ -274,6 +368,39 @@ def run_compiled(args: argparse.Namespace, run_child: Runner) -> None:
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"compiled": res, "cfg": cfg}, indent=1))
+
+
+def run_compile_time(args: argparse.Namespace, cfg: dict[str, Any], run_child: Runner) -> None:
+    """``--compiled --compile-time N``: cold first-compile times, variants interleaved."""
+    import random
+    import statistics
+
+    started = time.time()
+    times: dict[str, list[float]] = {v: [] for v in cfg["variants"]}
+    profiles: dict[str, str] = {}
+    for r in range(args.compile_time):
+        order = list(cfg["variants"])
+        random.Random(2000 + r).shuffle(order)
+        for v in order:
+            profile = bool(args.compile_profile) and r == 0
+            res = run_child("torch-compile-cold", {**cfg, "variant": v, "profile": profile})
+            times[v].append(res["compile_s"])
+            if profile:
+                profiles[v] = res["profile"]
+            print(f"[compile] round {r + 1} {v}: {res['compile_s']:.1f} s", file=sys.stderr)
+    shape = {k: cfg[k] for k in ("layers", "d_model", "batch", "seq")}
+    print(f"torch.compile cold first compile: {shape}  ({time.time() - started:.0f} s)")
+    print(f"{source_state()}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print("\n".join(table_head(["variant", "compile s (median)", "all rounds s", "ratio"])))
+    plain = statistics.median(times["plain"]) if times.get("plain") else None
+    for v, ts in times.items():
+        med = statistics.median(ts)
+        ratio = f"{med / plain:.2f}" if plain else "-"
+        print(f"| {v} | {med:.1f} | {', '.join(f'{t:.1f}' for t in ts)} | {ratio} |")
+    if args.compile_profile:
+        Path(args.compile_profile).write_text(
+            "\n".join(f"=== {v}\n{text}" for v, text in profiles.items())
+        )
 
 
 if __name__ == "__main__":

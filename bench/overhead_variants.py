@@ -19,8 +19,12 @@ TORCH_VARIANTS = [
     "detect_anomaly",
 ]  # fmt: skip
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
-COMPILED_VARIANTS = ["plain", *MODES]
+# FULL_HEALTH with the summaries' counts reduced inside the compiled graph on CPU too, as
+# before nanscope_graph::counts (nanscope.backends.torch.compiled.rewrite.USE_NATIVE_COUNTS).
+IN_GRAPH = "FULL_HEALTH:ingraph"
+COMPILED_VARIANTS = ["plain", *MODES, IN_GRAPH]
 STEADY_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", *PYTHON_RECORDER]
+RNN_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", "check_numerics"]
 
 
 class TorchVariant:
@@ -59,6 +63,13 @@ class TorchVariant:
                 )
             finally:
                 del os.environ["NANSCOPE_HEADROOM"]
+        elif self.name == IN_GRAPH:
+            from nanscope.backends.torch.compiled import rewrite
+
+            rewrite.USE_NATIVE_COUNTS = False
+            self.session = nanscope.enable_dump_debug_info(
+                self.logdir, tensor_debug_mode="FULL_HEALTH", circular_buffer_size=1000
+            )
         elif self.name == "check_numerics":
             nanscope.enable_check_numerics()
         elif self.name == PYTHON_CHECK:
@@ -79,6 +90,10 @@ class TorchVariant:
             self.session.close()
             self.executions = self.session.writer.stats.executions
             self.session = None
+            if self.name == IN_GRAPH:
+                from nanscope.backends.torch.compiled import rewrite
+
+                rewrite.USE_NATIVE_COUNTS = True
         elif self.name in ("check_numerics", PYTHON_CHECK):
             nanscope.disable_check_numerics()
         elif self.anomaly is not None:

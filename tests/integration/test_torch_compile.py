@@ -15,6 +15,8 @@ import torch
 
 import nanscope
 from nanscope.analysis import analyze
+from nanscope.backends.torch.session import TorchDumpSession
+from nanscope.backends.torch.summaries import DTYPE_ENUM
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader, GraphExecutionTrace
 
 from ..helpers import marked_line, summaries_of
@@ -232,32 +234,60 @@ def test_nan_born_in_backward_graph_points_at_the_forward_line(tmp_path: Path) -
         assert origin.counts.pos_inf == int(torch.isposinf(h.grad).sum()) > 0
 
 
+@pytest.mark.parametrize("counts", ["native", "in-graph"])
 @pytest.mark.parametrize("dynamic", [False, True])
-@pytest.mark.parametrize("mode", ["FULL_HEALTH", "CONCISE_HEALTH"])
-def test_counts_of_every_class_are_exact(tmp_path: Path, mode: str, dynamic: bool) -> None:
-    # Static sizes: the graph leaves NaN to the size less the other counts; symbolic sizes
-    # count it. Both give eager's counts, each class present in one tensor.
+@pytest.mark.parametrize("mode", ["FULL_HEALTH", "CONCISE_HEALTH", "CURT_HEALTH"])
+def test_counts_of_every_class_are_exact(
+    tmp_path: Path, mode: str, dynamic: bool, counts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In-graph reductions: with static sizes the graph leaves NaN to the size less the other
+    # counts; symbolic sizes count it. nanscope_graph::counts (CPU, with the native extension)
+    # counts every class. All give eager's counts, each class present in one tensor, also in
+    # a transposed (strided) output and a bfloat16 one.
+    from nanscope.backends.torch.compiled import rewrite
+
+    monkeypatch.setattr(rewrite, "USE_NATIVE_COUNTS", counts == "native")
+    native_calls: list[int] = []
+    add_native = rewrite._add_native_counts
+
+    def spy(graph: Any, plan: Any, op: Any) -> Any:
+        native_calls.append(len(plan.traces))
+        return add_native(graph, plan, op)
+
+    monkeypatch.setattr(rewrite, "_add_native_counts", spy)
     x = torch.tensor(
         [[-np.inf, np.inf, np.nan, -2.0, 0.0, 3.0, 5.0], [np.nan, -1.0, 0.0, 0.0, np.inf, 1.0, 2.0]]
     )
 
     def f(x: Any) -> Any:
-        return torch.relu(x * 2.0) - x
+        y = x * 2.0
+        return torch.relu(y) - x, (y + 1.0).t() - 4.0, x.to(torch.bfloat16) - 1.0
 
     fn = torch.compile(f, dynamic=dynamic)
-    with nanscope.enable_dump_debug_info(tmp_path, mode, circular_buffer_size=-1):
+    with nanscope.enable_dump_debug_info(tmp_path, mode, circular_buffer_size=-1) as session:
         fn(x)
+    # The native counts are used exactly where asked for and the native recorder is on.
+    assert isinstance(session._session, TorchDumpSession)
+    assert bool(native_calls) == (counts == "native" and session._session.recorder == "native")
+
+    def expected(y: np.ndarray, dtype: int = 1) -> list[float]:
+        ninf, pinf, nan = np.sum(y == -np.inf), np.sum(y == np.inf), np.sum(np.isnan(y))
+        neg, zero, pos = np.sum(y < 0) - ninf, np.sum(y == 0), np.sum(y > 0) - pinf
+        if mode == "FULL_HEALTH":
+            return [-1, -1, dtype, y.ndim, y.size, ninf, pinf, nan, neg, zero, pos]
+        if mode == "CONCISE_HEALTH":
+            return [-1, y.size, ninf, pinf, nan]
+        return [-1, float(ninf + pinf + nan > 0)]
+
     y = (x * 2.0).numpy()
-    ninf, pinf, nan = np.sum(y == -np.inf), np.sum(y == np.inf), np.sum(np.isnan(y))
-    neg, zero, pos = np.sum(y < 0) - ninf, np.sum(y == 0), np.sum(y > 0) - pinf
     with nanscope.open_dump(tmp_path) as dump:
         (mul,) = traces_of(dump, "mul", "inference")
-        value = summary(mul)
-    if mode == "FULL_HEALTH":
-        expected = [-1, -1, 1, 2, 14, ninf, pinf, nan, neg, zero, pos]
-    else:
-        expected = [-1, 14, ninf, pinf, nan]
-    np.testing.assert_array_equal(value, expected)
+        np.testing.assert_array_equal(summary(mul), expected(y))
+        values = [recorded_summary(dump.trace(i)) for i in range(dump.num_graph_execution_traces())]
+    # The transposed (y + 1) - 4 and the bfloat16 x - 1 (small integers: exact in bfloat16).
+    bf16 = DTYPE_ENUM[torch.bfloat16]
+    for v in (expected((y + 1.0).T - 4.0), expected(x.numpy() - 1.0, bf16)):
+        assert any(np.array_equal(v, w) for w in values), (v, values)
 
 
 # -- graph breaks, shapes, modes, filters ---------------------------------------------------------

@@ -113,7 +113,9 @@ class GraphCalls:
             summaries = [full_value(t) for t in extra]
             outputs = [summaries[i] if i >= 0 else None for i in plan.output_traces]
         else:
-            call = _CallSummaries(plan, extra[0] if extra else None)
+            call = _CallSummaries(
+                plan, extra if plan.native_counts else extra[0] if extra else None
+            )
             summaries = call
             outputs = _OutputSummaries(call, plan.output_traces)
         if plan.traces:
@@ -162,10 +164,13 @@ class _CallSummaries:
 
     __slots__ = ("_event", "_host", "_matrix", "_plan")
 
-    def __init__(self, plan: GraphPlan, extra: torch.Tensor | None) -> None:
+    def __init__(self, plan: GraphPlan, extra: torch.Tensor | list[torch.Tensor] | None) -> None:
         self._plan = plan
         self._event: Any = None
         self._matrix: np.ndarray | None = None
+        if isinstance(extra, list):  # nanscope_graph::counts's CPU vectors, one per row
+            self._host: Any = extra
+            return
         if extra is not None and extra.is_cuda:
             host = torch.empty(extra.shape, dtype=extra.dtype, pin_memory=True)
             host.copy_(extra, non_blocking=True)
@@ -180,7 +185,11 @@ class _CallSummaries:
         if self._matrix is None:
             if self._event is not None:
                 self._event.synchronize()  # the writer thread waits, never the training thread
-            counts = None if self._host is None else self._host.numpy()
+            host = self._host
+            if isinstance(host, list):
+                counts = np.concatenate([t.numpy() for t in host]) if host else None
+            else:
+                counts = None if host is None else host.numpy()
             self._matrix = self._plan.matrix(counts)
         return self._matrix
 

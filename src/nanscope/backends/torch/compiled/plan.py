@@ -47,6 +47,8 @@ class GraphPlan:
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # Static sizes: the graph leaves NaN out of its counts, the size less the other classes.
     nan_from_size: bool = False
+    # Counted by nanscope_graph::counts: one [NATIVE_COUNTS] vector per row, whatever the mode.
+    native_counts: bool = False
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     output_traces: list[int] = field(default_factory=list)  # graph output -> trace index, -1
@@ -83,6 +85,8 @@ class GraphPlan:
             return m
         assert counts is not None
         c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
+        if self.native_counts:
+            c = _mode_counts(c, mode)
         out = np.empty((n, SUMMARY_LENGTH[mode]), dtype=np.float64)
         out[:, 0] = -1
         if mode == TensorDebugMode.CURT_HEALTH:
@@ -116,6 +120,21 @@ COUNTS_PER_ROW = {
     TensorDebugMode.FULL_HEALTH: 6,
     TensorDebugMode.SHAPE: 1 + SHAPE_SLOTS,
 }
+
+
+# nanscope_graph::counts's vector: -inf, +inf, NaN, < 0, == 0, > 0 (infinities included).
+NATIVE_COUNTS = 6
+
+
+def _mode_counts(c: np.ndarray, mode: TensorDebugMode) -> np.ndarray:
+    """nanscope_graph::counts's columns as the mode's in-graph counts (NaN counted)."""
+    ninf, pinf, nan, neg, zero, pos = c.T
+    if mode == TensorDebugMode.CURT_HEALTH:
+        out: np.ndarray = (ninf + pinf + nan)[:, None]
+        return out
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        return np.stack([ninf, pinf, nan, neg + zero + pos - ninf - pinf], axis=1)
+    return c
 
 
 def numel(shape: Sequence[Any]) -> int:

@@ -10,13 +10,18 @@ partitioning and before inductor's post-grad passes and lowering. There we
    node, with its inputs (``producer:slot``), module path (``nn_module_stack``)
    and the source line (the node's ``stack_trace``; backward nodes carry the
    forward line, recorded as their forward stack too);
-2. append to the graph, per instrumented node output, the few reductions that
-   the mode's summary needs (FULL_HEALTH: counts of -inf, +inf, < 0, == 0,
-   > 0; NaN is the size less the last three, on the host, where the sizes are
-   static, else counted as ``x != x``), concatenate all of them into one
-   vector (int32 where no traced value has 2**31 elements, else int64) and
-   make it one more graph output. Inductor compiles the summaries with the
-   graph and fuses them into the producing kernels;
+2. append to the graph, per instrumented node output, what computes its
+   summary's counts. On CPU, with the native extension loaded, that is one
+   call of ``nanscope_graph::counts`` (native/graph_counts.cpp: the eager
+   recorder's count kernel) per value, each a graph output of its own: one
+   extern call per value costs less at each graph call, and far less to
+   compile, than the reductions below. Otherwise (accelerators, no native
+   extension) it is the few reductions that the mode's summary needs
+   (FULL_HEALTH: counts of -inf, +inf, < 0, == 0, > 0; NaN is the size less
+   the last three, on the host, where the sizes are static, else counted as
+   ``x != x``), concatenated into one vector (int32 where no traced value has
+   2**31 elements, else int64), one more graph output; inductor compiles them
+   with the graph and fuses them into the producing kernels;
 3. wrap the compiled graph so that each call is recorded (see :mod:`.calls`).
 
 While a graph compiles, and while Dynamo traces, eager recording is
@@ -40,6 +45,7 @@ from nanscope._imports import AfterImport
 from nanscope.backends.torch.compiled.calls import GraphCalls
 from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
+    NATIVE_COUNTS,
     GraphPlan,
     TracedValue,
     beneath_checks,
@@ -56,6 +62,8 @@ from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
 _graph_ids = itertools.count(1)
+# False: CPU graphs count with the in-graph reductions too (tests and bench/ compare the two).
+USE_NATIVE_COUNTS = True
 
 
 def parse_stack_trace(text: str) -> list[tuple[str, int, str]]:
@@ -380,6 +388,9 @@ class GraphRewriter:
             isinstance(d, int) for t in plan.traces for d in t.shape
         ):
             return []
+        counts_op = _native_counts_op() if mode in HEALTH_MODES else None
+        if counts_op is not None and all(_on_cpu(t.value) for t in plan.traces):
+            return _add_native_counts(graph, plan, counts_op)
         aten = torch.ops.aten
         k = plan.k = COUNTS_PER_ROW[mode]
         sizes = [_static_numel(t.shape) for t in plan.traces]
@@ -448,6 +459,53 @@ class GraphRewriter:
             cat = call(aten.cat.default, parts)
         _fake_propagate(new, graph)
         return [cat]
+
+
+def _native_counts_op() -> Any:
+    """``nanscope_graph::counts`` where the native extension is loaded, else ``None``."""
+    from nanscope.backends.torch import native
+
+    if not USE_NATIVE_COUNTS or native.loaded() is None:
+        return None
+    try:
+        return torch.ops.nanscope_graph.counts.default
+    except (AttributeError, RuntimeError):  # an extension built before the op existed
+        return None
+
+
+def _on_cpu(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.device.type == "cpu"
+
+
+def _add_native_counts(graph: torch.fx.Graph, plan: GraphPlan, op: Any) -> list[torch.fx.Node]:
+    """One ``nanscope_graph::counts`` call per traced value (a view of a counted value, or
+    a copy of one, shares its row); returns them, the extra outputs, one per row.
+
+    Each call's [6] vector is a graph output of its own rather than part of a
+    concatenation: inductor would copy each into the concatenation through an
+    alias tensor per call.
+    """
+    output = next(iter(reversed(graph.nodes)))
+    plan.k = NATIVE_COUNTS
+    plan.native_counts = True
+    new: list[torch.fx.Node] = []
+    rows: dict[torch.fx.Node, int] = {}
+    with graph.inserting_before(output):
+        for t in plan.traces:
+            x = t.value
+            base = _same_elements_base(x)
+            if base is not None and base in rows:
+                t.row = rows[x] = rows[base]
+                continue
+            # Right after its producer: the value is read while still in cache, and its
+            # lifetime is not stretched to the end of the graph.
+            with graph.inserting_after(x):
+                node = graph.call_function(op, (x,))
+            t.row = rows[x] = len(new)
+            new.append(node)
+    _fake_propagate(new, graph)
+    return new
 
 
 def _static_numel(shape: Sequence[Any]) -> int | None:

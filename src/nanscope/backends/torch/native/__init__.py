@@ -27,6 +27,7 @@ SOURCES = (
     "counts.cpp",
     "encoder.cpp",
     "frames.cpp",
+    "graph_counts.cpp",
     "checker.h",
     "counts.h",
     "encoder.h",

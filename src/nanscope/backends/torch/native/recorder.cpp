@@ -185,6 +185,11 @@ struct State {
 // running when a session ends) and is reset by the next start().
 State* S = nullptr;
 
+// Parts of the recording left out, for bench/overhead_breakdown.py's per-op cost ladder
+// only (set_bench_cut): each bit is one part. 0 otherwise: one load and branch per part.
+enum Cut : int { kCutAll = 1, kCutStack = 2, kCutCounts = 4, kCutPush = 8 };
+std::atomic<int> g_cut{0};
+
 thread_local int tl_depth = 0;       // recorded-op calls open on this thread
 thread_local int tl_inflight = 0;    // this thread's callbacks counted in S->inflight
 thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
@@ -730,7 +735,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
       if (op.same_elements && !c.ins.empty() && mode != kShape) {
         got = from_cache(ev.in_ids[0], c.ins[0], t, row);
       }
-      if (!got) {
+      if (!got && !(g_cut.load(std::memory_order_relaxed) & kCutCounts)) {
         got = summarize(t, row);
         if (got && mode != kShape) remember(ev.out_ids[i], t, row);
       }
@@ -793,7 +798,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   } else {
     ev.module = tl_module;
   }
-  ev.stack = capture_stack();
+  ev.stack = (g_cut.load(std::memory_order_relaxed) & kCutStack) ? -1 : capture_stack();
   ev.step = S->step.load(std::memory_order_relaxed);
   ev.serial = ++S->serial;
   if (!node && ev.phase != kPhaseOptimizer) {
@@ -811,6 +816,15 @@ void record(const at::RecordFunction& fn, Ctx& c) {
         S->links[cur - 1] = Link{ev.serial, ev.stack, ev.module};
       }
     }
+  }
+  if (g_cut.load(std::memory_order_relaxed) & kCutPush) {
+    if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) {
+      py::gil_scoped_acquire gil;
+      Py_CLEAR(ev.parts);
+      Py_CLEAR(ev.inputs);
+      Py_CLEAR(ev.collective);
+    }
+    return;
   }
   push(std::move(ev), bad);
 }
@@ -835,7 +849,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   InFlight counted;
-  if (!S->active.load()) return nullptr;
+  if (!S->active.load() || (g_cut.load(std::memory_order_relaxed) & kCutAll)) return nullptr;
   try {
     return start_op(fn);
   } catch (py::error_already_set& e) {
@@ -1202,6 +1216,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (S != nullptr) S->step = s;
   });
   m.def("set_suspended", [](int n) { tl_suspended = n; });
+  m.def("set_bench_cut", [](int cut) { g_cut = cut; });  // bench/overhead_breakdown.py
   m.def("exclude_this_thread", []() { tl_excluded = true; });
   // A forked child (a DataLoader worker) has no drain thread: it records
   // nothing. Only flags are touched: another thread may have held a lock.
