@@ -997,7 +997,15 @@ class TorchCheckNumerics:
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        patched = make(original)
+        checking = make(original)
+        session = self
+
+        # Wrapped again by someone else (the recorder's context) and not undone when checking
+        # ends, the patch must pass calls on from then on.
+        @functools.wraps(original)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            return (original if session._closed else checking)(*args, **kwargs)
+
         setattr(owner, name, patched)
 
         def undo() -> None:

@@ -11,13 +11,13 @@ The static columns (dtype, rank, shape) are filled in on the writer thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from nanscope.backends.torch.compiled.plan import GraphPlan, drop_output_strides
+from nanscope.backends.torch.compiled.hook import wrap_output_code
+from nanscope.backends.torch.compiled.plan import GraphPlan
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.recorders.base import Recorder
 from nanscope.backends.torch.summaries import full_value
@@ -37,40 +37,9 @@ class GraphCalls:
 
     def wrap(self, compiled: Any, plan: GraphPlan) -> Any:
         """Inductor's compiled graph ``compiled``, wrapped so that each call is recorded."""
-        from torch._inductor.output_code import OutputCode
-
-        calls = self
-
-        class InstrumentedGraph(OutputCode):
-            """The compiled graph, less its summary outputs, recording each call."""
-
-            def __init__(self) -> None:
-                self.__dict__["inner"] = compiled
-                self.__dict__["_boxed_call"] = True
-                for name in (
-                    "_fx_graph_cache_key",
-                    "_fx_graph_cache_debug_lines",
-                    "_time_taken_ns",
-                ):
-                    self.__dict__[name] = getattr(compiled, name, None)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.__dict__["inner"], name)
-
-            def __call__(self, inputs: Sequence[Any]) -> Any:
-                return calls.call(compiled, plan, inputs)
-
-            def post_compile(self, *args: Any, **kwargs: Any) -> None:
-                compiled.post_compile(*args, **kwargs)
-                drop_output_strides(plan.n_extra)
-
-            def prepare_for_serialization(self) -> None:
-                compiled.prepare_for_serialization()
-
-            def set_triton_bundle(self, triton_bundle: Any) -> None:
-                compiled.set_triton_bundle(triton_bundle)
-
-        return InstrumentedGraph()
+        return wrap_output_code(
+            compiled, plan.n_extra, lambda inputs: self.call(compiled, plan, inputs)
+        )
 
     def call(self, compiled: Any, plan: GraphPlan, inputs: Any) -> Any:
         """Run the compiled graph once; record the call while active."""

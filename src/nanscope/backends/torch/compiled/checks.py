@@ -26,18 +26,15 @@ checked either.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import operator
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from nanscope._imports import AfterImport
 from nanscope.backends.torch.check_numerics import (
     CheckNumericsMode,
     _Ctx,
@@ -46,6 +43,7 @@ from nanscope.backends.torch.check_numerics import (
     _Where,
     user_frame,
 )
+from nanscope.backends.torch.compiled.hook import InductorHook, wrap_output_code
 from nanscope.backends.torch.compiled.plan import drop_output_strides
 from nanscope.backends.torch.compiled.rewrite import (
     _fake_propagate,
@@ -89,82 +87,17 @@ class GraphChecks:
 
     def __init__(self, mode: CheckNumericsMode) -> None:
         self.mode = mode
-        self.active = False
-        self._original: Any = None
-        self._patched: Any = None
-        self._after_import: AfterImport | None = None
-        self._callbacks: list[Any] = []
+        self._hook = InductorHook(self.inner_compile, checks=True)
 
-    # -- installation (as the recorder's GraphRewriter, without importing Dynamo) -------------
+    @property
+    def active(self) -> bool:
+        return self._hook.active
 
     def install(self) -> None:
-        self.active = True
-        if "torch._dynamo" in sys.modules:
-            torch._dynamo.reset()  # code compiled before would run unchecked
-        modules: dict[str, Callable[[], None]] = {
-            "torch._dynamo.callback": self._register_callbacks,
-            "torch._inductor.compile_fx": self._patch_compile_fx,
-        }
-        pending = []
-        for name, instrument in modules.items():
-            if name in sys.modules:
-                instrument()
-            else:
-                pending.append(name)
-        if pending:
-            self._after_import = AfterImport(pending, lambda name: modules[name]())
-
-    def _patch_compile_fx(self) -> None:
-        from torch._inductor import compile_fx as cfx
-
-        original = cfx.compile_fx
-        inner_default = cfx.compile_fx_inner
-        checks = self
-
-        @functools.wraps(original)
-        def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
-            if not checks.active or args:
-                return original(model_, example_inputs_, *args, **kwargs)
-            # Recording and checking at once: each instruments the graph, checking's
-            # wrapper outermost at run time (see beneath_checks).
-            outer = functools.partial(
-                checks.inner_compile, kwargs.get("inner_compile", inner_default)
-            )
-            outer.nanscope_checks = True  # type: ignore[attr-defined]
-            kwargs["inner_compile"] = outer
-            with torch._functorch.config.patch(enable_autograd_cache=False):
-                return original(model_, example_inputs_, **kwargs)
-
-        self._original = original
-        cfx.compile_fx = compile_fx
-        self._patched = compile_fx
-
-    def _register_callbacks(self) -> None:
-        from torch._dynamo.callback import callback_handler
-
-        callback_handler.register_start_callback(SUSPENDED.compile_started)
-        callback_handler.register_end_callback(SUSPENDED.compile_ended)
-        self._callbacks = [callback_handler]
+        self._hook.install()
 
     def uninstall(self) -> None:
-        self.active = False
-        if self._after_import is not None:
-            self._after_import.remove()
-            self._after_import = None
-        if "torch._dynamo" in sys.modules:
-            torch._dynamo.reset()  # the graphs would go on counting for nobody
-        if self._original is not None:
-            from torch._inductor import compile_fx as cfx
-
-            if cfx.compile_fx is self._patched:
-                cfx.compile_fx = self._original
-            self._original = None
-        for handler in self._callbacks:
-            with contextlib.suppress(ValueError):
-                handler.remove_start_callback(SUSPENDED.compile_started)
-            with contextlib.suppress(ValueError):
-                handler.remove_end_callback(SUSPENDED.compile_ended)
-        self._callbacks = []
+        self._hook.uninstall()
 
     # -- compile time ------------------------------------------------------------------------
 
@@ -180,7 +113,9 @@ class GraphChecks:
                 return inner(gm, example_inputs, **kw)
             compiled = inner(gm, example_inputs, **kw)
             drop_output_strides(plan.n_extra)
-            return _wrap(compiled, plan, self.call)
+            return wrap_output_code(
+                compiled, plan.n_extra, lambda inputs: self.call(compiled, plan, inputs)
+            )
         finally:
             SUSPENDED.leave()
 
@@ -376,33 +311,3 @@ class GraphChecks:
             source=source, forward_source=forward, reason=reason, birth=born,
             forward_op=v.op_type if backward else "",
         )  # fmt: skip
-
-
-def _wrap(compiled: Any, plan: _Plan, call: Callable[[Any, _Plan, Any], Any]) -> Any:
-    """Inductor's compiled graph, less the counts output, checked at each call."""
-    from torch._inductor.output_code import OutputCode
-
-    class CheckedGraph(OutputCode):
-        def __init__(self) -> None:
-            self.__dict__["inner"] = compiled
-            self.__dict__["_boxed_call"] = True
-            for name in ("_fx_graph_cache_key", "_fx_graph_cache_debug_lines", "_time_taken_ns"):
-                self.__dict__[name] = getattr(compiled, name, None)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.__dict__["inner"], name)
-
-        def __call__(self, inputs: Sequence[Any]) -> Any:
-            return call(compiled, plan, inputs)
-
-        def post_compile(self, *args: Any, **kwargs: Any) -> None:
-            compiled.post_compile(*args, **kwargs)
-            drop_output_strides(plan.n_extra)
-
-        def prepare_for_serialization(self) -> None:
-            compiled.prepare_for_serialization()
-
-        def set_triton_bundle(self, triton_bundle: Any) -> None:
-            compiled.set_triton_bundle(triton_bundle)
-
-    return CheckedGraph()

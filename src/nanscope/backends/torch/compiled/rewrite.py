@@ -30,25 +30,21 @@ suspended on that thread: compilation's own (fake) ops are not the user's.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 import operator
 import re
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from nanscope._imports import AfterImport
 from nanscope.backends.torch.compiled.calls import GraphCalls
+from nanscope.backends.torch.compiled.hook import InductorHook
 from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
     NATIVE_COUNTS,
     GraphPlan,
     TracedValue,
-    beneath_checks,
     drop_output_strides,
     numel,
 )
@@ -125,100 +121,21 @@ class GraphRewriter:
         self.dtype_filter = setup.dtype_filter
         self.calls = GraphCalls(eager, self.writer, self.context)
         self._stacks: dict[str, int] = {}
-        self._original: Any = None
-        self._patched: Any = None
-        self._callbacks: list[Any] = []
-        self._after_import: AfterImport | None = None
+        self._hook = InductorHook(self.inner_compile)
 
     @property
     def active(self) -> bool:
         """Installed: graphs compiled now are instrumented, and their calls recorded."""
         return self.calls.active
 
-    # -- installation ------------------------------------------------------------------------
-
     def install(self) -> None:
-        """Instrument the compilations from now on.
-
-        Dynamo and inductor cost seconds to import: a program that never
-        compiles must not pay for them. Those already imported are
-        instrumented now; the others the moment the program imports them
-        (``torch.compile``'s first call imports Dynamo, its first compilation
-        inductor's ``compile_fx``).
-        """
+        """Instrument the compilations from now on (see :class:`.hook.InductorHook`)."""
         self.calls.active = True
-        if "torch._dynamo" in sys.modules:
-            # Code compiled before (plainly, or for another session) would run as it is.
-            torch._dynamo.reset()
-        pending = []
-        for name, instrument in self._modules.items():
-            if name in sys.modules:
-                instrument()
-            else:
-                pending.append(name)
-        if pending:
-            self._after_import = AfterImport(pending, lambda name: self._modules[name]())
-
-    @property
-    def _modules(self) -> dict[str, Callable[[], None]]:
-        """The modules instrumented, and how."""
-        return {
-            "torch._dynamo.callback": self._register_callbacks,
-            "torch._inductor.compile_fx": self._patch_compile_fx,
-        }
-
-    def _patch_compile_fx(self) -> None:
-        from torch._inductor import compile_fx as cfx
-
-        original = cfx.compile_fx
-        inner_default = cfx.compile_fx_inner
-        rewriter = self
-
-        @functools.wraps(original)
-        def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rewriter.active or args:
-                return original(model_, example_inputs_, *args, **kwargs)
-            # Recording and checking at once: each instruments the graph.
-            kwargs["inner_compile"] = beneath_checks(
-                kwargs.get("inner_compile", inner_default),
-                lambda inner: functools.partial(rewriter.inner_compile, inner),
-            )
-            # AOTAutograd's cache would skip our inner_compile (no graph records).
-            with torch._functorch.config.patch(enable_autograd_cache=False):
-                return original(model_, example_inputs_, **kwargs)
-
-        self._original = original
-        cfx.compile_fx = compile_fx
-        self._patched = compile_fx
-
-    def _register_callbacks(self) -> None:
-        from torch._dynamo.callback import callback_handler
-
-        # Dynamo's own tracing (fake tensors) is not the user's computation either.
-        callback_handler.register_start_callback(SUSPENDED.compile_started)
-        callback_handler.register_end_callback(SUSPENDED.compile_ended)
-        self._callbacks = [callback_handler]
+        self._hook.install()
 
     def uninstall(self) -> None:
         self.calls.active = False
-        if self._after_import is not None:
-            self._after_import.remove()
-            self._after_import = None
-        if "torch._dynamo" in sys.modules:
-            # Our graphs would go on computing summaries that nobody records.
-            torch._dynamo.reset()
-        if self._original is not None:
-            from torch._inductor import compile_fx as cfx
-
-            if cfx.compile_fx is self._patched:
-                cfx.compile_fx = self._original
-            self._original = None
-        for handler in self._callbacks:
-            with contextlib.suppress(ValueError):
-                handler.remove_start_callback(SUSPENDED.compile_started)
-            with contextlib.suppress(ValueError):
-                handler.remove_end_callback(SUSPENDED.compile_ended)
-        self._callbacks = []
+        self._hook.uninstall()
 
     # -- compile time ------------------------------------------------------------------------
 
