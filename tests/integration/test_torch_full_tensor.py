@@ -42,9 +42,9 @@ def program(dtype: torch.dtype) -> Callable[[], None]:
     """Two training steps of a small MLP, with views, non-contiguous results and Inf/NaN
     (made here, run by the function returned)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 4)
-    ).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 4)).to(
+        dtype
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(5, 8).to(dtype)
     return lambda: run(model, opt, x)
@@ -79,7 +79,7 @@ class Oracle(TorchDispatchMode):
     """Clones every op's tensor outputs as the op returns them."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[tuple[str, list[torch.Tensor]]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -108,11 +108,18 @@ def raw_views(logdir: Path) -> list[list[tuple[Any, ...]]]:
     out = []
     for payload in iter_payloads(path.read_bytes(), str(path)):
         ex = pb.DebugEvent.FromString(payload).execution
-        out.append(
-            [(v.output_slot, v.sequence, v.slot, v.offset, tuple(v.shape), tuple(v.strides),
-              tuple(v.counts)) for v in ex.output_views]  # fmt: skip
-        )
+        out.append([_view_tuple(v) for v in ex.output_views])
     return out
+
+
+def _view_tuple(v: pb.ValueView) -> tuple[Any, ...]:
+    return (
+        v.output_slot,
+        v.sequence,
+        v.slot,
+        v.offset,
+        *map(tuple, (v.shape, v.strides, v.counts)),
+    )
 
 
 def record(logdir: Path, dtype: torch.dtype) -> None:
@@ -166,7 +173,7 @@ def test_values_read_back_are_the_values_the_ops_made(tmp_path: Path, dtype: tor
     for e, entries in zip(execs, views, strict=True):
         if entries:
             by_op[e.op_type] = by_op.get(e.op_type, 0) + 1
-            for slot, sequence, *_ in entries:
+            for _, sequence, *_ in entries:
                 assert sequence < e.sequence
     for op in ("aten.t.default", "aten.slice.Tensor", "aten.view.default",
                "aten.diagonal.default", "aten.expand.default", "aten.unbind.int"):  # fmt: skip

@@ -22,8 +22,8 @@ from nanscope.format import files, headroom, health
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
-from nanscope.format.tensors import ValueView, view_of
 from nanscope.format.strings import StringTable
+from nanscope.format.tensors import ValueView, view_of
 from nanscope.reader._data import (
     PHASES,
     Collective,
@@ -39,8 +39,8 @@ from nanscope.reader._data import (
 from nanscope.reader._decode import (
     DecodeError,
     execution_row,
-    output_views,
     mode_of,
+    output_views,
     parse_event,
     tensor_values,
     trace_row,

@@ -43,7 +43,7 @@ class _Values:
     since (its version counter, shared with its views, has not moved): the execution and
     output that hold them, as a contiguous root's elements from ``offset`` on."""
 
-    __slots__ = ("version", "storage", "dtype", "sequence", "slot", "offset", "numel")
+    __slots__ = ("dtype", "numel", "offset", "sequence", "slot", "storage", "version")
 
     def __init__(
         self, version: int, storage: int, dtype: torch.dtype, sequence: int, slot: int,
@@ -248,7 +248,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             for slot, (t, tid) in enumerate(zip(outs, out_ids, strict=True)):
                 try:
                     view = None if base is None else _view_of(t, base)
-                    if view is not None:
+                    if view is not None and base is not None:
                         parts.append(view)
                         self._remember_values(tid, t, base)
                         continue
@@ -321,7 +321,8 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         )
         for slot, tid, t in roots:
             if t.is_contiguous() and t.numel() > 0 and t.layout == torch.strided:
-                root = _Values(0, 0, t.dtype, seq, slot, t.storage_offset(), t.numel())
+                offset = int(t.storage_offset())
+                root = _Values(0, 0, t.dtype, seq, slot, offset, t.numel())
                 self._remember_values(tid, t, root, info.inplace)
         if node is None and phase != Phase.OPTIMIZER:
             cur = _get_sequence_nr()
@@ -334,7 +335,6 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                     if len(links) > _FORWARD_LINKS_MAX:
                         for k in list(links)[: _FORWARD_LINKS_MAX // 2]:
                             del links[k]
-
 
     def _base_values(
         self, info: OpInfo, ins: list[torch.Tensor], in_ids: list[int]
@@ -376,7 +376,7 @@ def _view_of(t: torch.Tensor, base: _Values) -> ValueView | None:
     strides = t.stride()
     if any(s < 0 for s in strides):
         return None
-    first = t.storage_offset() - base.offset
+    first = int(t.storage_offset()) - base.offset
     last = first + sum((d - 1) * s for d, s in zip(t.shape, strides, strict=True))
     # A broadcast may hold more elements than its base: up to what a reader fills (FORMAT.md).
     if first < 0 or last >= base.numel or t.numel() > max(base.numel, MAX_FILL_ELEMENTS):
