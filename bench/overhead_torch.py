@@ -63,7 +63,13 @@ from harness import ONE_THREAD_ENV, ChildFailed, run_child, send_result, source_
 from overhead_breakdown import print_breakdown
 from overhead_models import TRANSFORMER
 from overhead_report import report
-from overhead_variants import COMPILED_VARIANTS, STEADY_VARIANTS, TF_VARIANTS, TORCH_VARIANTS
+from overhead_variants import (
+    COMPILED_VARIANTS,
+    ON_REQUEST,
+    STEADY_VARIANTS,
+    TF_VARIANTS,
+    TORCH_VARIANTS,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -196,11 +202,12 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
     torch_variants = TORCH_VARIANTS
     if args.variants:
         asked = set(args.variants.split(","))
-        unknown = asked - set(TORCH_VARIANTS)
+        known = TORCH_VARIANTS + ON_REQUEST
+        unknown = asked - set(known)
         if unknown:
-            sys.exit(f"unknown variants {sorted(unknown)}; choose from {TORCH_VARIANTS}")
-        torch_variants = [v for v in TORCH_VARIANTS if v == "plain" or v in asked]
-        no_full_tensor = [v for v in torch_variants if v != "FULL_TENSOR"]
+            sys.exit(f"unknown variants {sorted(unknown)}; choose from {known}")
+        torch_variants = [v for v in known if v == "plain" or v in asked]
+        no_full_tensor = [v for v in torch_variants if not v.endswith("FULL_TENSOR")]
     log("PyTorch MLP timing")
     results["mlp"] = timing("torch-time", torch_variants, mlp_rounds, mlp_steps, 3, model="mlp")
     if not args.skip_tf:

@@ -12,7 +12,11 @@ MODES = ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "
 PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
 # FULL_HEALTH without the headroom ranges (NANSCOPE_HEADROOM=0): what the ranges cost.
 NO_RANGES = "FULL_HEALTH:noranges"
+# FULL_TENSOR with the Python recorder: asked for by name only (--variants), never on the
+# Transformer (see overhead_torch.py).
+PYTHON_FULL_TENSOR = "python:FULL_TENSOR"
 TORCH_VARIANTS = ["plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
+ON_REQUEST = [PYTHON_FULL_TENSOR]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 COMPILED_VARIANTS = ["plain", *MODES]
 STEADY_VARIANTS = ["plain", "NO_TENSOR", "FULL_HEALTH", *PYTHON_RECORDER]
@@ -36,7 +40,7 @@ class TorchVariant:
             self.session = nanscope.enable_dump_debug_info(
                 self.logdir, tensor_debug_mode=self.name, circular_buffer_size=1000
             )
-        elif self.name in PYTHON_RECORDER:
+        elif self.name in PYTHON_RECORDER or self.name == PYTHON_FULL_TENSOR:
             os.environ["NANSCOPE_TORCH_RECORDER"] = "python"
             try:
                 self.session = nanscope.enable_dump_debug_info(

@@ -245,7 +245,11 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             parts = [None] * len(outs)
         elif self._full_tensor and info.record_values and not info.distributed:
             base = self._base_values(info, ins, in_ids)
+            kept = self.dtype_filter
             for slot, (t, tid) in enumerate(zip(outs, out_ids, strict=True)):
+                if kept is not None and not kept(t.dtype):
+                    parts.append(None)
+                    continue
                 try:
                     view = None if base is None else _view_of(t, base)
                     if view is not None and base is not None:
