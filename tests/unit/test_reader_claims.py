@@ -320,7 +320,8 @@ def test_a_full_tensor_view_is_read_through_its_reference_or_refused(tmp_path: P
         ValueView(1, 0, 5, (4, 2), (1, 4), (8, 0, 0, 0, 0, 0, 8)),  # reads past the end
         ValueView(99, 0, 0, (2,), (1,), (2, 0, 0, 0, 0, 0, 2)),  # a record not in the dump
     ]
-    for i, value in enumerate([base, *views]):
+    written: list[Any] = [base, *views]
+    for i, value in enumerate(written):
         w.write_execution(
             ExecutionEvent(op_type=f"op{i}", output_tensor_ids=[i + 1], summaries=[value])
         )
