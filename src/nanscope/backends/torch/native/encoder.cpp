@@ -53,6 +53,9 @@ double format_max(int dtype) {
   }
 }
 
+// Values at least this large are copied into their record without the GIL.
+constexpr size_t kCopyWithoutGil = size_t(1) << 16;
+
 // A TensorProto's fields before its content (dtype, shape) and the content's
 // tag and length: what nanscope.format.tensors.array_to_proto serialises.
 std::string value_head(const TensorValue& v, const Values& vals) {
@@ -312,17 +315,26 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
     if (b == nullptr) throw py::error_already_set();
     record = py::reinterpret_steal<py::bytes>(b);
     char* out = PyBytes_AS_STRING(b);
-    std::memcpy(out, payload.data(), payload.size());
-    out += payload.size();
-    size_t from = 0;
-    for (const Hole& h : holes) {
-      std::memcpy(out, body.data() + from, h.at - from);
-      out += h.at - from;
-      std::memcpy(out, h.bytes, h.n);
-      out += h.n;
-      from = h.at;
+    auto fill = [&] {
+      std::memcpy(out, payload.data(), payload.size());
+      out += payload.size();
+      size_t from = 0;
+      for (const Hole& h : holes) {
+        std::memcpy(out, body.data() + from, h.at - from);
+        out += h.at - from;
+        std::memcpy(out, h.bytes, h.n);
+        out += h.n;
+        from = h.at;
+      }
+      std::memcpy(out, body.data() + from, body.size() - from);
+    };
+    if (hole_bytes >= kCopyWithoutGil) {
+      // The new object is ours alone: the program's threads may run Python meanwhile.
+      py::gil_scoped_release nogil;
+      fill();
+    } else {
+      fill();
     }
-    std::memcpy(out, body.data() + from, body.size() - from);
   }
   if (ev.link_target || full_tensor) note_seq(ev.serial, seq);
   // The index row's health, as nanscope.format.health.index_row computes it.
