@@ -28,7 +28,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q \
 		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
-		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py
+		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py \
+		tests/integration/test_torch_check_numerics.py \
+		tests/integration/test_torch_check_numerics_lineages.py
 
 # The recorder's switch-on-and-off test, 20 runs per recorder pinned to one core, then
 # 20 more with the native recorder built with AddressSanitizer (docs/RELIABILITY.md).

@@ -120,7 +120,7 @@ def report(r: dict[str, Any]) -> list[str]:
     if "steady" in r:
         out += [
             "",
-            f"### MLP, long runs (3 rounds x {s['steady_steps']} steps after 20 warm-up steps, "
+            f"### MLP, long runs ({s.get('steady_rounds', 3)} rounds x {s['steady_steps']} steps after 20 warm-up steps, "
             "one session each)",
             "",
             "Each round keeps one recording session on for all its steps (~2 s), so the writer's",

@@ -113,6 +113,13 @@ def main() -> None:
     ap.add_argument("--skip-transformer", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-steady", action="store_true", help="no long-run MLP section")
+    ap.add_argument(
+        "--steady-rounds", type=int, default=3, help="rounds of the long runs (one session each)"
+    )
+    ap.add_argument(
+        "--steady-variants",
+        help="only these variants in the long runs, comma-separated (plain is always run)",
+    )
     ap.add_argument("--rounds", type=int, help="rounds for the MLP (both frameworks)")
     ap.add_argument(
         "--variants",
@@ -186,6 +193,7 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
             "mem_steps": mem_steps,
             "as_script": args.as_script,
             "steady_steps": steady_steps,
+            "steady_rounds": args.steady_rounds,
         },
     }
     no_full_tensor = [v for v in TORCH_VARIANTS if v != "FULL_TENSOR"]
@@ -220,7 +228,13 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
         )
     if not args.skip_steady:
         log("PyTorch MLP, long runs")
-        results["steady"] = timing("torch-time", STEADY_VARIANTS, 3, steady_steps, 20, model="mlp")
+        steady = STEADY_VARIANTS
+        if args.steady_variants:
+            asked = set(args.steady_variants.split(","))
+            steady = [v for v in STEADY_VARIANTS if v == "plain" or v in asked]
+        results["steady"] = timing(
+            "torch-time", steady, args.steady_rounds, steady_steps, 20, model="mlp"
+        )
     mem: dict[str, dict[str, Any]] = {"mlp": {}, "tf_mlp": {}, "transformer": {}}
     if not args.skip_memory:
         log("peak memory")

@@ -12,10 +12,15 @@ MODES = ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "
 PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
 # FULL_HEALTH without the headroom ranges (NANSCOPE_HEADROOM=0): what the ranges cost.
 NO_RANGES = "FULL_HEALTH:noranges"
+# The Python dispatch-mode check_numerics, the fallback without a compiler.
+PYTHON_CHECK = "python:check_numerics"
 # FULL_TENSOR with the Python recorder: asked for by name only (--variants), never on the
 # Transformer (see overhead_torch.py).
 PYTHON_FULL_TENSOR = "python:FULL_TENSOR"
-TORCH_VARIANTS = ["plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", "detect_anomaly"]
+TORCH_VARIANTS = [
+    "plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", PYTHON_CHECK,
+    "detect_anomaly",
+]  # fmt: skip
 ON_REQUEST = [PYTHON_FULL_TENSOR]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 COMPILED_VARIANTS = ["plain", *MODES]
@@ -60,6 +65,12 @@ class TorchVariant:
                 del os.environ["NANSCOPE_HEADROOM"]
         elif self.name == "check_numerics":
             nanscope.enable_check_numerics()
+        elif self.name == PYTHON_CHECK:
+            os.environ["NANSCOPE_TORCH_RECORDER"] = "python"
+            try:
+                nanscope.enable_check_numerics()
+            finally:
+                del os.environ["NANSCOPE_TORCH_RECORDER"]
         elif self.name == "detect_anomaly":
             self.anomaly = self.torch.autograd.detect_anomaly()
             self.anomaly.__enter__()
@@ -72,7 +83,7 @@ class TorchVariant:
             self.session.close()
             self.executions = self.session.writer.stats.executions
             self.session = None
-        elif self.name == "check_numerics":
+        elif self.name in ("check_numerics", PYTHON_CHECK):
             nanscope.disable_check_numerics()
         elif self.anomaly is not None:
             self.anomaly.__exit__(None, None, None)

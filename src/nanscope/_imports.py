@@ -61,13 +61,15 @@ class AfterImport(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         original = loader.exec_module
-        hook = self
 
         def exec_module(module: ModuleType) -> None:
             original(module)
-            if fullname in hook.names:
-                hook.names.discard(fullname)
-                hook.callback(fullname)
+            # Every watcher of the name (recording and checking may both wait for it):
+            # the first finder to find the module is the only one asked.
+            for finder in list(sys.meta_path):
+                if isinstance(finder, AfterImport) and fullname in finder.names:
+                    finder.names.discard(fullname)
+                    finder.callback(fullname)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

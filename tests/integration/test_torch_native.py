@@ -156,3 +156,58 @@ def test_records_encoded_in_cpp_are_canonical_protobuf(tmp_path: Path, mode: str
     assert [e.sequence for e in execs] == list(range(1, len(execs) + 1))
     assert {e.phase for e in execs} == {1, 2, 3} and any(e.forward_sequence for e in execs)
     assert any(e.module_path == "0 (Linear)" for e in execs)
+
+
+@needs_native
+def test_batches_framed_in_cpp_agree_with_their_records(tmp_path: Path) -> None:
+    """The C++ half frames records, builds their sidecar rows and combines the range
+    history's updates per module, phase and step: all as the Python writer would, event
+    by event, from the records themselves."""
+    from nanscope.events._history import RangeHistory
+    from nanscope.format import sidecar
+    from nanscope.format.files import EXECUTION, INDEX_SUFFIX, RANGES
+    from nanscope.format.headroom import combine
+    from tests.helpers import iter_payloads
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 6)
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1) as s:
+        for step in range(6):
+            s.set_step(step)
+            scale = 0.0 if step == 4 else 1.0  # -inf at step 4: non-finite rows too
+            loss = torch.log(torch.softmax(model(x), 1) * scale).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    # The sidecar as written, chunk by chunk (the reader would check it against the records).
+    (index,) = tmp_path.glob(f"*{EXECUTION}{INDEX_SUFFIX}")
+    tables, strings = [], [""]
+    for payload in iter_payloads(index.read_bytes(), str(index)):
+        table, new = sidecar.decode_chunk(payload)
+        tables.append(table) if table is not None else strings.extend(new or [])
+    rows = np.concatenate(tables)
+    (data,) = tmp_path.glob(f"*{EXECUTION}")
+    framed = data.read_bytes()
+    assert int(rows["offset"][-1] + rows["length"][-1]) == len(framed)
+    assert (rows["offset"][1:] == rows["offset"][:-1] + rows["length"][:-1]).all()
+    execs = nanscope.open_dump(tmp_path).executions()
+    assert len(execs) == len(rows) > 100
+    history = RangeHistory()
+    for row, e in zip(rows, execs, strict=True):
+        assert strings[int(row["name"])] == e.op_type
+        assert (int(row["sequence"]), int(row["step"]), int(row["phase"])) == (
+            e.sequence, e.step, e.phase,
+        )  # fmt: skip
+        assert int(row["slot"]) == e.num_outputs
+        h = e.health
+        assert (int(row["size"]), int(row["neg_inf"]), int(row["pos_inf"]), int(row["nan"])) == (
+            h.size, h.neg_inf, h.pos_inf, h.nan,
+        )  # fmt: skip
+        dtypes = [int(v[2]) if v is not None else 0 for v in e.debug_tensor_values or ()]
+        ranges = combine(dtypes, e.output_ranges)
+        if ranges.dtype:
+            history.add(e.module_path, e.phase, e.step, ranges.amax, ranges.amin, ranges.dtype)
+    assert int((rows["nonfinite"] == 1).sum()) > 0
+    (path,) = tmp_path.glob(f"*{RANGES}")
+    assert path.read_bytes() == history.to_bytes()

@@ -19,10 +19,10 @@ class EncodedExecution(NamedTuple):
     """One execution that a backend turned into its record before handing it over.
 
     The health fields are those of :func:`nanscope.format.health.index_row`
-    (``-1`` where unknown). The native recorder's C++ encoder builds plain
-    tuples in exactly this field order (a ``NamedTuple`` per record would cost
-    its drain thread about a microsecond each), so the writer reads records
-    by position, which serves both.
+    (``-1`` where unknown). The writer reads records by position, so plain
+    tuples in this field order serve too. The native recorder hands over most
+    of its events as :class:`ExecutionBatch` instead (no Python object per
+    event); this is for events encoded in Python on a backend's thread.
     """
 
     payload: bytes  # the DebugEvent, not framed yet
@@ -44,6 +44,27 @@ class EncodedExecution(NamedTuple):
     amax: float
     amin: float
     range_dtype: int
+
+
+class ExecutionBatch(NamedTuple):
+    """Executions a backend encoded and framed itself, handed over as one batch.
+
+    ``data`` holds the framed records back to back; ``rows`` is the bytes of
+    their sidecar rows (:data:`nanscope.format.sidecar.ROW_DTYPE`), ``offset``
+    and ``length`` within ``data``, whose ``name`` column numbers ``names``
+    (op types) instead of the stream's string table and whose ``graph`` column
+    is 0 (no graph id). ``ranges`` are the range history's updates, in order:
+    ``(module path, phase, step, amax, amin, range dtype)``, the events of one
+    module, phase and step already combined (as ``RangeHistory.add`` would).
+    The native recorder builds these in C++: the writer then handles a batch
+    in a few numpy operations, with no Python object per event.
+    """
+
+    events: int
+    data: bytes
+    rows: bytes
+    names: Sequence[str]
+    ranges: Sequence[tuple[str, int, int, float, float, int]]
 
 
 class QueuedExecution(NamedTuple):
@@ -126,6 +147,7 @@ class CloseRequest(NamedTuple):
 QueueItem = (
     QueuedExecution
     | EncodedExecutions
+    | ExecutionBatch
     | QueuedTrace
     | GraphCallTraces
     | NewSourceFile

@@ -10,12 +10,20 @@ are looking for is usually early, and a plain ring buffer would have evicted
 it by the time training has filled with NaN; and the first Inf is often a
 benign mask repeated every step, while the birth that matters (an overflow,
 the first NaN) comes later, from another op.
+
+The stream runs on the writer's thread, which shares the GIL with the
+training thread: every step of its work must be short. Events are therefore
+kept in *blocks* (a batch's framed records as one ``bytes`` and its sidecar
+rows as one numpy array), and which events are kept is a rule over their
+arrival numbers (the anchors' windows, and an eviction watermark), not a
+per-event structure: adding a batch, evicting and rewriting the circular file
+at a flush are a few numpy operations and byte joins per block, never a
+Python loop over the events kept.
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,18 @@ from nanscope.format.strings import StringTable
 #  nonfinite, phase, device).
 RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
 _NAN = 9  # the position of the NaN count in a RowTuple
-_NONFINITE = 12  # the position of the nonfinite flag in a full sidecar row
+
+# sidecar.ROW_DTYPE without offset and length (same item size): row tuples convert to it
+# in one call, and the array is then viewed as ROW_DTYPE.
+_FIELDS: Any = sidecar.ROW_DTYPE.fields
+_TAIL_DTYPE = np.dtype(
+    {
+        "names": list(_FIELDS)[2:],
+        "formats": [_FIELDS[n][0] for n in list(_FIELDS)[2:]],
+        "offsets": [_FIELDS[n][1] for n in list(_FIELDS)[2:]],
+        "itemsize": sidecar.ROW_DTYPE.itemsize,
+    }
+)
 
 MAX_ANCHORS = 32
 """At most this many (op type, has NaN) pairs per circular stream get a window
@@ -41,6 +60,9 @@ kept around their first non-finite event; the first event with NaN gets one
 even past the bound. Each window holds at most ``2 * window + 1`` events, so a
 circular stream holds at most ``capacity + (MAX_ANCHORS + 1) * (2 * window + 1)``
 events, however long the run."""
+
+SEAL = 256
+"""Events added one at a time are gathered into a block of this many."""
 
 
 class AppendFile:
@@ -57,7 +79,7 @@ class AppendFile:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_EXCL if exclusive else 0)
         self.fd = os.open(path, flags, 0o644)
         self.offset = os.lseek(self.fd, 0, os.SEEK_END)
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self.pending_bytes = 0
         # While the disk takes nothing, at most this many bytes wait (0: no bound);
         # records past it are dropped and counted.
@@ -68,7 +90,7 @@ class AppendFile:
         """Frame and append one payload; returns its record's offset (-1: dropped)."""
         return self.write_framed(frame(payload))
 
-    def write_framed(self, records: bytes) -> int:
+    def write_framed(self, records: bytes | memoryview) -> int:
         """Append already framed records; returns the offset of the first (-1: dropped)."""
         if self.limit and self.pending_bytes + len(records) > self.limit:
             self.dropped += 1
@@ -97,31 +119,61 @@ class AppendFile:
             os.close(fd)
 
 
-class _Batch:
-    """Payloads of one graph call, kept together until written."""
+class _Block:
+    """Consecutive events of a stream (or, once ``index`` is set, the kept ones of them).
 
-    __slots__ = ("payloads",)
+    Either ``data`` holds their framed records back to back, ``rows``' offset
+    and length columns pointing into it; or ``items`` holds, per row, what is
+    still to be framed at the next flush: a framed record (``bytes``), or a
+    spec for the stream's ``encode`` (``raw``: payloads, framed only). Events
+    that are evicted before a flush are thus never encoded.
+    """
 
-    def __init__(self, payloads: list[bytes]) -> None:
-        self.payloads = payloads
+    __slots__ = ("data", "first", "freed", "index", "items", "raw", "rows")
+
+    def __init__(
+        self, first: int, rows: np.ndarray, data: bytes | None, items: list[Any] | None,
+        raw: bool = False,
+    ) -> None:  # fmt: skip
+        self.first = first  # the arrival number of its first event
+        self.rows = rows
+        self.data = data
+        self.items = items
+        self.raw = raw
+        self.index: np.ndarray | None = None  # arrival numbers, when not first + arange
+        self.freed = 0  # items before it that were let go of are freed (None)
+
+    def numbers(self) -> np.ndarray:
+        if self.index is not None:
+            return self.index
+        return np.arange(self.first, self.first + len(self.rows), dtype=np.int64)
+
+    @property
+    def end(self) -> int:
+        """One past the arrival number of its last event."""
+        return int(self.index[-1]) + 1 if self.index is not None else self.first + len(self.rows)
 
 
 class EventStream:
     """A circular (``capacity > 0``) or unbounded event file with its sidecar index.
 
-    Events arrive as *specs* that ``encode`` turns into payload bytes. Encoding
-    is deferred to flush time: in a circular buffer most events are evicted
-    before any flush, and are then never encoded at all.
+    Events arrive one at a time (:meth:`add`: a *spec* that ``encode`` turns
+    into payload bytes at flush time, or a framed record) or as batches
+    (:meth:`add_framed`: framed records and their rows, as the native recorder
+    makes them; :meth:`add_batch`: payloads to frame).
 
-    ``op_kind(row)`` names the op type of a non-finite event for the anchor
-    rule (see :data:`MAX_ANCHORS`); by default the row's ``name`` column,
-    which is the op type of an execution.
+    ``op_kind(name, graph)`` names the op type of a non-finite event for the
+    anchor rule (see :data:`MAX_ANCHORS`) from its row's string numbers; by
+    default the ``name`` column, which is the op type of an execution.
 
-    A circular stream holds, in order, *parts* and then ``_ring``: a part is a
-    protected window (a list, never evicted) or an unprotected run that an
-    anchor cut off from the ring (a deque). The unprotected runs and the ring
-    share the ``capacity``, and the oldest of their events is evicted first,
-    so the unprotected events kept are always the most recent ones.
+    What is kept is decided by arrival numbers (0, 1, ... in order of
+    arrival): protected *windows* (intervals around anchors, never let go of)
+    and a *floor*, below which the unprotected events were let go of (the
+    oldest first). The floor rises whenever more than ``capacity`` unprotected
+    events are kept, so the unprotected events kept are always the most recent
+    ones. An anchor's window takes up to ``window`` kept events before it, none
+    from before the previous window, and the ``window`` events after it; an
+    anchor inside an open window extends that window.
 
     An unbounded stream becomes bounded in the same way while the disk takes
     nothing (:meth:`hold`): it keeps at most ``limit`` unprotected events and
@@ -135,7 +187,7 @@ class EventStream:
         capacity: int,
         window: int,
         encode: Callable[[Any], bytes],
-        op_kind: Callable[[RowTuple], Hashable] | None = None,
+        op_kind: Callable[[int, int], Hashable] | None = None,
     ) -> None:
         self.path = path
         self.kind = path.name.rsplit(".", 1)[-1]  # files.EXECUTION or GRAPH_EXECUTION_TRACES
@@ -150,16 +202,17 @@ class EventStream:
         self.dropped = 0  # events an unbounded stream let go of while the disk took nothing
         self._pending_mark = self._written_mark = 0  # evicted + kept, at a rewrite (circular)
         self._bound = capacity if capacity > 0 else 0  # 0: unbounded (now)
-        # Items are [spec or framed record (bytes), row], or (framed record, row)
-        # for events framed before they were added: a tuple of bytes and numbers
-        # that the garbage collector stops tracking, however long it waits here.
-        self._ring: deque[list[Any]] = deque()
-        self._parts: list[list[list[Any]] | deque[list[Any]]] = []
-        # The unprotected runs that still hold events, oldest first.
-        self._runs: deque[deque[list[Any]]] = deque()
-        self._runs_len = 0  # events in them
-        self._open: list[list[Any]] = []  # the window that takes the events after an anchor
-        self._after_left = 0
+        self._blocks: list[_Block] = []
+        self._pinned = 0  # leading blocks that hold only protected events
+        # Events added one at a time since the last block was sealed.
+        self._items: list[Any] = []
+        self._rows: list[RowTuple] = []
+        self._n = 0  # the next event's arrival number
+        self._base = 0  # the first event not written yet (unbounded) or ever added (circular)
+        self._floor = 0  # unprotected events below it were let go of
+        self._windows: list[list[int]] = []  # [start, end) of each window, in order, disjoint
+        self._tail_floor = 0  # no window reaches before it (the last append)
+        self._unscanned = 0 if capacity > 0 else -1  # >= 0: events from here skipped the rule
         # The anchor rule's state: (op kind, has NaN) pairs anchored so far.
         self._anchors: set[tuple[Hashable, bool]] = set()
         self._nan_seen = False
@@ -172,73 +225,92 @@ class EventStream:
         else:
             self._data = AppendFile(path)
             self._index = AppendFile(self.index_path)
+            self._unscanned = 0
 
     @property
     def circular(self) -> bool:
         return self.capacity > 0
 
-    def hold(self, limit: int) -> None:
-        """Bound an unbounded stream to ``limit`` events (and the anchors' windows)
-        while the disk takes nothing; ``0`` lifts the bound. No-op when circular."""
-        if self.circular or limit == self._bound:
-            return
-        self._bound = max(0, limit)
-        if self._bound:
-            self._anchoring = len(self._anchors) < MAX_ANCHORS or not self._nan_seen
-            # What arrived before the disk was known to fail goes through the anchor
-            # rule too: the first NaN may be among it.
-            items = list(self._ring)
-            self._ring.clear()
-            for item in items:
-                if type(item[0]) is _Batch:
-                    for payload, full in zip(item[0].payloads, item[1].tolist(), strict=True):
-                        row = tuple(full[2:])
-                        self._place((frame(payload), row), row, full[_NONFINITE] == 1)
-                else:
-                    self._place(item, item[1], item[1][_NONFINITE - 2] == 1)
-
-    def _drop_oldest(self) -> None:
-        """Let go of the oldest unprotected event (evicted when circular, else dropped)."""
-        if self._runs_len:
-            run = self._runs[0]
-            item = run.popleft()
-            self._runs_len -= 1
-            if not run:
-                self._runs.popleft()
-        else:
-            item = self._ring.popleft()
-        n = len(item[0].payloads) if type(item[0]) is _Batch else 1
-        if self.circular:
-            self.evicted += n
-        else:
-            self.dropped += n
+    # -- adding events --------------------------------------------------------------------
 
     def add(self, spec: Any, row: RowTuple, nonfinite: bool) -> None:
         """Add one event: ``spec`` for ``encode``, or its framed record (bytes)."""
         self.dirty = True
-        item: Any = (spec, row) if type(spec) is bytes else [spec, row]
-        if not self._bound:
-            self._ring.append(item)
-            return
-        self._place(item, row, nonfinite)
-
-    def _place(self, item: Any, row: RowTuple, nonfinite: bool) -> None:
-        """Add ``item`` to a bounded stream: anchor it, or the open window, or the ring."""
-        if nonfinite and self._anchoring:
+        i = self._n
+        if nonfinite and self._bound and self._anchoring:
             # Inline up to the one set lookup: in a run full of NaN, every event comes here.
             op_kind = self.op_kind
-            key = (row[0] if op_kind is None else op_kind(row), row[_NAN] > 0)
+            key = (row[0] if op_kind is None else op_kind(row[0], row[1]), row[_NAN] > 0)
             if key not in self._anchors and self._new_anchor(key):
-                self._anchor(item)
-                return
-        if self._after_left > 0:
-            self._open.append(item)
-            self._after_left -= 1
+                self._anchor(i)
+        self._items.append(spec)
+        self._rows.append(row)
+        self._n = i + 1
+        if len(self._rows) >= SEAL:
+            self._seal()
+            self._trim()
+
+    def add_framed(self, data: bytes, rows: np.ndarray) -> None:
+        """Add a batch: ``data``, framed records back to back, and their full sidecar
+        rows (``offset`` and ``length`` within ``data``; ``rows`` is kept, not copied)."""
+        if not len(rows):
             return
-        ring = self._ring
-        ring.append(item)
-        if len(ring) + self._runs_len > self._bound:
-            self._drop_oldest()
+        self._add_block(_Block(self._n, rows, data, None))
+
+    def add_batch(self, payloads: list[bytes], rows: np.ndarray) -> None:
+        """Add a batch of encoded payloads (framed at the next flush, if still kept);
+        ``rows`` are full sidecar rows whose ``offset`` and ``length`` are filled then."""
+        if not len(rows):
+            return
+        self._add_block(_Block(self._n, rows, None, payloads, raw=True))
+
+    def _add_block(self, block: _Block) -> None:
+        self.dirty = True
+        self._seal()
+        self._blocks.append(block)
+        self._n = block.first + len(block.rows)
+        if self._bound:
+            if self._anchoring:
+                self._scan(block.rows, block.first)
+            self._trim()
+
+    def _seal(self) -> None:
+        """Gather the events added one at a time into a block."""
+        if not self._rows:
+            return
+        rows = np.array(self._rows, dtype=_TAIL_DTYPE).view(sidecar.ROW_DTYPE)
+        self._blocks.append(_Block(self._n - len(rows), rows, None, self._items))
+        self._items, self._rows = [], []
+
+    # -- the anchor rule ------------------------------------------------------------------
+
+    def _scan(self, rows: np.ndarray, first: int) -> None:
+        """Apply the anchor rule to a batch's rows (arrival numbers from ``first``): only the
+        first non-finite event of each key can become an anchor, so only those are visited."""
+        hits = np.flatnonzero(rows["nonfinite"] == 1)
+        if not len(hits):
+            return
+        names = rows["name"][hits].astype(np.int64)
+        nan = rows["nan"][hits] > 0
+        candidates: list[tuple[int, tuple[Hashable, bool]]]
+        if self.op_kind is None:
+            _, firsts = np.unique(names * 2 + nan, return_index=True)
+            candidates = [(int(j), (int(names[j]), bool(nan[j]))) for j in np.sort(firsts)]
+        else:
+            graphs = rows["graph"][hits].astype(np.int64)
+            triples = np.stack((names, graphs, nan.astype(np.int64)), axis=1)
+            _, firsts = np.unique(triples, axis=0, return_index=True)
+            op_kind = self.op_kind
+            candidates = [
+                (int(j), (op_kind(int(names[j]), int(graphs[j])), bool(nan[j])))
+                for j in np.sort(firsts)
+            ]
+        anchors = self._anchors
+        for j, key in candidates:
+            if not self._anchoring:
+                return
+            if key not in anchors and self._new_anchor(key):
+                self._anchor(first + int(hits[j]))
 
     def _new_anchor(self, key: tuple[Hashable, bool]) -> bool:
         """Whether the first non-finite event of ``key`` (op kind, has NaN) gets a window."""
@@ -252,37 +324,172 @@ class EventStream:
             self._anchoring = False
         return True
 
-    def _anchor(self, item: Any) -> None:
-        """Protect ``item``, up to ``window`` events before it and the ``window`` after it."""
-        if self._after_left > 0:
+    def _anchor(self, i: int) -> None:
+        """Protect event ``i``, up to ``window`` kept events before it and the ``window``
+        after it."""
+        windows = self._windows
+        end = i + self.window + 1
+        if windows and i < windows[-1][1]:
             # Inside the previous anchor's window: the windows merge.
-            self._open.append(item)
-            self._after_left = self.window
+            windows[-1][1] = end
             return
-        ring = self._ring
-        keep = min(self.window, len(ring))
-        tail = [ring.pop() for _ in range(keep)]
-        tail.reverse()
-        if ring:
-            # What stays unprotected before the window is evicted oldest first, as before.
-            self._parts.append(ring)
-            self._runs.append(ring)
-            self._runs_len += len(ring)
-            self._ring = deque()
-        if self._parts and self._parts[-1] is self._open:
-            # Nothing unprotected between this window and the previous one: one part.
-            self._open.extend(tail)
-            self._open.append(item)
+        # What was let go of before the anchor stays let go of.
+        self._evict_to(i)
+        start = max(i - self.window, self._floor, windows[-1][1] if windows else self._tail_floor)
+        if windows and windows[-1][1] == start:
+            windows[-1][1] = end  # nothing unprotected in between: one window
         else:
-            self._open = [*tail, item]
-            self._parts.append(self._open)
-        self._after_left = self.window
+            windows.append([start, end])
+
+    def _protected(self, lo: int, hi: int) -> int:
+        """Protected events in ``[lo, hi)``."""
+        total = 0
+        for s, e in self._windows:
+            total += max(0, min(e, hi) - max(s, lo))
+        return total
+
+    def _evict_to(self, end: int) -> None:
+        """Let go of the oldest unprotected events until at most the bound of them are
+        kept among the events before ``end``."""
+        bound = self._bound
+        if not bound:
+            return
+        # The lowest floor that keeps `bound` unprotected events, walking back from `end`.
+        pos, need = end, bound
+        for s, e in reversed(self._windows):
+            e = min(e, end)
+            if e <= s:
+                continue
+            gap = pos - e
+            if gap >= need:
+                break
+            need -= gap
+            pos = s
+        floor = max(0, pos - need)
+        old = self._floor
+        if floor <= old:
+            return
+        let_go = (floor - old) - self._protected(old, floor)
+        self._floor = floor
+        if self.circular:
+            self.evicted += let_go
+        else:
+            self.dropped += let_go
+
+    def _trim(self) -> None:
+        """Evict up to the newest event, and free what the blocks no longer keep."""
+        self._evict_to(self._n)
+        blocks = self._blocks
+        floor = self._floor
+        # Blocks wholly below the floor keep only protected events, which stay kept:
+        # once reduced to those, a block is passed over (``_pinned`` of them lead).
+        i = self._pinned
+        while i < len(blocks) and blocks[i].end <= floor:
+            block = blocks[i]
+            keep = self._kept_mask(block)
+            if keep is not None:
+                if not keep.any():
+                    del blocks[i]
+                    continue
+                blocks[i] = self._compact(block, keep)
+            i += 1
+        self._pinned = i
+        if i < len(blocks):
+            self._free_items(blocks[i])
+
+    def _free_items(self, block: _Block) -> None:
+        """Free the items (event objects, large records) that a block straddling the
+        floor let go of, before the block is wholly let go of."""
+        items = block.items
+        if items is None or block.index is not None:
+            return
+        upto = min(self._floor - block.first, len(items))
+        if upto <= block.freed:
+            return
+        keep = self._kept_mask(block)
+        if keep is not None:  # None: all of them protected
+            for j in (np.flatnonzero(~keep[block.freed : upto]) + block.freed).tolist():
+                items[j] = None
+        block.freed = upto
+
+    def _kept_mask(self, block: _Block) -> np.ndarray | None:
+        """Which of ``block``'s events are kept (``None``: all of them)."""
+        floor = self._floor
+        if block.first >= floor and block.index is None:
+            return None
+        numbers = block.numbers()
+        keep = numbers >= floor
+        for s, e in self._windows:
+            if e > block.first and s < block.end:
+                keep |= (numbers >= s) & (numbers < e)
+        return None if keep.all() else keep
+
+    def _compact(self, block: _Block, keep: np.ndarray | None) -> _Block:
+        """``block`` reduced to its kept events, framed (encoding those not encoded yet)."""
+        numbers = block.numbers()
+        rows = block.rows
+        if keep is not None:
+            rows = rows[keep]
+            numbers = numbers[keep]
+        if block.data is not None:
+            if keep is None:
+                out = _Block(block.first, rows, block.data, None)
+            else:
+                out = _Block(block.first, rows, _slices(block.data, rows), None)
+                _renumber(rows, 0)
+        else:
+            items = block.items
+            assert items is not None
+            picked = items if keep is None else [items[j] for j in np.flatnonzero(keep).tolist()]
+            if block.raw:
+                framed = [frame(p) for p in picked]
+            else:
+                encode = self.encode
+                framed = [p if type(p) is bytes else frame(encode(p)) for p in picked]
+            rows["length"] = np.fromiter(map(len, framed), dtype=np.int64, count=len(framed))
+            _renumber(rows, 0)
+            out = _Block(block.first, rows, b"".join(framed), None)
+        if keep is not None or block.index is not None:
+            out.index = numbers
+        return out
 
     def kept(self) -> int:
         """Events a circular stream holds now (0 for an unbounded one)."""
-        if not self.circular:
-            return 0
-        return sum(map(len, self._parts)) + len(self._ring)
+        return self._held() if self.circular else 0
+
+    def _held(self) -> int:
+        """Events added and not let go of (nor written, when unbounded)."""
+        n, base = self._n, self._base
+        floor = max(self._floor, base)
+        return (n - floor) + self._protected(base, floor)
+
+    # -- holding on while the disk takes nothing (unbounded streams) -----------------------
+
+    def hold(self, limit: int) -> None:
+        """Bound an unbounded stream to ``limit`` events (and the anchors' windows)
+        while the disk takes nothing; ``0`` lifts the bound. No-op when circular."""
+        if self.circular or limit == self._bound:
+            return
+        self._bound = max(0, limit)
+        if not self._bound:
+            self._unscanned = self._n
+            return
+        self._anchoring = len(self._anchors) < MAX_ANCHORS or not self._nan_seen
+        # What arrived before the disk was known to fail goes through the anchor
+        # rule too: the first NaN may be among it.
+        self._seal()
+        start, self._unscanned = self._unscanned, -1
+        if self._anchoring:
+            for block in list(self._blocks):
+                if block.end <= start or block.index is not None:
+                    continue
+                skip = max(0, start - block.first)
+                self._scan(block.rows[skip:], block.first + skip)
+                if not self._anchoring:
+                    break
+        self._trim()
+
+    # -- writing --------------------------------------------------------------------------
 
     def flush(self, sync: bool = False) -> list[Op]:
         """The disk operations that bring the files up to date (encoding what is not yet)."""
@@ -295,64 +502,47 @@ class EventStream:
             return self._rewrite(sync)
         return self._append(sync)
 
-    def add_batch(self, payloads: list[bytes], rows: np.ndarray) -> None:
-        """Append many encoded events at once (unbounded streams only).
-
-        ``rows`` are full sidecar rows whose ``offset`` and ``length`` are
-        filled in when the batch is written.
-        """
-        assert not self.circular
-        if self._bound:
-            # Held back: event by event, so that the anchor rule sees each one.
-            for payload, row in zip(payloads, rows.tolist(), strict=True):
-                self.add(frame(payload), tuple(row[2:]), row[_NONFINITE] == 1)
-            return
-        self.dirty = True
-        self._ring.append([_Batch(payloads), rows])
-
-    def _records(self, items: list[list[Any]], start: int) -> tuple[bytes, np.ndarray]:
-        """The framed records of ``items`` (encoding those not encoded yet) and their rows."""
-        encode = self.encode
-        records: list[bytes] = []
-        chunks: list[np.ndarray] = []
-        rows: list[tuple[Any, ...]] = []
-        offset = start
-        for item in items:
-            record = item[0]
-            if type(record) is _Batch:
-                if rows:
-                    chunks.append(np.array(rows, dtype=sidecar.ROW_DTYPE))
-                    rows = []
-                framed = [frame(p) for p in record.payloads]
-                lengths = np.fromiter(map(len, framed), dtype=np.int64, count=len(framed))
-                batch_rows = item[1]
-                batch_rows["length"] = lengths
-                batch_rows["offset"] = offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-                offset += int(lengths.sum())
-                records.extend(framed)
-                chunks.append(batch_rows)
-                continue
-            if not isinstance(record, bytes):
-                record = item[0] = frame(encode(record))
-            records.append(record)
-            rows.append((offset, len(record), *item[1]))
-            offset += len(record)
-        if rows or not chunks:
-            chunks.append(np.array(rows, dtype=sidecar.ROW_DTYPE))
-        table = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-        return b"".join(records), table
+    def _collect(self, start: int) -> tuple[list[bytes | memoryview], np.ndarray]:
+        """The kept events' framed records (pieces to join) and their rows, offsets from
+        ``start``; the blocks are left framed and reduced to what they keep."""
+        self._seal()
+        self._trim()
+        pieces: list[bytes | memoryview] = []
+        tables: list[np.ndarray] = []
+        blocks = self._blocks
+        for k, block in enumerate(blocks):
+            keep = self._kept_mask(block)
+            if block.data is None:
+                # Encoded now, the kept events only, and kept framed for the next flushes.
+                block = blocks[k] = self._compact(block, keep)
+                keep = None
+            data = block.data
+            assert data is not None
+            if keep is None:
+                pieces.append(data)
+                tables.append(block.rows)
+            else:
+                rows = block.rows[keep]
+                pieces.extend(_runs(data, rows))
+                tables.append(rows)
+        if not tables:
+            return pieces, np.zeros(0, dtype=sidecar.ROW_DTYPE)
+        table = tables[0].copy() if len(tables) == 1 else np.concatenate(tables)
+        _renumber(table, start)
+        return pieces, table
 
     def _append(self, sync: bool) -> list[Op]:
-        items = [item for part in self._parts for item in part]
-        items.extend(self._ring)
-        if not items:
-            return self._data.take(sync) + self._index.take(sync)
+        pieces, rows = self._collect(self._data.offset)
         # What a hold kept goes out in order; the windows need no protection any more.
-        self._ring.clear()
-        self._parts, self._runs, self._runs_len, self._open = [], deque(), 0, []
-        self._after_left = 0
-        data, rows = self._records(items, self._data.offset)
-        self._data.write_framed(data)
+        self._blocks.clear()
+        self._pinned = 0
+        self._windows = []
+        self._base = self._floor = self._tail_floor = self._n
+        if self._unscanned >= 0:
+            self._unscanned = self._n
+        if not len(rows):
+            return self._data.take(sync) + self._index.take(sync)
+        self._data.write_framed(b"".join(pieces))
         new = self.strings.take_new()
         if new:
             self._index.write(sidecar.strings_chunk(new))
@@ -365,29 +555,30 @@ class EventStream:
         return ops + self._index.take(sync)
 
     def _rewrite(self, sync: bool) -> list[Op]:
-        items = [item for part in self._parts for item in part]
-        items.extend(self._ring)
-        data, rows = self._records(items, 0)
+        pieces, rows = self._collect(0)
+        data = b"".join(pieces)
         index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + b"".join(
             frame(chunk) for chunk in sidecar.rows_chunks(rows)
         )
-        self._pending_mark = self.evicted + len(items)
+        self._pending_mark = self.evicted + len(rows)
         return [Replace(self.path, data, sync), Replace(self.index_path, index, sync)]
 
     def drop_held(self) -> None:
         """Count what an unbounded stream holds in memory as dropped (the disk never
         took it), or, when circular and not written since it changed, all it keeps."""
-        items = [i for part in self._parts for i in part]
-        items.extend(self._ring)
+        self._seal()
+        self._trim()
+        kept = self._held()
         if self.circular:
             # Every event added was evicted or is kept: those past the mark of the
             # last rewrite that reached the disk, and still kept, are not in the file.
-            kept = self.kept()
             self.dropped += min(kept, self.evicted + kept - self._written_mark)
         else:
-            self.dropped += sum(len(i[0].payloads) if type(i[0]) is _Batch else 1 for i in items)
-        self._parts, self._runs, self._runs_len, self._open = [], deque(), 0, []
-        self._ring.clear()
+            self.dropped += kept
+        self._blocks.clear()
+        self._pinned = 0
+        self._windows = []
+        self._base = self._floor = self._tail_floor = self._n
         self.dirty = False
 
     def confirm(self) -> None:
@@ -399,3 +590,28 @@ class EventStream:
         if not self.circular:
             self._data.close()
             self._index.close()
+
+
+def _renumber(rows: np.ndarray, start: int) -> None:
+    """Set ``rows``' offsets: their records back to back from ``start``."""
+    lengths = rows["length"].astype(np.int64)
+    ends = np.cumsum(lengths)
+    rows["offset"] = start + ends - lengths
+
+
+def _runs(data: bytes, rows: np.ndarray) -> list[memoryview]:
+    """The pieces of ``data`` that hold ``rows``' records (runs of adjacent records)."""
+    view = memoryview(data)
+    if not len(rows):
+        return []
+    starts = rows["offset"].astype(np.int64)
+    ends = starts + rows["length"].astype(np.int64)
+    cuts = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    firsts = np.concatenate(([0], cuts)).tolist()
+    lasts = np.concatenate((cuts - 1, [len(rows) - 1])).tolist()
+    return [view[int(starts[a]) : int(ends[b])] for a, b in zip(firsts, lasts, strict=True)]
+
+
+def _slices(data: bytes, rows: np.ndarray) -> bytes:
+    """The records of ``rows`` out of ``data``, back to back."""
+    return b"".join(_runs(data, rows))

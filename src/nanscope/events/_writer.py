@@ -46,6 +46,7 @@ from nanscope.events._queue import (
     CloseRequest,
     EncodedExecution,
     EncodedExecutions,
+    ExecutionBatch,
     FlushRequest,
     GraphCallTraces,
     NewDevice,
@@ -58,7 +59,7 @@ from nanscope.events._queue import (
     QueueItem,
 )
 from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
-from nanscope.events._streams import AppendFile, EventStream, RowTuple
+from nanscope.events._streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
 from nanscope.format.health import UNKNOWN_ROW, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
@@ -455,6 +456,33 @@ class DumpWriter:
             self._backpressure()
         return n
 
+    def write_execution_batch(self, produce: Callable[[int], ExecutionBatch | None]) -> int:
+        """Enqueue a batch of executions a backend encoded and framed; returns how many.
+
+        ``produce(first)`` returns an :class:`~nanscope.events._queue.ExecutionBatch`
+        numbered from sequence ``first`` (or ``None``: nothing to hand over). It
+        runs under the writer's sequence lock.
+        """
+        if self._closed:
+            return 0
+        with self._seq_lock:
+            batch = produce(self._exec_next)
+            n = batch.events if batch is not None else 0
+            if batch is not None and n:
+                self._exec_next += n
+                if self._shedding and self._still_shedding():
+                    # Keep the non-finite ones (the origin the user looks for) while the
+                    # backlog leaves room.
+                    kept = _nonfinite_only(batch) if self._backlog < 2 * self.max_queue else None
+                    self._shed_executions += n - (kept.events if kept is not None else 0)
+                    batch = kept
+                if batch is not None and batch.events:
+                    self._queue.append(batch)
+                    self._backlog += batch.events
+        if self._backlog > self.max_queue:
+            self._backpressure()
+        return n
+
     def write_trace(self, event: TraceEvent) -> int:
         if self._closed:
             return 0
@@ -666,6 +694,9 @@ class DumpWriter:
                     case EncodedExecutions():
                         self._processed(len(item.records))
                         self._on_encoded_executions(item.records)
+                    case ExecutionBatch():
+                        self._processed(item.events)
+                        self._on_execution_batch(item)
                     case GraphCallTraces():
                         self._processed(len(item.op_names))
                         self._on_traces(item)
@@ -929,13 +960,14 @@ class DumpWriter:
         ev, seq, wall, summaries = spec
         return self._encoder.execution(ev, seq, wall, summaries)[0]
 
-    def _trace_op_type(self, row: RowTuple) -> str | None:
-        """The op type of a trace's op (``None`` when its graph op was not written).
+    def _trace_op_type(self, name: int, graph: int) -> str | None:
+        """The op type of a trace's op, from its row's string numbers (``None`` when its
+        graph op was not written).
 
         Asked only for non-finite traces while anchors are still being chosen.
         """
         strings = self._traces.strings.strings
-        return self._graph_op_types.get((strings[row[1]], strings[row[0]]))
+        return self._graph_op_types.get((strings[graph], strings[name]))
 
     def _encode_trace(self, spec: Any) -> bytes:
         if len(spec) == 1:  # encoded already, by a batch
@@ -974,6 +1006,18 @@ class DumpWriter:
                 history(module, phase, step, amax, amin, range_dtype)
             add(frame(payload), row, nonfinite == 1)
         self.stats.executions += len(records)
+
+    def _on_execution_batch(self, batch: ExecutionBatch) -> None:
+        stream = self._executions
+        st = stream.strings
+        rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE).copy()
+        numbers = np.fromiter(map(st.intern, batch.names), dtype=np.uint32, count=len(batch.names))
+        rows["name"] = numbers[rows["name"]]
+        history = self._history.add
+        for module, phase, step, amax, amin, range_dtype in batch.ranges:
+            history(module, phase, step, amax, amin, range_dtype)
+        stream.add_framed(batch.data, rows)
+        self.stats.executions += batch.events
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
@@ -1015,29 +1059,19 @@ class DumpWriter:
         )
         stream = self._traces
         st = stream.strings
-        gid = st.intern(graph_id)
-        if not stream.circular:
-            # Unbounded: the whole call goes to the file together, rows built at once.
-            n = len(payloads)
-            rows = np.zeros(n, dtype=sidecar.ROW_DTYPE)
-            rows["name"] = [st.intern(name) for name in op_names]
-            rows["graph"] = gid
-            rows["slot"] = slots
-            rows["wall_time"] = wall
-            rows["step"] = step
-            rows["sequence"] = np.arange(first, first + n)
-            for k, col in enumerate(("size", "neg_inf", "pos_inf", "nan", "nonfinite")):
-                rows[col] = health[:, k]
-            stream.add_batch(payloads, rows)
-            self.stats.traces += n
-            return
-        add = stream.add
-        for i, (payload, (size, ni, pi, nn, nf)) in enumerate(
-            zip(payloads, health.tolist(), strict=True)
-        ):
-            add((payload,), (st.intern(op_names[i]), gid, slots[i], wall, step, first + i, size, ni, pi,
-                          nn, nf, 0, 0), nf == 1)  # fmt: skip
-        self.stats.traces += len(payloads)
+        # The whole call goes to the stream together, rows built at once.
+        n = len(payloads)
+        rows = np.zeros(n, dtype=sidecar.ROW_DTYPE)
+        rows["name"] = [st.intern(name) for name in op_names]
+        rows["graph"] = st.intern(graph_id)
+        rows["slot"] = slots
+        rows["wall_time"] = wall
+        rows["step"] = step
+        rows["sequence"] = np.arange(first, first + n)
+        for k, col in enumerate(("size", "neg_inf", "pos_inf", "nan", "nonfinite")):
+            rows[col] = health[:, k]
+        stream.add_batch(payloads, rows)
+        self.stats.traces += n
 
     def _on_stack_frame(self, new: NewStackFrame) -> None:
         ev = pb.DebugEvent(wall_time=time.time())
@@ -1102,10 +1136,30 @@ def _clock(wall: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(wall))
 
 
+def _nonfinite_only(batch: ExecutionBatch) -> ExecutionBatch | None:
+    """The batch's non-finite executions alone (``None``: there are none)."""
+    rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
+    bad = rows["nonfinite"] == 1
+    if not bad.any():
+        return None
+    kept = rows[bad].copy()
+    view = memoryview(batch.data)
+    data = b"".join(
+        view[o : o + n]
+        for o, n in zip(kept["offset"].tolist(), kept["length"].tolist(), strict=True)
+    )
+    lengths = kept["length"].astype(np.int64)
+    kept["offset"] = np.cumsum(lengths) - lengths
+    # Shedding is an overload: the range history goes without this batch (as without
+    # the events dropped).
+    return ExecutionBatch(len(kept), data, kept.tobytes(), batch.names, ())
+
+
 # The events each kind of queued item carries (what closing on a failed disk counts).
 _EVENT_SIZES: dict[type, Callable[[Any], int]] = {
     QueuedExecution: lambda item: 1,
     EncodedExecutions: lambda item: len(item.records),
+    ExecutionBatch: lambda item: item.events,
     QueuedTrace: lambda item: 1,
     GraphCallTraces: lambda item: len(item.op_names),
 }

@@ -32,6 +32,7 @@ comes a few ops late but still names the right op.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import math
@@ -41,7 +42,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -260,15 +261,21 @@ class _Op:
 
 
 def _outside_modes(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a method called from outside the mode with dispatch modes off: its own tensor
+    """Run a method called from outside the mode with checking off: its own tensor
     work (finiteness checks, copies to the host) is not the program's."""
 
     @functools.wraps(method)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes():
-            return method(*args, **kwargs)
+    def run(self: CheckNumericsMode, *args: Any, **kwargs: Any) -> Any:
+        with self.outside():
+            return method(self, *args, **kwargs)
 
     return run
+
+
+class ForwardLinks(Protocol):
+    """Autograd sequence number -> (forward op, its user frame, its module path)."""
+
+    def get(self, seq: int, /) -> tuple[str, Frame | None, str] | None: ...
 
 
 class _Local(threading.local):
@@ -292,6 +299,7 @@ class CheckNumericsMode(DynamoFreeMode):
         self._local = _Local()
         # autograd node sequence_nr -> (forward op, forward user frame, module path)
         self._forward: dict[int, tuple[str, Frame | None, str]] = {}
+        self._links: ForwardLinks = self._forward  # the native checker keeps its own
         self._queue: list[_Op] = []
         self._last_step = 0
         self._write_spots: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -310,6 +318,10 @@ class CheckNumericsMode(DynamoFreeMode):
         self._stepping: list[Any] = []
         self._step_wrote = False
 
+    def outside(self) -> contextlib.AbstractContextManager[Any]:
+        """Checking off on this thread while nanscope's own code runs ops."""
+        return _disable_current_modes()
+
     # -- every op ----------------------------------------------------------------------------
 
     def handle(
@@ -324,7 +336,16 @@ class CheckNumericsMode(DynamoFreeMode):
         if info.inplace and not outs:
             outs = self._written(func, args, kwargs)  # _foreach_add_ and co. return nothing
         node = torch._C._current_autograd_node()
-        queue = bool(self._queue)
+        bad, flags = self._look(outs)
+        self.after_op(func, info, args, kwargs, outs, bad, flags, node, sys._getframe(1))
+        if node is None and torch.is_grad_enabled():
+            self._remember_forward(info, args, kwargs)
+        return out
+
+    def _look(
+        self, outs: list[torch.Tensor]
+    ) -> tuple[list[int] | None, list[tuple[int, torch.Tensor | bool]] | None]:
+        """The CPU outputs that hold Inf/NaN, and device outputs' queued finiteness flags."""
         flags: list[tuple[int, torch.Tensor | bool]] | None = None
         bad: list[int] | None = None
         for i, t in enumerate(outs):
@@ -336,29 +357,34 @@ class CheckNumericsMode(DynamoFreeMode):
                         bad = [i] if bad is None else [*bad, i]
                 elif t.device.type != "meta":
                     flag = torch.isfinite(t).all()
-                    queue = True
                     if flags is None:
                         flags = []
                     flags.append((i, flag))
             except (RuntimeError, TypeError):  # nested or sparse: no values to look at here
                 continue
-        if queue:
+        return bad, flags
+
+    def after_op(
+        self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+        outs: list[torch.Tensor], bad: list[int] | None,
+        flags: list[tuple[int, torch.Tensor | bool]] | None, node: Any, frame: FrameType | None,
+    ) -> None:  # fmt: skip
+        """Follow an op that ran: ``bad`` outputs hold Inf/NaN, device ``flags`` are queued."""
+        if flags or self._queue:
             # Ops are looked at in order: while one is queued, every op is.
             op = _Op(func, info, args, kwargs, outs, flags or [])
             op.flags += [(i, False) for i in bad or ()]
             if op.flags:
-                op.ctx = self._ctx(node, sys._getframe(1))
+                op.ctx = self._ctx(node, frame)
             self._queue.append(op)
         else:
             if self._unread and not info.view:
                 self._mark_read(args, kwargs)
             if bad is not None:
-                op = _Op(func, info, args, kwargs, outs, ctx=self._ctx(node, sys._getframe(1)))
+                op = _Op(func, info, args, kwargs, outs, ctx=self._ctx(node, frame))
                 self._process(op, bad, now=True)
             elif self._holds and info.inplace:
                 self._clear(outs)
-        if node is None and torch.is_grad_enabled():
-            self._remember_forward(info, args, kwargs)
         if self._scaler_open:
             if func is _UNSCALE:
                 self.check_queue()
@@ -371,7 +397,6 @@ class CheckNumericsMode(DynamoFreeMode):
         ):
             self._last_step = self.context.step
             self.check_queue()
-        return out
 
     def _written(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
@@ -408,7 +433,7 @@ class CheckNumericsMode(DynamoFreeMode):
                     del links[k]
 
     def _facts(self, node: Any, frame: FrameType | None) -> _Where:
-        link = self._forward.get(node._sequence_nr()) if node is not None else None
+        link = self._links.get(node._sequence_nr()) if node is not None else None
         module_path = link[2] if link is not None else self.context.module_path()
         forward = (link[0], link[1]) if link is not None else None
         return _Where(
@@ -938,12 +963,36 @@ class TorchCheckNumerics:
     framework = "torch"
 
     def __init__(self, sync_every: int = 64, queue_cpu: bool = False) -> None:
+        from nanscope.backends.torch.session import native_library
+
         self.context = RunContext()
-        self.mode = CheckNumericsMode(self.context, sync_every, queue_cpu)
+        # The native checker unless NANSCOPE_TORCH_RECORDER=python or no compiler
+        # (queue_cpu, for tests of the device queue, is the Python mode's).
+        lib = None if queue_cpu else native_library()
+        self.native = lib is not None
         self.context.install()
         self._undo: list[Callable[[], None]] = []
-        self._hook_in()
-        self._installed = InstalledMode(self.mode)
+        self._installed: InstalledMode | Any
+        self.mode: CheckNumericsMode
+        if lib is not None:
+            from nanscope.backends.torch.check_native import (
+                NativeChecking,
+                NativeCheckNumericsMode,
+            )
+            from nanscope.backends.torch.compiled.checks import GraphChecks
+
+            native = NativeCheckNumericsMode(self.context, lib, sync_every)
+            self.mode = native
+            self._hook_in()
+            self._installed = NativeChecking(native)
+            # Inductor's kernels bypass the dispatcher: compiled graphs count their own values.
+            graphs = GraphChecks(native)
+            graphs.install()
+            self._undo.append(graphs.uninstall)
+        else:
+            self.mode = CheckNumericsMode(self.context, sync_every, queue_cpu)
+            self._hook_in()
+            self._installed = InstalledMode(self.mode)
         self._closed = False
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:

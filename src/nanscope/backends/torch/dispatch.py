@@ -54,19 +54,19 @@ class DynamoFreeMode(TorchDispatchMode):
         return disabled(self, func, types, args, kwargs)
 
 
-def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
-    """Push ``mode`` in every thread started from now on; returns the undo.
+def on_new_threads(start_thread: Callable[[], None]) -> Callable[[], None]:
+    """Call ``start_thread`` first in every thread started from now on; returns the undo.
 
-    Dispatch modes are per thread. A thread started by the ``threading``
-    module runs its profile hook first: that is where the mode is pushed, so a
-    training loop or a ``backward()`` call on a new thread is recorded too.
+    A thread started by the ``threading`` module runs its profile hook first:
+    that is where per-thread state (a dispatch mode, a dispatch key) is set, so a
+    training loop or a ``backward()`` call on a new thread is covered too.
     """
     previous = threading.getprofile()
 
     def start(frame: Any, event: Any, arg: Any) -> None:
         sys.setprofile(previous)  # once per thread; give any profiler back its hook
         with contextlib.suppress(Exception):
-            _push_mode(mode)
+            start_thread()
         if previous is not None:
             previous(frame, event, arg)
 
@@ -77,6 +77,11 @@ def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
             threading.setprofile(previous)
 
     return undo
+
+
+def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
+    """Push ``mode`` (dispatch modes are per thread) in every thread started from now on."""
+    return on_new_threads(lambda: _push_mode(mode))
 
 
 class InstalledMode:

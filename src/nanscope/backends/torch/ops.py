@@ -18,7 +18,7 @@ SAME_ELEMENT_VIEWS = frozenset(
     {
         "aten.t", "aten.transpose", "aten.permute", "aten.view", "aten._unsafe_view",
         "aten.reshape", "aten.alias", "aten.detach", "aten.squeeze", "aten.unsqueeze",
-        "aten.flatten", "aten.unflatten", "aten._reshape_alias", "aten.lift_fresh",
+        "aten.flatten", "aten.unflatten", "aten._reshape_alias", "aten.lift_fresh", "aten.detach_",
         "aten.view_as", "aten.movedim", "aten.swapaxes", "aten.numpy_T", "aten.mT",
     }
 )  # fmt: skip

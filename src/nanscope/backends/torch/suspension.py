@@ -47,6 +47,7 @@ class Suspension(threading.local):
         lib = native.loaded()
         if lib is not None:
             lib.set_suspended(depth)
+            lib.check_suspend(depth)  # the native check_numerics passes ops on too
 
     def compile_started(self, *args: Any, **kwargs: Any) -> None:
         """Dynamo's compile-start callback: its tracing is not the user's computation."""
@@ -88,3 +89,4 @@ def never_record_this_thread() -> None:
     if lib is not None:
         # Not even looked at: the C++ half's callbacks return at once on this thread.
         lib.exclude_this_thread()
+        lib.check_suspend(SUSPENDED.depth)

@@ -7,7 +7,8 @@ out the summaries that the graph computed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,3 +138,16 @@ def drop_output_strides(n: int) -> None:
     tc = torch._guards.TracingContext.try_get()
     if tc is not None and tc.output_strides:
         del tc.output_strides[-n:]
+
+
+def beneath_checks(inner: Any, wrap: Callable[[Any], Any]) -> Any:
+    """``wrap(inner)``, an inner_compile, put beneath check_numerics' own (marked) one.
+
+    Recording and checking at once both instrument a graph. Checking's wrapper must
+    be the outer one at run time, so that a call it raises at is recorded first.
+    """
+    if getattr(inner, "nanscope_checks", False):
+        outer = functools.partial(inner.func, wrap(inner.args[0]))
+        outer.nanscope_checks = True  # type: ignore[attr-defined]
+        return outer
+    return wrap(inner)

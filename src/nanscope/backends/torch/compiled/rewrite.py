@@ -42,6 +42,7 @@ from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
     GraphPlan,
     TracedValue,
+    beneath_checks,
     drop_output_strides,
     numel,
 )
@@ -169,8 +170,11 @@ class GraphRewriter:
         def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
             if not rewriter.active or args:
                 return original(model_, example_inputs_, *args, **kwargs)
-            if kwargs.get("inner_compile", inner_default) is inner_default:
-                kwargs["inner_compile"] = functools.partial(rewriter.inner_compile, inner_default)
+            # Recording and checking at once: each instruments the graph.
+            kwargs["inner_compile"] = beneath_checks(
+                kwargs.get("inner_compile", inner_default),
+                lambda inner: functools.partial(rewriter.inner_compile, inner),
+            )
             # AOTAutograd's cache would skip our inner_compile (no graph records).
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 return original(model_, example_inputs_, **kwargs)

@@ -23,9 +23,11 @@ _HERE = Path(__file__).parent
 # (headers too) make up the cache key.
 SOURCES = (
     "recorder.cpp",
+    "checker.cpp",
     "counts.cpp",
     "encoder.cpp",
     "frames.cpp",
+    "checker.h",
     "counts.h",
     "encoder.h",
     "event.h",

@@ -53,9 +53,6 @@ double format_max(int dtype) {
   }
 }
 
-// Values at least this large are copied into their record without the GIL.
-constexpr size_t kCopyWithoutGil = size_t(1) << 16;
-
 // A TensorProto's fields before its content (dtype, shape) and the content's
 // tag and length: what nanscope.format.tensors.array_to_proto serialises.
 std::string value_head(const TensorValue& v, const Values& vals) {
@@ -121,11 +118,77 @@ void put_view(std::string& out, size_t slot, int64_t sequence, const TensorValue
   out += m;
 }
 
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time from a table,
+// or with SSE 4.2's crc32 instruction where the CPU has it.
+struct CrcTable {
+  uint32_t t[256];
+  CrcTable() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      t[i] = c;
+    }
+  }
+};
+
+uint32_t crc32c_table(const unsigned char* p, size_t n) {
+  static const CrcTable table;
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) c = table.t[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, size_t n) {
+  uint64_t c = 0xFFFFFFFFu;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, p + i, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; i < n; ++i) c32 = __builtin_ia32_crc32qi(c32, p[i]);
+  return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+
+uint32_t crc32c(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  if (hardware) return crc32c_sse42(p, n);
+#endif
+  return crc32c_table(p, n);
+}
+
+uint32_t masked_crc(const void* data, size_t n) {
+  uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+void put_u32(std::string& out, uint32_t v) {
+  char b[4];
+  std::memcpy(b, &v, 4);  // little-endian hosts only, as PyTorch's CPU kernels assume
+  out.append(b, 4);
+}
+
 }  // namespace
+
+void append_framed(std::string& out, const std::string& payload) {
+  uint64_t n = payload.size();
+  char len[8];
+  std::memcpy(len, &n, 8);
+  out.append(len, 8);
+  put_u32(out, masked_crc(len, 8));
+  out += payload;
+  put_u32(out, masked_crc(payload.data(), payload.size()));
+}
 
 const std::string& Encoder::module_path(int64_t module, py::handle host) {
   auto it = module_paths.find(module);
   if (it != module_paths.end()) return it->second;
+  py::gil_scoped_acquire gil;
   std::string path = host.attr("module_path")(module).cast<std::string>();
   return module_paths.emplace(module, std::move(path)).first->second;
 }
@@ -143,11 +206,12 @@ void Encoder::start(std::string mode_field, std::string sum_prefix, std::string 
 }
 
 const std::string& Encoder::cached_piece(std::unordered_map<int64_t, std::string>& cache, int64_t key,
-                                         py::handle host, const char* method, py::args args) {
+                                         py::handle host, const char* method, int64_t a, int64_t b) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  std::string piece = host.attr(method)(*args).cast<std::string>();
-  return cache.emplace(key, std::move(piece)).first->second;
+  py::gil_scoped_acquire gil;
+  py::object piece = b >= 0 ? host.attr(method)(a, b) : host.attr(method)(a);
+  return cache.emplace(key, piece.cast<std::string>()).first->second;
 }
 
 bool Encoder::devices_known(const Event& ev) const {
@@ -160,14 +224,15 @@ bool Encoder::devices_known(const Event& ev) const {
 bool Encoder::encodable(const Event& ev, py::handle host) {
   if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) return false;
   if (!devices_known(ev)) {
+    py::gil_scoped_acquire gil;
     device_ids = host.attr("device_ids")().cast<std::vector<int64_t>>();
     return devices_known(ev);
   }
   return true;
 }
 
-py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, int64_t seq,
-                          py::handle host) {
+void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, int64_t seq,
+                     py::handle host, Batch& out) {
   std::string body;
   body.reserve(256);
   put_tag(body, 1, 2);
@@ -264,10 +329,10 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
       }
     }
   }
-  if (ev.stack >= 0) body += cached_piece(located, ev.stack, host, "located", py::make_tuple(ev.stack));
+  if (ev.stack >= 0) body += cached_piece(located, ev.stack, host, "located", ev.stack);
   put_packed(body, 9, ev.out_dev, &device_ids);
   body += cached_piece(extras, (static_cast<int64_t>(ev.module) << 2) | ev.phase, host, "extras",
-                       py::make_tuple(ev.module, ev.phase));
+                       ev.module, ev.phase);
   if (ev.fwd_serial >= 0) {
     auto it = seq_of_serial.find(ev.fwd_serial);
     if (it != seq_of_serial.end() && it->second != 0) {
@@ -276,7 +341,7 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
     }
   }
   if (ev.fwd_stack >= 0) {
-    body += cached_piece(forward_located, ev.fwd_stack, host, "forward_located", py::make_tuple(ev.fwd_stack));
+    body += cached_piece(forward_located, ev.fwd_stack, host, "forward_located", ev.fwd_stack);
   }
   if (seq) {
     put_tag(body, 1005, 0);
@@ -304,37 +369,18 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
   }
   put_tag(payload, 9, 2);
   put_varint(payload, body.size() + hole_bytes);
-  py::bytes record;
   if (holes.empty()) {
     payload += body;
-    record = py::bytes(payload);
   } else {
-    // One copy of the values, into the record itself.
-    const size_t total = payload.size() + body.size() + hole_bytes;
-    PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(total));
-    if (b == nullptr) throw py::error_already_set();
-    record = py::reinterpret_steal<py::bytes>(b);
-    char* out = PyBytes_AS_STRING(b);
-    auto fill = [&] {
-      std::memcpy(out, payload.data(), payload.size());
-      out += payload.size();
-      size_t from = 0;
-      for (const Hole& h : holes) {
-        std::memcpy(out, body.data() + from, h.at - from);
-        out += h.at - from;
-        std::memcpy(out, h.bytes, h.n);
-        out += h.n;
-        from = h.at;
-      }
-      std::memcpy(out, body.data() + from, body.size() - from);
-    };
-    if (hole_bytes >= kCopyWithoutGil) {
-      // The new object is ours alone: the program's threads may run Python meanwhile.
-      py::gil_scoped_release nogil;
-      fill();
-    } else {
-      fill();
+    // The values, between the body's pieces (off the GIL: the drain encodes without it).
+    payload.reserve(payload.size() + body.size() + hole_bytes);
+    size_t from = 0;
+    for (const Hole& h : holes) {
+      payload.append(body, from, h.at - from);
+      payload.append(h.bytes, h.n);
+      from = h.at;
     }
+    payload.append(body, from, std::string::npos);
   }
   if (ev.link_target || full_tensor) note_seq(ev.serial, seq);
   // The index row's health, as nanscope.format.health.index_row computes it.
@@ -351,9 +397,41 @@ py::tuple Encoder::encode(const Event& ev, const OpFlags& op, int mode, int widt
     amax = std::min(amax, static_cast<double>(std::numeric_limits<float>::max()));
     if (amin > 0) amin = std::max(amin, static_cast<double>(std::numeric_limits<float>::denorm_min()));
   }
-  return py::make_tuple(record, op.name, "", static_cast<int64_t>(ev.out_ids.size()),
-                        ev.wall, ev.step, seq, h_size, h_ni, h_pi, h_nn, h_bad, ev.phase, device,
-                        module_path(ev.module, host), amax, amin, range_dtype);
+  auto named = out.name_of_op.find(op.index);
+  if (named == out.name_of_op.end()) {
+    named = out.name_of_op.emplace(op.index, static_cast<uint32_t>(out.names.size())).first;
+    out.names.push_back(op.name);
+  }
+  Row row{};
+  row.offset = out.data.size();
+  append_framed(out.data, payload);
+  row.length = static_cast<uint32_t>(out.data.size() - row.offset);
+  row.name = named->second;
+  row.graph = 0;
+  row.slot = static_cast<int32_t>(ev.out_ids.size());
+  row.wall_time = ev.wall;
+  row.step = ev.step;
+  row.sequence = seq;
+  row.size = h_size, row.neg_inf = h_ni, row.pos_inf = h_pi, row.nan = h_nn;
+  row.nonfinite = static_cast<int8_t>(h_bad);
+  row.phase = static_cast<int8_t>(ev.phase);
+  row.device = static_cast<int16_t>(device);
+  out.rows.push_back(row);
+  if (range_dtype != 0) {
+    // As RangeHistory.add: within a step, the largest amax relative to its format wins
+    // (the first on a tie) and the smallest amin; a new step starts a new update.
+    const double level = amax / format_max(range_dtype);
+    const int64_t key = (static_cast<int64_t>(ev.module) << 2) | ev.phase;
+    auto open = out.open_range.find(key);
+    if (open != out.open_range.end() && out.ranges[open->second].step == ev.step) {
+      RangeUpdate& u = out.ranges[open->second];
+      if (level > u.level) u.amax = amax, u.dtype = range_dtype, u.level = level;
+      if (amin < u.amin) u.amin = amin;
+    } else {
+      out.open_range[key] = out.ranges.size();
+      out.ranges.push_back({ev.module, ev.phase, ev.step, amax, amin, level, range_dtype});
+    }
+  }
 }
 
 void Encoder::note_seq(int64_t serial, int64_t seq) {

@@ -50,6 +50,7 @@
 #include <thread>
 #include <vector>
 
+#include "checker.h"
 #include "counts.h"
 #include "encoder.h"
 #include "event.h"
@@ -192,7 +193,10 @@ struct State {
   size_t capacity = kCapacity;
   bool stopping = false;
 
-  Encoder encoder;  // the drain thread's (see encode_slice)
+  Encoder encoder;  // the drain thread's (see encode_batch)
+  // Held while `taken` and the encoder are used (by encode_batch, drain, start),
+  // always taken without the GIL: encode_batch holds it while it runs without the GIL.
+  std::mutex drain_mu;
 
   std::atomic<int64_t> serial{0};
   std::atomic<int64_t> step{0};
@@ -249,6 +253,12 @@ bool wait_quiet(double seconds) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return true;
+}
+
+// `drain_mu`, taken without the GIL (its holder may be waiting for the GIL).
+std::unique_lock<std::mutex> lock_drain() {
+  py::gil_scoped_release nogil;
+  return std::unique_lock<std::mutex>(S->drain_mu);
 }
 
 void warn(const char* what) {
@@ -1241,6 +1251,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   }
   g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   // No callback runs now and none starts until `active`: the tables are ours.
+  auto drain_lock = lock_drain();  // and no drain is under way
   {
     std::lock_guard<std::mutex> g(s->ev_mu);
     for (Event& ev : s->events) {  // left by an op that ended after the last drain
@@ -1369,20 +1380,35 @@ const OpFlags& op_of(const Event& ev) {
   return *S->op_by_index[static_cast<size_t>(ev.op)];
 }
 
-// Records for the next (at most `limit`) buffered events, numbered from
-// `first_seq`; stops before an event that Python must encode (see drain).
-py::list encode_slice(int64_t first_seq, size_t limit) {
-  refill_taken();
-  py::list out;
-  pvec<Event>& taken = S->taken;
-  int64_t seq = first_seq;
-  while (S->taken_pos < taken.size() && out.size() < limit) {
-    Event& ev = taken[S->taken_pos];
-    if (!S->encoder.encodable(ev, S->host)) break;
-    out.append(S->encoder.encode(ev, op_of(ev), S->mode, S->width, seq++, S->host));
-    ++S->taken_pos;
+// The next (at most `limit`) buffered events encoded, numbered from `first_seq`,
+// as nanscope.events._queue.ExecutionBatch's fields (None: no event to encode);
+// stops before an event that Python must encode (see drain). The encoding runs
+// without the GIL: the GIL is held only to make the batch's few Python objects.
+py::object encode_batch(int64_t first_seq, size_t limit) {
+  Batch b;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(S->drain_mu);
+    refill_taken();
+    pvec<Event>& taken = S->taken;
+    int64_t seq = first_seq;
+    while (S->taken_pos < taken.size() && b.rows.size() < limit) {
+      Event& ev = taken[S->taken_pos];
+      if (!S->encoder.encodable(ev, S->host)) break;
+      S->encoder.encode(ev, op_of(ev), S->mode, S->width, seq++, S->host, b);
+      ++S->taken_pos;
+    }
   }
-  return out;
+  if (b.rows.empty()) return py::none();
+  py::list names;
+  for (const auto& n : b.names) names.append(py::str(n));
+  py::list ranges;
+  for (const RangeUpdate& u : b.ranges) {
+    ranges.append(py::make_tuple(S->encoder.module_path(u.module, S->host), u.phase, u.step, u.amax,
+                                 u.amin, u.dtype));
+  }
+  py::bytes rows(reinterpret_cast<const char*>(b.rows.data()), b.rows.size() * sizeof(Row));
+  return py::make_tuple(static_cast<int64_t>(b.rows.size()), py::bytes(b.data), rows, names, ranges);
 }
 
 // FULL_TENSOR values of an event that the Python side writes (an event is
@@ -1435,6 +1461,7 @@ void values_to_parts(Event& ev) {
 // oldest generation, whose collections scan the whole program's heap.
 py::list drain(size_t limit) {
   pvec<Event>& taken = S->taken;
+  auto lk = lock_drain();
   refill_taken();
   py::list out;
   const int w = S->width;
@@ -1481,13 +1508,14 @@ int64_t tensor_id(const at::Tensor& t, bool fresh) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace nanscope;
-  m.doc() = "nanscope's native PyTorch op recorder";
+  m.doc() = "nanscope's native PyTorch op recorder and checker";
+  add_checker(m);
   m.def("start", &start);
   m.def("stop", &stop);
   m.def("release", &release);
   m.def("drain", &drain, py::arg("limit") = 256);
   m.def("wait_for_events", &wait_for_events);
-  m.def("encode_slice", &encode_slice);
+  m.def("encode_batch", &encode_batch);
   m.def("note_seq", [](int64_t serial, int64_t seq) { S->encoder.note_seq(serial, seq); });
   m.def("seq_of", [](int64_t serial) { return S->encoder.seq_of(serial); });
   m.def("device_names", &device_names);

@@ -33,12 +33,15 @@ from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES, summariz
 from nanscope.backends.torch.suspension import never_record_this_thread
 from nanscope.events import ExecutionEvent, Phase, register_source, unregister
 from nanscope.events._model import CollectiveTag
+from nanscope.events._queue import ExecutionBatch
 from nanscope.format.modes import SUMMARY_LENGTH
 
 _PHASES = tuple(Phase)  # by value: Phase(n) is a slow call per event
 _fork_hook = False
 DRAIN_INTERVAL = 0.05  # seconds; well under the writer's flush interval
-SLICE = 64  # events turned into Python objects at a time
+# Events encoded into one batch at most: the GIL is held per batch only to make its
+# few Python objects and, on the writer's thread, for a few numpy operations.
+BATCH = 2048
 
 
 class NativeIds:
@@ -234,21 +237,23 @@ class NativeRecorder(RecorderBase):
     def sync(self) -> None:
         """Hand every buffered event to the writer.
 
-        Most are encoded by the C++ half, a slice at a time (the writer then
-        holds bytes: no Python objects per event wait for the disk); an event
-        with summaries from Python is handed over as an ``ExecutionEvent``.
+        Most are encoded and framed by the C++ half, without the GIL, a batch
+        at a time (the writer then holds bytes and a numpy array: no Python
+        object per event); an event with summaries from Python is handed over
+        as an ``ExecutionEvent``.
         """
         with self._write_lock:  # one thread at a time, in order
             while True:
-                if self.writer.write_encoded_executions(self._encode_slice):
+                if self.writer.write_execution_batch(self._encode_batch):
                     continue
                 batch = self.lib.drain(1)  # an event the C++ half does not encode
                 if not batch:
                     return
                 self._write(batch)
 
-    def _encode_slice(self, first: int) -> Any:
-        return self.lib.encode_slice(first, SLICE)
+    def _encode_batch(self, first: int) -> ExecutionBatch | None:
+        fields = self.lib.encode_batch(first, BATCH)
+        return None if fields is None else ExecutionBatch(*fields)
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         ops = self.ops
