@@ -32,7 +32,7 @@ def _label(v: str, framework: str) -> str:
         return f"TF {v}"
     if v in ("plain", "detect_anomaly"):
         return f"torch {v}"
-    if v in PYTHON_RECORDER:
+    if v in PYTHON_RECORDER or v.startswith("python:"):
         return f"nanscope {v.split(':')[1]} (Python recorder)"
     if v == NO_RANGES:
         return "nanscope FULL_HEALTH without ranges (NANSCOPE_HEADROOM=0)"

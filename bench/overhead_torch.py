@@ -67,6 +67,7 @@ from overhead_models import RNN_LM, RNN_MODELS, TRANSFORMER
 from overhead_report import report
 from overhead_variants import (
     COMPILED_VARIANTS,
+    ON_REQUEST,
     RNN_VARIANTS,
     STEADY_VARIANTS,
     TF_VARIANTS,
@@ -257,11 +258,12 @@ def run_all(args: argparse.Namespace, run_child: Runner) -> None:
     torch_variants = TORCH_VARIANTS
     if args.variants:
         asked = set(args.variants.split(","))
-        unknown = asked - set(TORCH_VARIANTS)
+        known = TORCH_VARIANTS + ON_REQUEST
+        unknown = asked - set(known)
         if unknown:
-            sys.exit(f"unknown variants {sorted(unknown)}; choose from {TORCH_VARIANTS}")
-        torch_variants = [v for v in TORCH_VARIANTS if v == "plain" or v in asked]
-        no_full_tensor = [v for v in torch_variants if v != "FULL_TENSOR"]
+            sys.exit(f"unknown variants {sorted(unknown)}; choose from {known}")
+        torch_variants = [v for v in known if v == "plain" or v in asked]
+        no_full_tensor = [v for v in torch_variants if not v.endswith("FULL_TENSOR")]
     log("PyTorch MLP timing")
     results["mlp"] = timing("torch-time", torch_variants, mlp_rounds, mlp_steps, 3, model="mlp")
     if not args.skip_tf:

@@ -14,10 +14,14 @@ PYTHON_RECORDER = ["python:NO_TENSOR", "python:FULL_HEALTH"]
 NO_RANGES = "FULL_HEALTH:noranges"
 # The Python dispatch-mode check_numerics, the fallback without a compiler.
 PYTHON_CHECK = "python:check_numerics"
+# FULL_TENSOR with the Python recorder: asked for by name only (--variants), never on the
+# Transformer (see overhead_torch.py).
+PYTHON_FULL_TENSOR = "python:FULL_TENSOR"
 TORCH_VARIANTS = [
     "plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", PYTHON_CHECK,
     "detect_anomaly",
 ]  # fmt: skip
+ON_REQUEST = [PYTHON_FULL_TENSOR]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 # FULL_HEALTH with the summaries' counts reduced inside the compiled graph on CPU too, as
 # before nanscope_graph::counts (nanscope.backends.torch.compiled.rewrite.USE_NATIVE_COUNTS).
@@ -45,7 +49,7 @@ class TorchVariant:
             self.session = nanscope.enable_dump_debug_info(
                 self.logdir, tensor_debug_mode=self.name, circular_buffer_size=1000
             )
-        elif self.name in PYTHON_RECORDER:
+        elif self.name in PYTHON_RECORDER or self.name == PYTHON_FULL_TENSOR:
             os.environ["NANSCOPE_TORCH_RECORDER"] = "python"
             try:
                 self.session = nanscope.enable_dump_debug_info(

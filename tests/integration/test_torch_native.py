@@ -129,7 +129,7 @@ print("total", total)
 
 @needs_native
 @pytest.mark.parametrize(
-    "mode", ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE"]
+    "mode", ["NO_TENSOR", "CURT_HEALTH", "CONCISE_HEALTH", "FULL_HEALTH", "SHAPE", "FULL_TENSOR"]
 )
 def test_records_encoded_in_cpp_are_canonical_protobuf(tmp_path: Path, mode: str) -> None:
     """The C++ encoder writes exactly what protobuf itself would for the same message."""

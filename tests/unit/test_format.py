@@ -187,3 +187,47 @@ def test_discovery_errors_are_clear(tmp_path: Path) -> None:
 def test_varint_matches_protobuf(value: int) -> None:
     ev = pb.DebugEvent(step=value)
     assert wire.int_field(2, value) == ev.SerializeToString()
+
+
+# -- FULL_TENSOR views ----------------------------------------------------------------------------
+
+
+def test_a_view_reads_the_elements_numpy_reads() -> None:
+    from nanscope.format.tensors import ValueView, view_of
+
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    # base.T[1:, ::2] as offset, shape and strides in elements of the flat values.
+    want = base.T[1:, ::2]
+    got = view_of(base, ValueView(1, 0, offset=1, shape=(5, 2), strides=(1, 12)))
+    np.testing.assert_array_equal(got, want)
+    broadcast = view_of(base, ValueView(1, 0, offset=2, shape=(3, 4), strides=(0, 6)))
+    np.testing.assert_array_equal(broadcast, np.broadcast_to(base[:, 2], (3, 4)))
+    assert view_of(base, ValueView(1, 0, offset=0, shape=(0, 3), strides=(3, 1))).shape == (0, 3)
+
+
+@pytest.mark.parametrize(
+    "offset, shape, strides",
+    [
+        (20, (2, 3), (3, 1)),  # past the end
+        (-1, (2,), (1,)),
+        (0, (2, 2), (1,)),  # a stride missing
+        (0, (1 << 30,), (0,)),  # a broadcast claiming far more than the values hold
+    ],
+)
+def test_a_view_that_reads_outside_its_values_is_refused(
+    offset: int, shape: tuple[int, ...], strides: tuple[int, ...]
+) -> None:
+    from nanscope.format.tensors import ValueView, view_of
+
+    with pytest.raises(ValueError):
+        view_of(np.zeros(24, dtype=np.float32), ValueView(1, 0, offset, shape, strides))
+
+
+def test_a_view_s_health_is_its_counts() -> None:
+    from nanscope.format.tensors import ValueView
+
+    view = ValueView(3, 0, 0, (2,), (1,), (2, 0, 1, 0, 1, 0, 0))
+    h = health(TensorDebugMode.FULL_TENSOR, view)  # type: ignore[arg-type]
+    assert (h.size, h.pos_inf, h.neg, h.any_nonfinite) == (2, 1, 1, True)
+    malformed = ValueView(3, 0, 0, (2,), (1,), (2, -1))
+    assert health(TensorDebugMode.FULL_TENSOR, malformed).size is None  # type: ignore[arg-type]

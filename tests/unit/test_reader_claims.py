@@ -305,3 +305,36 @@ def test_a_summary_of_complex_numbers_or_strings_is_refused(tmp_path: Path) -> N
         assert reader.execution(0).health.neg_inf == 2  # the third output is read
     assert sum("a summary of complex64 holds no counts" in p for p in problems) == 2
     assert any("output 1: a summary of object holds no counts" in p for p in problems)
+
+
+def test_a_full_tensor_view_is_read_through_its_reference_or_refused(tmp_path: Path) -> None:
+    """A view's values come from the record it names; one that reads outside them is a
+    problem (not shown), one whose record is not in the dump reads as not recorded."""
+    from nanscope.events import DumpWriter, ExecutionEvent
+    from nanscope.format.tensors import ValueView
+
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    w = DumpWriter(tmp_path, M.FULL_TENSOR, circular_buffer_size=-1, framework="test")
+    views = [
+        ValueView(1, 0, 1, (4, 2), (1, 4), (8, 0, 0, 0, 0, 0, 8)),  # 4x2 elements from element 1
+        ValueView(1, 0, 5, (4, 2), (1, 4), (8, 0, 0, 0, 0, 0, 8)),  # reads past the end
+        ValueView(99, 0, 0, (2,), (1,), (2, 0, 0, 0, 0, 0, 2)),  # a record not in the dump
+    ]
+    written: list[Any] = [base, *views]
+    for i, value in enumerate(written):
+        w.write_execution(
+            ExecutionEvent(op_type=f"op{i}", output_tensor_ids=[i + 1], summaries=[value])
+        )
+    w.close()
+    import nanscope
+
+    first, good, outside, missing = nanscope.open_dump(tmp_path).executions()
+    assert first.tensor_values is not None and good.tensor_values is not None
+    np.testing.assert_array_equal(first.tensor_values[0], base)
+    flat = base.reshape(-1)
+    want = [[flat[1 + i + 4 * j] for j in range(2)] for i in range(4)]
+    np.testing.assert_array_equal(good.tensor_values[0], np.array(want, dtype=np.float32))
+    assert outside.tensor_values == (None,) and "reads element" in outside.problems[0]
+    assert missing.tensor_values == (None,) and missing.problems == ()
+    # The health comes from the counts either way.
+    assert [e.health.size for e in (good, outside, missing)] == [8, 8, 2]

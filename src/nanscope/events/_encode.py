@@ -23,7 +23,7 @@ from nanscope.format.headroom import (
 from nanscope.format.health import IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.tensors import array_to_proto
+from nanscope.format.tensors import ValueView, array_to_proto
 
 _V = wire.varint
 _TAG = {f: wire.tag(f, wire.LEN) for f in (4, 5, 7, 8, 9, 10, 1004, 1006)}
@@ -39,6 +39,15 @@ def collective_field(tag: CollectiveTag) -> bytes:
         sequence=tag.sequence, peer=tag.peer, framework_sequence=tag.framework_sequence,
     )  # fmt: skip
     return wire.len_field(1007, op.SerializeToString())
+
+
+def view_field(slot: int, view: ValueView) -> bytes:
+    """An execution's ``output_views`` entry (1009) for its output ``slot`` (FULL_TENSOR)."""
+    message = pb.ValueView(
+        output_slot=slot, sequence=view.sequence, slot=view.slot, offset=view.offset,
+        shape=view.shape, strides=view.strides, counts=view.counts,
+    )  # fmt: skip
+    return wire.len_field(1009, message.SerializeToString())
 
 
 def resolve(summaries: Sequence[np.ndarray | None] | Pending) -> Sequence[np.ndarray | None]:
@@ -92,8 +101,8 @@ class Encoder:
             vector = vector.astype(np.float64)
         return head + vector.tobytes()
 
-    def value_proto(self, value: np.ndarray | None) -> bytes:
-        if value is None:
+    def value_proto(self, value: np.ndarray | ValueView | None) -> bytes:
+        if value is None or isinstance(value, ValueView):  # a view: see output_views
             return b""
         if self.mode == TensorDebugMode.FULL_TENSOR:
             return bytes(array_to_proto(np.asarray(value)).SerializeToString())
@@ -171,6 +180,7 @@ class Encoder:
         parts.append(self._mode_exec)
         field = self._summary_field
         ranges = None
+        views = b""
         if self.mode == TensorDebugMode.FULL_HEALTH:
             # In memory a FULL_HEALTH summary carries its ranges after tfdbg2's 11
             # slots (nanscope.format.headroom); on disk they go to their own field.
@@ -181,7 +191,10 @@ class Encoder:
                     s = s[:TFDBG_WIDTH]
                 parts.append(field(7, s))
         else:
-            for s in summaries:
+            for slot, s in enumerate(summaries):
+                if isinstance(s, ValueView):
+                    views += view_field(slot, s)
+                    s = None
                 parts.append(field(7, s))
         if ev.stack >= 0:
             loc = self._located.get(ev.stack)
@@ -213,6 +226,7 @@ class Encoder:
             parts.append(collective_field(ev.collective))
         if ranges is not None and len(ranges) and not np.isnan(ranges).all():
             parts.append(wire.len_field(1008, ranges.tobytes()))
+        parts.append(views)
         body = b"".join(parts)
         payload = b"".join(
             (
@@ -229,8 +243,8 @@ class Encoder:
         """An execution's ranges for the range history, from its summaries (or FULL_TENSOR values)."""
         if self.mode == TensorDebugMode.FULL_HEALTH:
             return headroom.of_summaries(summaries)
-        if self.mode == TensorDebugMode.FULL_TENSOR:
-            return headroom.of_values(summaries)
+        if self.mode == TensorDebugMode.FULL_TENSOR:  # views' values are counted where made
+            return headroom.of_values([s for s in summaries if isinstance(s, np.ndarray)])
         return UNKNOWN_RANGES
 
     # -- graph execution traces ------------------------------------------------------------

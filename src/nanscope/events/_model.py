@@ -58,7 +58,8 @@ class ExecutionEvent:
 
     ``summaries`` has one entry per output, in the writer's tensor debug mode
     (``None`` for an output that the mode or the filters skip; a full array in
-    FULL_TENSOR mode). ``stack`` and ``forward_stack`` are stack ids from
+    FULL_TENSOR mode, or a :class:`nanscope.format.tensors.ValueView` for a view
+    of values recorded before). ``stack`` and ``forward_stack`` are stack ids from
     :meth:`nanscope.events._stacks.StackInterner.intern`.
     """
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from nanscope.format.modes import MAX_COUNT, TensorDebugMode, shape_from_summary
-from nanscope.format.tensors import dtype_name
+from nanscope.format.tensors import ValueView, dtype_name
 
 
 class IndexRow(NamedTuple):
@@ -139,6 +139,8 @@ def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health
     if vector is None:
         return UNKNOWN
     if mode == TensorDebugMode.FULL_TENSOR:
+        if isinstance(vector, ValueView):  # a recorder's view: the counts it took
+            return of_view(vector)
         return of_array(np.asarray(vector))
     if len(vector) == 0:
         return UNKNOWN
@@ -196,6 +198,17 @@ def of_array(array: np.ndarray) -> Health:
         pos += int(np.count_nonzero(a > 0))
     return Health(int(flat.size), ni, pi, nn, neg - ni, zero, pos - pi,
                   (ni + pi + nn) > 0, dtype)  # fmt: skip
+
+
+def of_view(view: ValueView) -> Health:
+    """Health of a FULL_TENSOR view from the counts its recorder took (unknown without)."""
+    counts = [int(c) for c in view.counts]
+    if len(counts) not in (1, 7) or not _counts([float(c) for c in counts]):
+        return UNKNOWN  # malformed
+    if len(counts) == 1:  # not a float type: no Inf/NaN
+        return Health(counts[0], 0, 0, 0, any_nonfinite=False)
+    size, ni, pi, nn, neg, zero, pos = counts
+    return Health(size, ni, pi, nn, neg, zero, pos, (ni + pi + nn) > 0)
 
 
 def total(parts: Sequence[Health]) -> Health:

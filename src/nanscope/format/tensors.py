@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -330,3 +331,59 @@ def proto_to_array(
         padded[values.size :] = values[-1]
         return padded.reshape(shape)
     raise ValueError(f"{values.size} values do not fit shape {shape}")
+
+
+# -- FULL_TENSOR views ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ValueView:
+    """FULL_TENSOR: an output whose values are a view of values recorded before.
+
+    Its record holds no copy of them (an empty ``TensorProto``) but an
+    ``Execution.output_views`` entry (docs/FORMAT.md): output ``slot`` of
+    execution ``sequence`` (same process) holds the values, flattened in C
+    order; this output reads them from element ``offset`` with its ``shape``
+    and ``strides`` (in elements). In a recorder's memory it also carries the
+    view's own counts, ``(size, -inf, +inf, nan, negative, zero, positive)``
+    (``None`` beyond the size for a non-float type), for the index.
+    """
+
+    sequence: int
+    slot: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    counts: tuple[int, ...] = ()
+
+
+def view_of(values: np.ndarray, view: ValueView) -> np.ndarray:
+    """The values ``view`` names, read from the recorded ``values`` it is a view of (a copy).
+
+    Raises ``ValueError`` for a view that reads outside those values or has a
+    malformed shape (a damaged or crafted record).
+    """
+    shape, strides = tuple(view.shape), tuple(view.strides)
+    if len(shape) != len(strides) or len(shape) > MAX_RANK:
+        raise ValueError(f"a view of shape {shape} has {len(strides)} strides")
+    if any(d < 0 for d in shape) or any(s < 0 for s in strides) or view.offset < 0:
+        raise ValueError("a view has a negative size, stride or offset")
+    flat = values.reshape(-1)
+    size = math.prod(shape)
+    if size == 0:
+        return np.zeros(shape, dtype=flat.dtype)
+    if size > max(flat.size, MAX_FILL_ELEMENTS):
+        raise ValueError(
+            f"a view of shape {_shape_text(shape)} claims {size:,} elements "
+            f"of values that hold {flat.size:,}"
+        )
+    last = view.offset + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+    if last >= flat.size:
+        raise ValueError(
+            f"a view reads element {last:,} of values that hold {flat.size:,} elements"
+        )
+    item = flat.dtype.itemsize
+    window = np.lib.stride_tricks.as_strided(
+        flat[view.offset :], shape=shape, strides=[s * item for s in strides], writeable=False
+    )
+    return np.array(window, copy=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -10,7 +11,7 @@ from nanscope.format.health import index_row, summary_problem
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.tensor_pb2 import TensorProto
-from nanscope.format.tensors import proto_to_array
+from nanscope.format.tensors import ValueView, proto_to_array
 
 # The most elements a summary vector may claim (the widest mode's has 11): a proto that
 # claims more is not a summary, and is not decoded (docs/FORMAT.md, "Limits").
@@ -83,6 +84,28 @@ def tensor_values(
     return out
 
 
+def output_views(
+    ex: pb.Execution, values: list[Any], problems: list[str] | None = None
+) -> dict[int, ValueView]:
+    """FULL_TENSOR: the outputs that are views of values recorded before, by slot
+    (``Execution.output_views``), each put in ``values`` for its health (see
+    :func:`nanscope.format.health.of_view`). An entry naming an output that is not
+    there, or one that holds a value of its own, is a problem and left out."""
+    views: dict[int, ValueView] = {}
+    for v in ex.output_views:
+        slot = int(v.output_slot)
+        if not 0 <= slot < len(values) or values[slot] is not None or slot in views:
+            if problems is not None:
+                problems.append(f"output {slot}: a view entry for an output that has a value "
+                                "or is not there; not shown")  # fmt: skip
+            continue
+        views[slot] = values[slot] = ValueView(
+            int(v.sequence), int(v.slot), int(v.offset), tuple(v.shape), tuple(v.strides),
+            tuple(v.counts),
+        )  # fmt: skip
+    return views
+
+
 # Row tuple: (name, graph, slot, wall_time, step, sequence, size, neg_inf, pos_inf,
 # nan, nonfinite, phase, device), strings as str (the caller interns them).
 RowData = tuple[str, str, int, float, int, int, int, int, int, int, int, int, int]
@@ -92,7 +115,10 @@ def execution_row(event: pb.DebugEvent, problems: list[str]) -> RowData:
     """The index row of an execution; what is wrong with its outputs goes to ``problems``."""
     ex = event.execution
     mode = mode_of(ex.tensor_debug_mode)
-    h = index_row(mode, tensor_values(list(ex.tensor_protos), mode, problems))
+    values: list[Any] = tensor_values(list(ex.tensor_protos), mode, problems)
+    if ex.output_views and mode == TensorDebugMode.FULL_TENSOR:
+        output_views(ex, values, problems)
+    h = index_row(mode, values)
     device = ex.output_tensor_device_ids[0] if ex.output_tensor_device_ids else 0
     return (
         ex.op_type,

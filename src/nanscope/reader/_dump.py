@@ -23,6 +23,7 @@ from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.format.strings import StringTable
+from nanscope.format.tensors import ValueView, view_of
 from nanscope.reader._data import (
     PHASES,
     Collective,
@@ -39,6 +40,7 @@ from nanscope.reader._decode import (
     DecodeError,
     execution_row,
     mode_of,
+    output_views,
     parse_event,
     tensor_values,
     trace_row,
@@ -787,7 +789,12 @@ class DumpReader:
         ex = event.execution
         mode = mode_of(ex.tensor_debug_mode)
         found: list[str] = []
-        values = tensor_values(list(ex.tensor_protos), mode, found)
+        values: list[Any] = tensor_values(list(ex.tensor_protos), mode, found)
+        views = (
+            output_views(ex, values, found)
+            if ex.output_views and mode == TensorDebugMode.FULL_TENSOR
+            else {}
+        )
         inputs = tensor_values(list(ex.input_tensor_protos), mode, found, "input")
         # Health is decoded here, once per event; everything downstream uses it as it is.
         outputs = () if mode == TensorDebugMode.NO_TENSOR else health.per_output(mode, values)
@@ -797,6 +804,8 @@ class DumpReader:
             summaries = None
             if mode == TensorDebugMode.FULL_TENSOR:
                 full = tuple(values)
+                if views:
+                    full = self._view_values(proc, index, full, views, found)
         else:
             summaries = tuple(values)
         return Execution(
@@ -828,6 +837,51 @@ class DumpReader:
             output_ranges=_output_ranges(ex, mode, values),
             problems=self._damage(where, found),
         )
+
+    def _view_values(
+        self,
+        proc: _Process,
+        index: int,
+        values: tuple[Any, ...],
+        views: dict[int, ValueView],
+        found: list[str],
+    ) -> tuple[np.ndarray | None, ...]:
+        """FULL_TENSOR values with each view's read from the record that holds them
+        (``None`` where that record was not kept, e.g. by a circular buffer)."""
+        out = list(values)
+        for slot, view in views.items():
+            out[slot] = None
+            at = self._execution_of(proc.index, view.sequence, index)
+            if at is None:
+                continue
+            try:
+                _, event, _ = self._event_at(EXECUTIONS, at)
+            except (RecordError, DecodeError, OSError):
+                continue  # that record's own problem, reported when it is read
+            protos = event.execution.tensor_protos
+            if view.slot >= len(protos):
+                continue
+            (source,) = tensor_values([protos[view.slot]], TensorDebugMode.FULL_TENSOR)
+            if source is None:
+                continue
+            try:
+                out[slot] = view_of(source, view)
+            except ValueError as exc:
+                found.append(f"output {slot}: {exc}; not shown")
+        return tuple(out)
+
+    def _execution_of(self, process: int, sequence: int, before: int) -> int | None:
+        """The index of ``process``'s execution ``sequence``, looked for backwards from
+        ``before`` (a view's values were recorded shortly before it, as a rule)."""
+        rows, procs = self._exec_rows, self._exec_process
+        lo = max(0, before - 4096)
+        for begin, end in ((lo, before), (0, lo), (before, len(rows))):
+            hits = np.flatnonzero(
+                (rows["sequence"][begin:end] == sequence) & (procs[begin:end] == process)
+            )
+            if hits.size:
+                return begin + int(hits[-1])
+        return None
 
     def executions(self, begin: int = 0, end: int | None = None) -> list[Execution]:
         end = self.num_executions() if end is None else min(end, self.num_executions())
@@ -995,7 +1049,8 @@ def _output_ranges(
 ) -> tuple[tuple[float, float] | None, ...]:
     """Each output's ranges pair (see :mod:`nanscope.format.headroom`), where recorded."""
     if mode == TensorDebugMode.FULL_TENSOR:
-        found = [None if v is None else headroom.of_value(np.asarray(v)) for v in values]
+        # A view's values are counted where they were made (see the FULL_HEALTH ranges).
+        found = [headroom.of_value(v) if isinstance(v, np.ndarray) else None for v in values]
         return tuple(None if f is None else f[1] for f in found)
     if mode == TensorDebugMode.FULL_HEALTH and ex.output_ranges:
         return tuple(headroom.pairs_of(ex.output_ranges))

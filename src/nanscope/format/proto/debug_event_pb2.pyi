@@ -172,7 +172,7 @@ class DebuggedDevice(_message.Message):
     def __init__(self, device_name: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class Execution(_message.Message):
-    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos", "collective", "output_ranges")
+    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos", "collective", "output_ranges", "output_views")
     OP_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class Execution(_message.Message):
     INPUT_TENSOR_PROTOS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_RANGES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_VIEWS_FIELD_NUMBER: _ClassVar[int]
     op_type: str
     num_outputs: int
     graph_id: str
@@ -207,7 +208,26 @@ class Execution(_message.Message):
     input_tensor_protos: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorProto]
     collective: CollectiveOp
     output_ranges: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ..., output_ranges: _Optional[_Iterable[float]] = ...) -> None: ...
+    output_views: _containers.RepeatedCompositeFieldContainer[ValueView]
+    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ..., output_ranges: _Optional[_Iterable[float]] = ..., output_views: _Optional[_Iterable[_Union[ValueView, _Mapping]]] = ...) -> None: ...
+
+class ValueView(_message.Message):
+    __slots__ = ("output_slot", "sequence", "slot", "offset", "shape", "strides", "counts")
+    OUTPUT_SLOT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    output_slot: int
+    sequence: int
+    slot: int
+    offset: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, output_slot: _Optional[int] = ..., sequence: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectiveOp(_message.Message):
     __slots__ = ("group", "group_desc", "group_size", "kind", "sequence", "peer", "framework_sequence")

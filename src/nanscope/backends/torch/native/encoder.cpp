@@ -53,6 +53,71 @@ double format_max(int dtype) {
   }
 }
 
+// A TensorProto's fields before its content (dtype, shape) and the content's
+// tag and length: what nanscope.format.tensors.array_to_proto serialises.
+std::string value_head(const TensorValue& v, const Values& vals) {
+  std::string proto;
+  put_tag(proto, 1, 0);
+  put_varint(proto, static_cast<uint64_t>(v.dtype));
+  if (v.rank > 0) {
+    std::string shape;
+    for (int32_t d = 0; d < v.rank; ++d) {
+      const int64_t size = vals.dims[static_cast<size_t>(v.dims_at + d)];
+      put_tag(shape, 2, 2);
+      if (size == 0) {
+        put_varint(shape, 0);
+      } else {
+        std::string dim;
+        put_tag(dim, 1, 0);
+        put_varint(dim, static_cast<uint64_t>(size));
+        put_varint(shape, dim.size());
+        shape += dim;
+      }
+    }
+    put_tag(proto, 2, 2);
+    put_varint(proto, shape.size());
+    proto += shape;
+  }
+  if (v.nbytes > 0) {
+    put_tag(proto, 4, 2);
+    put_varint(proto, static_cast<uint64_t>(v.nbytes));
+  }
+  return proto;
+}
+
+// An output_views (1009) entry: output `slot` is a view of values recorded
+// in execution `sequence` (docs/FORMAT.md).
+void put_view(std::string& out, size_t slot, int64_t sequence, const TensorValue& v,
+              const Values& vals, const double* row) {
+  std::string m;
+  if (slot != 0) {
+    put_tag(m, 1, 0);
+    put_varint(m, slot);
+  }
+  put_tag(m, 2, 0);
+  put_varint(m, static_cast<uint64_t>(sequence));
+  if (v.of_slot != 0) {
+    put_tag(m, 3, 0);
+    put_varint(m, static_cast<uint64_t>(v.of_slot));
+  }
+  if (v.offset != 0) {
+    put_tag(m, 4, 0);
+    put_varint(m, static_cast<uint64_t>(v.offset));
+  }
+  const auto* dims = vals.dims.data() + v.dims_at;
+  std::vector<int64_t> shape(dims, dims + v.rank), strides(dims + v.rank, dims + 2 * v.rank);
+  put_packed(m, 5, shape);
+  put_packed(m, 6, strides);
+  // Its counts (value_row's), as the index has them: 7 for a float type, the size otherwise.
+  const bool counted = v.dtype == 1 || v.dtype == 2 || v.dtype == 19;
+  std::vector<int64_t> counts;
+  for (int k = 4; k < (counted ? 11 : 5); ++k) counts.push_back(static_cast<int64_t>(row[k]));
+  put_packed(m, 7, counts);
+  put_tag(out, 1009, 2);
+  put_varint(out, m.size());
+  out += m;
+}
+
 // CRC32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time from a table,
 // or with SSE 4.2's crc32 instruction where the CPU has it.
 struct CrcTable {
@@ -184,8 +249,21 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
   bool seen = false, flagged = false;
   // FULL_HEALTH rows carry their ranges after tfdbg2's slots: those go to
   // output_ranges (1008), and the index keeps one pair (headroom::combine).
-  const bool ranged = mode == kFull && width == kFullRecorded;
+  // FULL_TENSOR values come with such rows, for the index and the ranges only.
+  const bool full_tensor = mode == kFullTensor && ev.values != nullptr;
+  if (full_tensor) width = kFullRecorded;
+  const bool ranged = (mode == kFull && width == kFullRecorded) || full_tensor;
   const int written = ranged ? kFullSlots : width;
+  // FULL_TENSOR: the values' bytes are not copied into `body`, but straight
+  // into the payload at these places of it.
+  struct Hole {
+    size_t at;
+    const char* bytes;
+    size_t n;
+  };
+  std::vector<Hole> holes;
+  size_t hole_bytes = 0;
+  std::string views;
   std::string ranges;
   double amax = std::nan(""), amin = std::numeric_limits<double>::infinity(), best = -1;
   int range_dtype = 0;
@@ -197,8 +275,30 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
         continue;
       }
       const double* row = ev.sums.data() + i * width;
-      body += sum_prefix;
-      body.append(reinterpret_cast<const char*>(row), sizeof(double) * written);
+      if (full_tensor) {
+        const Values& vals = *ev.values;
+        const TensorValue& v = vals.outs[i];
+        if (v.kind == TensorValue::kBytes) {
+          std::string head = value_head(v, vals);
+          put_tag(body, 7, 2);
+          put_varint(body, head.size() + static_cast<uint64_t>(v.nbytes));
+          body += head;
+          if (v.nbytes > 0) {
+            holes.push_back({body.size(), vals.bytes + v.begin, static_cast<size_t>(v.nbytes)});
+            hole_bytes += static_cast<size_t>(v.nbytes);
+          }
+        } else {
+          // A view: its values are in an earlier record; without that record's
+          // number (its event was not encoded here) the output reads as not recorded.
+          body += none_field;
+          const int64_t at = v.kind == TensorValue::kView ? seq_of(v.of_serial) : 0;
+          if (at == 0) continue;
+          put_view(views, i, at, v, vals, row);
+        }
+      } else {
+        body += sum_prefix;
+        body.append(reinterpret_cast<const char*>(row), sizeof(double) * written);
+      }
       if (ranged) {
         ranges.append(reinterpret_cast<const char*>(row + kFullSlots), sizeof(double) * 2);
         double top = format_max(static_cast<int>(row[2]));
@@ -212,7 +312,7 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
         }
       }
       seen = true;
-      if (mode == kFull) {
+      if (mode == kFull || full_tensor) {
         size += static_cast<int64_t>(row[4]);
         ni += static_cast<int64_t>(row[5]);
         pi += static_cast<int64_t>(row[6]);
@@ -248,12 +348,15 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
     put_varint(body, static_cast<uint64_t>(seq));
   }
   if (range_dtype != 0) {  // some output's ranges are known
-    put_tag(body, 1008, 2);
-    put_varint(body, ranges.size());
-    body += ranges;
+    if (!full_tensor) {  // FULL_TENSOR: the reader takes them from the values
+      put_tag(body, 1008, 2);
+      put_varint(body, ranges.size());
+      body += ranges;
+    }
   } else {
     amin = std::nan("");
   }
+  body += views;
   std::string payload;
   payload.reserve(body.size() + 24);
   if (ev.wall != 0) {
@@ -265,12 +368,24 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
     put_varint(payload, static_cast<uint64_t>(ev.step));
   }
   put_tag(payload, 9, 2);
-  put_varint(payload, body.size());
-  payload += body;
-  if (ev.link_target) note_seq(ev.serial, seq);
+  put_varint(payload, body.size() + hole_bytes);
+  if (holes.empty()) {
+    payload += body;
+  } else {
+    // The values, between the body's pieces (off the GIL: the drain encodes without it).
+    payload.reserve(payload.size() + body.size() + hole_bytes);
+    size_t from = 0;
+    for (const Hole& h : holes) {
+      payload.append(body, from, h.at - from);
+      payload.append(h.bytes, h.n);
+      from = h.at;
+    }
+    payload.append(body, from, std::string::npos);
+  }
+  if (ev.link_target || full_tensor) note_seq(ev.serial, seq);
   // The index row's health, as nanscope.format.health.index_row computes it.
   int64_t h_size = -1, h_ni = -1, h_pi = -1, h_nn = -1, h_bad = -1;
-  if (seen && (mode == kFull || mode == kConcise)) {
+  if (seen && (mode == kFull || mode == kConcise || full_tensor)) {
     h_size = size, h_ni = ni, h_pi = pi, h_nn = nn, h_bad = (ni + pi + nn) > 0;
   } else if (seen && mode == kCurt) {
     h_bad = flagged;

@@ -5,8 +5,11 @@
 // then only frames and files the records, instead of building a message per
 // op. Pieces that depend on Python-side tables (stacks' code locations,
 // module paths, device ids) come from the Python side once each and are
-// cached here. An event with summaries computed by Python (accelerator,
-// FULL_TENSOR) or input summaries stays with Python.
+// cached here. FULL_TENSOR values copied by the recorder are written here
+// too, straight into the record (and a view's reference to values recorded
+// before, Execution.output_views). An event with summaries computed by
+// Python (accelerator, unusual FULL_TENSOR values) or input summaries stays
+// with Python.
 //
 // Kept apart from the recorder (recorder.cpp), which makes the events on the
 // threads that run ops: the encoder is the file format's side, and runs on

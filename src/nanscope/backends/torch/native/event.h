@@ -6,8 +6,11 @@
 // them to the encoder, so both must see one definition.
 #include <Python.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,53 @@ struct OpFlags {
   std::string name;  // "aten.log.default"
 };
 
+// FULL_TENSOR: one output's value as its record holds it (see encoder.cpp).
+struct TensorValue {
+  enum Kind : int8_t { kNone = 0, kBytes = 1, kView = 2 };
+  Kind kind = kNone;
+  int32_t dtype = 0;       // the DataType of the bytes (bfloat16 is widened to float32)
+  int64_t begin = 0;       // kBytes: where its bytes start in Values::bytes
+  int64_t nbytes = 0;
+  int32_t rank = 0;        // its shape: Values::dims[dims_at, dims_at + rank)
+  int64_t dims_at = 0;     // kView: its strides follow its shape in Values::dims
+  // kView: the values are those of output `of_slot` of the event `of_serial`
+  // (recorded before), read from element `offset` with this output's strides.
+  int64_t of_serial = -1;
+  int32_t of_slot = 0;
+  int64_t offset = 0;
+};
+
+// Bytes held by FULL_TENSOR values not yet encoded and freed, for the
+// recorder's bound on its buffer (recorder.cpp's push).
+inline std::atomic<int64_t> g_value_bytes{0};
+
+// An event's FULL_TENSOR values: one allocation for all its outputs' bytes.
+// Plain malloc, not the pool: these are tensor-sized and freed within a drain
+// cycle, like the program's own tensors.
+struct Values {
+  std::vector<TensorValue> outs;
+  std::vector<int64_t> dims;
+  char* bytes = nullptr;
+  int64_t nbytes = 0;
+  Values() = default;
+  Values(const Values&) = delete;
+  Values& operator=(const Values&) = delete;
+  ~Values() {
+    if (bytes != nullptr) {
+      std::free(bytes);
+      g_value_bytes.fetch_sub(nbytes, std::memory_order_relaxed);
+    }
+  }
+  bool allocate(int64_t n) {
+    if (n <= 0) return true;
+    bytes = static_cast<char*>(std::malloc(static_cast<size_t>(n)));
+    if (bytes == nullptr) return false;
+    nbytes = n;
+    g_value_bytes.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  }
+};
+
 // A recorded op, buffered until the drain thread takes it.
 struct Event {
   int32_t op = -1;
@@ -59,6 +109,9 @@ struct Event {
   pvec<int32_t> out_dev{pool()};
   pvec<double> sums{pool()};  // width values per output
   pvec<uint8_t> has{pool()};  // 1: computed here, 2: in `parts`, 0: none
+  // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
+  // of their counts, FULL_HEALTH's layout, for the index and the ranges).
+  std::unique_ptr<Values> values;
   PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
   PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
   PyObject* collective = nullptr; // owned: a torch.distributed operation's tag

@@ -16,8 +16,9 @@
 // Python is called, with the GIL, only for what is rare or framework-heavy:
 // an op seen for the first time, a stack seen for the first time, outputs on
 // an accelerator (summarised with device ops, never synchronised), FULL_TENSOR
-// copies, a collective to wait for, and the inputs of an op that produced
-// Inf/NaN.
+// values of unusual tensors (complex, sparse, on a device), a collective to
+// wait for, and the inputs of an op that produced Inf/NaN. FULL_TENSOR copies
+// of CPU tensors are made here (see copy_values) and encoded in encoder.cpp.
 //
 // This file holds the recording: the callback, the tables it keeps (ops,
 // tensor ids, stacks, links, summaries) and the buffer, with the extension's
@@ -35,6 +36,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -61,6 +65,9 @@ namespace {
 constexpr int kMaxFrames = 128;
 constexpr size_t kCacheMax = 8192;
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
+// FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
+// an op waits for the drain, as for a full buffer.
+constexpr int64_t kValueBytesMax = int64_t(512) << 20;
 
 struct Link {
   int64_t serial;
@@ -91,6 +98,20 @@ struct ViewEntry {
 };
 
 using Tensors = c10::SmallVector<at::Tensor, 4>;
+
+// FULL_TENSOR: where the values of a recorded tensor are, while its storage has
+// not been written since (the version counter, shared by a base and its views,
+// has not moved): a view of it then points at them instead of copying them.
+// The root is a contiguous output whose bytes an event holds.
+struct ValueEntry {
+  int64_t version;
+  const void* storage;
+  int8_t dtype;
+  int64_t root_serial;   // the event holding the values
+  int32_t root_slot;     // its output
+  int64_t root_offset;   // the root's storage offset (elements)
+  int64_t root_numel;
+};
 
 struct Ctx : at::ObserverContext, Pooled {
   using Pooled::operator new;
@@ -157,6 +178,7 @@ struct State {
   std::mutex cache_mu;
   std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{pool()};
   std::pmr::unordered_set<int64_t> blank{pool()};
+  std::pmr::unordered_map<int64_t, ValueEntry> values{pool()};  // FULL_TENSOR, by tensor id
 
   std::mutex dev_mu;
   std::vector<std::string> devices{"cpu"};
@@ -651,23 +673,283 @@ void drop(Event& ev) {
 // thread needs), then its event is dropped and counted. An event with
 // Inf/NaN (`keep`) may use a second capacity's worth of room, so the origin
 // survives a slow drain.
-void push(Event&& ev, bool keep) {
+// FULL_TENSOR values count too: past kValueBytesMax bytes the buffer is full.
+// Returns whether the event was buffered.
+bool push(Event&& ev, bool keep) {
   std::unique_lock<std::mutex> lk(S->ev_mu);
   const size_t limit = keep ? 2 * S->capacity : S->capacity;
-  if (S->events.size() >= S->capacity && !S->stopping) {
+  // Others' values: one tensor larger than the bound still goes, once the rest is written.
+  const int64_t own = ev.values ? ev.values->nbytes : 0;
+  auto heavy = [own] { return g_value_bytes.load(std::memory_order_relaxed) - own > kValueBytesMax; };
+  if ((S->events.size() >= S->capacity || (ev.values && heavy())) && !S->stopping) {
     S->ev_cv.notify_all();
     if (!PyGILState_Check()) {
-      S->space_cv.wait_for(lk, kFullWait,
-                           [] { return S->events.size() < S->capacity || S->stopping; });
+      // The drain frees taken values when it next refills: values count until then.
+      S->space_cv.wait_for(lk, kFullWait, [&] {
+        return (S->events.size() < S->capacity && !(ev.values && heavy())) || S->stopping;
+      });
     }
-    if (S->events.size() >= limit && !S->stopping) {
+    if ((S->events.size() >= limit || (ev.values && heavy() && !keep)) && !S->stopping) {
       lk.unlock();
       drop(ev);
-      return;
+      return false;
     }
   }
   S->events.push_back(std::move(ev));
   if (S->events.size() >= S->wake_at) S->ev_cv.notify_all();
+  return true;
+}
+
+// -- FULL_TENSOR values ---------------------------------------------------------------------
+
+// The DataType a CPU tensor's values are written as, and their element size
+// there; 0 for a dtype left to the Python side (complex, float8, unsigned
+// beyond uint8, quantized). bfloat16 is widened to float32, as the Python
+// side writes it (numpy has no bfloat16).
+int value_dtype(at::ScalarType st, int64_t* itemsize) {
+  switch (st) {
+    case at::kFloat: *itemsize = 4; return 1;      // DT_FLOAT
+    case at::kDouble: *itemsize = 8; return 2;     // DT_DOUBLE
+    case at::kInt: *itemsize = 4; return 3;        // DT_INT32
+    case at::kByte: *itemsize = 1; return 4;       // DT_UINT8
+    case at::kShort: *itemsize = 2; return 5;      // DT_INT16
+    case at::kChar: *itemsize = 1; return 6;       // DT_INT8
+    case at::kLong: *itemsize = 8; return 9;       // DT_INT64
+    case at::kBool: *itemsize = 1; return 10;      // DT_BOOL
+    case at::kBFloat16: *itemsize = 4; return 1;   // widened to DT_FLOAT
+    case at::kHalf: *itemsize = 2; return 19;      // DT_HALF
+    default: return 0;
+  }
+}
+
+struct Widen {  // bfloat16 bits to float32: the value is exact
+  float operator()(uint16_t b) const {
+    uint32_t w = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &w, sizeof f);
+    return f;
+  }
+};
+struct Same {
+  template <typename T>
+  T operator()(T v) const { return v; }
+};
+
+// The elements of a strided layout in C order (the last dimension fastest),
+// read in place: no op is dispatched (the program's own dispatch modes would
+// see it) and nothing but `out` is written.
+template <typename Src, typename Dst, typename Conv>
+void gather(const Src* base, c10::IntArrayRef sizes, c10::IntArrayRef strides, Dst* out, Conv conv) {
+  const int64_t rank = static_cast<int64_t>(sizes.size());
+  if (rank == 0) {
+    *out = conv(*base);
+    return;
+  }
+  const int64_t inner = sizes[rank - 1], step = strides[rank - 1];
+  int64_t outer = 1;
+  for (int64_t d = 0; d + 1 < rank; ++d) outer *= sizes[d];
+  c10::SmallVector<int64_t, 8> at(static_cast<size_t>(rank), 0);
+  const Src* p = base;
+  for (int64_t o = 0; o < outer; ++o) {
+    if (step == 1 && std::is_same_v<Conv, Same>) {
+      std::memcpy(out, p, sizeof(Src) * static_cast<size_t>(inner));
+    } else {
+      for (int64_t i = 0; i < inner; ++i) out[i] = conv(p[i * step]);
+    }
+    out += inner;
+    for (int64_t d = rank - 2; d >= 0; --d) {  // the odometer over the outer dimensions
+      if (++at[d] < sizes[d]) {
+        p += strides[d];
+        break;
+      }
+      p -= strides[d] * (sizes[d] - 1);
+      at[d] = 0;
+    }
+  }
+}
+
+// Copies a CPU tensor's values, C order, into `out` (numel elements of its value dtype).
+void copy_out(const at::Tensor& t, char* out) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const char* src = static_cast<const char*>(t.const_data_ptr());
+  const bool dense = t.is_contiguous();
+  if (t.scalar_type() == at::kBFloat16) {
+    const auto* p = reinterpret_cast<const uint16_t*>(src);
+    auto* q = reinterpret_cast<float*>(out);
+    if (dense) {
+      Widen w;
+      for (int64_t i = 0; i < n; ++i) q[i] = w(p[i]);
+    } else {
+      gather(p, t.sizes(), t.strides(), q, Widen{});
+    }
+    return;
+  }
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  if (dense) {
+    std::memcpy(out, src, static_cast<size_t>(n * size));
+    return;
+  }
+  switch (size) {
+    case 1: gather(reinterpret_cast<const uint8_t*>(src), t.sizes(), t.strides(), reinterpret_cast<uint8_t*>(out), Same{}); break;
+    case 2: gather(reinterpret_cast<const uint16_t*>(src), t.sizes(), t.strides(), reinterpret_cast<uint16_t*>(out), Same{}); break;
+    case 4: gather(reinterpret_cast<const uint32_t*>(src), t.sizes(), t.strides(), reinterpret_cast<uint32_t*>(out), Same{}); break;
+    default: gather(reinterpret_cast<const uint64_t*>(src), t.sizes(), t.strides(), reinterpret_cast<uint64_t*>(out), Same{}); break;
+  }
+}
+
+// Whether this recorder copies `t`'s values itself (else the Python side does).
+bool copyable(const at::Tensor& t) {
+  int64_t size = 0;
+  if (!t.is_cpu() || t.layout() != at::kStrided || t.is_neg() || t.is_conj() ||
+      value_dtype(t.scalar_type(), &size) == 0 || !t.has_storage()) {
+    return false;
+  }
+  for (int64_t s : t.strides()) {
+    if (s < 0) return false;
+  }
+  return t.numel() == 0 || t.const_data_ptr() != nullptr;
+}
+
+// A FULL_HEALTH-layout row of a value's counts, for the index and the range
+// history (what nanscope.format.health.of_array and headroom.of_value say of
+// the values as written): ranges NaN for a view (its values are counted once,
+// under the op that made them) and for a type without them.
+void value_row(const at::Tensor& t, int dtype, bool view, double* row) {
+  const int64_t n = t.numel();
+  std::fill(row, row + kFullRecorded, 0.0);
+  row[0] = -1;
+  row[1] = -1;
+  row[2] = dtype;
+  row[3] = static_cast<double>(t.dim());
+  row[4] = static_cast<double>(n);
+  row[11] = row[12] = std::nan("");
+  Counts c;
+  Special s;
+  if (!count_tensor(t, &c, &s, true, !view)) {
+    return;  // not a float type: no Inf/NaN, no sign counts in the index
+  }
+  row[5] = static_cast<double>(s.ninf);
+  row[6] = static_cast<double>(s.pinf);
+  row[7] = static_cast<double>(s.nan);
+  row[8] = static_cast<double>(c.neg - s.ninf);
+  row[9] = static_cast<double>(c.zero);
+  row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+  if (!view) {
+    row[11] = c.hi;
+    row[12] = c.lo;
+  }
+}
+
+// A value to remember once its event is buffered (see ValueEntry).
+struct Pending {
+  int64_t id;
+  ValueEntry entry;
+};
+
+// The values of a FULL_TENSOR op's outputs, copied here; false (nothing
+// kept) when some output needs the Python side. An output of a view op whose
+// input's values were recorded and not written since gets a reference to
+// them instead of a copy. `pending`: what to remember once the event is
+// buffered (a view's reference must never name an event that is not).
+bool copy_values(const OpFlags& op, const Ctx& c, const Tensors& outs, Event& ev,
+                 c10::SmallVector<Pending, 4>& pending) {
+  if (op.collective) return false;  // its tag makes the Python side write it
+  const size_t n = outs.size();
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = outs[i];
+    int st = static_cast<int>(t.scalar_type());
+    if (st >= 64 || !S->dtype_ok[st] || t.is_meta()) continue;
+    if (!copyable(t)) return false;
+  }
+  auto vals = std::make_unique<Values>();
+  vals->outs.resize(n);
+  ev.sums.assign(n * kFullRecorded, 0.0);
+  const bool may_view = op.view && !c.ins.empty() && !ev.in_ids.empty();
+  int64_t base_version = may_view ? version_of(c.ins[0]) : -1;
+  ValueEntry base{};
+  bool have_base = false;
+  if (base_version >= 0) {
+    std::lock_guard<std::mutex> g(S->cache_mu);
+    auto it = S->values.find(ev.in_ids[0]);
+    if (it != S->values.end() && it->second.version == base_version) {
+      base = it->second;
+      have_base = true;
+    }
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& t = outs[i];
+    int st = static_cast<int>(t.scalar_type());
+    if (st >= 64 || !S->dtype_ok[st] || t.is_meta()) continue;
+    TensorValue& v = vals->outs[i];
+    int64_t item = 0;
+    v.dtype = value_dtype(t.scalar_type(), &item);
+    v.rank = static_cast<int32_t>(t.dim());
+    v.dims_at = static_cast<int64_t>(vals->dims.size());
+    for (int64_t d : t.sizes()) vals->dims.push_back(d);
+    const int64_t numel = t.numel();
+    if (have_base && numel > 0 && base.storage == t.storage().unsafeGetStorageImpl() &&
+        base.dtype == static_cast<int8_t>(t.scalar_type())) {
+      // Every element the view reads lies in the root's values (strides are >= 0).
+      int64_t first = t.storage_offset() - base.root_offset, last = first;
+      for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+      // A broadcast may hold more elements than its base: up to what a reader
+      // fills (nanscope.format.tensors.MAX_FILL_ELEMENTS).
+      if (first >= 0 && last < base.root_numel &&
+          numel <= std::max<int64_t>(base.root_numel, int64_t(1) << 20)) {
+        v.kind = TensorValue::kView;
+        v.of_serial = base.root_serial;
+        v.of_slot = base.root_slot;
+        v.offset = first;
+        for (int64_t d : t.strides()) vals->dims.push_back(d);
+        value_row(t, v.dtype, true, ev.sums.data() + i * kFullRecorded);
+        ev.has[i] = 1;
+        int64_t version = version_of(t);
+        if (version >= 0) pending.push_back({ev.out_ids[i], ValueEntry{version, base.storage, base.dtype, base.root_serial, base.root_slot, base.root_offset, base.root_numel}});
+        continue;
+      }
+    }
+    v.kind = TensorValue::kBytes;
+    v.begin = total;
+    v.nbytes = numel * item;
+    total += v.nbytes;
+  }
+  if (!vals->allocate(total)) {  // out of memory: the Python side may still manage
+    ev.has.assign(n, 0);
+    ev.sums.clear();
+    pending.clear();
+    return false;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    TensorValue& v = vals->outs[i];
+    if (v.kind != TensorValue::kBytes) continue;
+    const at::Tensor& t = outs[i];
+    copy_out(t, vals->bytes + v.begin);
+    value_row(t, v.dtype, false, ev.sums.data() + i * kFullRecorded);
+    ev.has[i] = 1;
+    int64_t version = version_of(t);
+    if (version >= 0 && t.is_contiguous() && t.numel() > 0) {
+      pending.push_back({ev.out_ids[i],
+                         ValueEntry{version, t.storage().unsafeGetStorageImpl(),
+                                    static_cast<int8_t>(t.scalar_type()), -1,
+                                    static_cast<int32_t>(i), t.storage_offset(), t.numel()}});
+    }
+  }
+  ev.values = std::move(vals);
+  return true;
+}
+
+// Remembers the values of a buffered event (see copy_values).
+void remember_values(const c10::SmallVector<Pending, 4>& pending, int64_t serial) {
+  if (pending.empty()) return;
+  std::lock_guard<std::mutex> g(S->cache_mu);
+  if (S->values.size() > kCacheMax) S->values.clear();
+  for (const Pending& p : pending) {
+    ValueEntry e = p.entry;
+    if (e.root_serial < 0) e.root_serial = serial;
+    S->values.insert_or_assign(p.id, e);
+  }
 }
 
 void record(const at::RecordFunction& fn, Ctx& c) {
@@ -718,7 +1000,10 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   }
 
   bool bad = false;
-  if (values && !blank) {
+  c10::SmallVector<Pending, 4> pending;  // FULL_TENSOR values to remember once buffered
+  if (values && !blank && mode == kFullTensor && copy_values(op, c, outs, ev, pending)) {
+    // Copied here; the encoder writes them.
+  } else if (values && !blank) {
     const int w = S->width;
     ev.sums.assign(outs.size() * w, 0.0);
     std::vector<size_t> in_python;
@@ -826,7 +1111,8 @@ void record(const at::RecordFunction& fn, Ctx& c) {
     }
     return;
   }
-  push(std::move(ev), bad);
+  const int64_t serial = ev.serial;
+  if (push(std::move(ev), bad)) remember_values(pending, serial);
 }
 
 // A wrapped number's value, read from memory: an op (item()) here would pass
@@ -1033,6 +1319,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     std::lock_guard<std::mutex> g(s->cache_mu);
     s->cache.clear();
     s->blank.clear();
+    s->values.clear();
   }
   s->serial = 0;
   s->step = 0;
@@ -1138,6 +1425,51 @@ py::object encode_batch(int64_t first_seq, size_t limit) {
   return py::make_tuple(static_cast<int64_t>(b.rows.size()), py::bytes(b.data), rows, names, ranges);
 }
 
+// FULL_TENSOR values of an event that the Python side writes (an event is
+// drained as a tuple before the writer has numbered its device), as `parts`:
+// arrays, and nanscope.format.tensors.ValueView for views.
+void values_to_parts(Event& ev) {
+  static const char* const kNumpy[] = {nullptr, "float32", "float64", "int32", "uint8", "int16",
+                                       "int8", nullptr, nullptr, "int64", "bool"};
+  const Values& vals = *ev.values;
+  py::object view_type = py::module_::import("nanscope.format.tensors").attr("ValueView");
+  py::list parts;
+  for (size_t i = 0; i < vals.outs.size(); ++i) {
+    const TensorValue& v = vals.outs[i];
+    const int64_t* dims = vals.dims.data() + v.dims_at;
+    std::vector<py::ssize_t> shape(dims, dims + v.rank);
+    py::object part = py::none();
+    if (v.kind == TensorValue::kBytes) {
+      const char* name = v.dtype == 19 ? "float16" : (v.dtype >= 0 && v.dtype <= 10 ? kNumpy[v.dtype] : nullptr);
+      if (name != nullptr) {
+        py::array a{py::dtype(name), shape};
+        if (v.nbytes > 0) std::memcpy(a.mutable_data(), vals.bytes + v.begin, static_cast<size_t>(v.nbytes));
+        part = a;
+      }
+    } else if (v.kind == TensorValue::kView) {
+      const int64_t at = S->encoder.seq_of(v.of_serial);
+      if (at != 0) {
+        const double* row = ev.sums.data() + i * kFullRecorded;
+        const bool counted = v.dtype == 1 || v.dtype == 2 || v.dtype == 19;
+        py::tuple counts(counted ? 7 : 1);
+        for (int k = 0; k < (counted ? 7 : 1); ++k) counts[k] = static_cast<int64_t>(row[4 + k]);
+        py::tuple sizes(v.rank), strides(v.rank);
+        for (int32_t d = 0; d < v.rank; ++d) {
+          sizes[d] = dims[d];
+          strides[d] = dims[v.rank + d];
+        }
+        part = view_type(at, v.of_slot, v.offset, sizes, strides, counts);
+      }
+    }
+    ev.has[i] = part.is_none() ? 0 : 2;
+    parts.append(part);
+  }
+  ev.parts = parts.release().ptr();
+  ev.sums.clear();
+  ev.values.reset();
+  ev.link_target = true;  // its sequence number, for views of its values
+}
+
 // At most `limit` buffered events as Python tuples. Small slices: the Python
 // objects of a slice die before the garbage collector promotes them to its
 // oldest generation, whose collections scan the whole program's heap.
@@ -1150,6 +1482,7 @@ py::list drain(size_t limit) {
   size_t end = std::min(taken.size(), S->taken_pos + limit);
   for (; S->taken_pos < end; ++S->taken_pos) {
     Event& ev = taken[S->taken_pos];
+    if (ev.values) values_to_parts(ev);
     py::object sums = py::none();
     if (!ev.sums.empty()) {
       size_t n = ev.out_ids.size();

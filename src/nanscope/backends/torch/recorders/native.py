@@ -1,12 +1,13 @@
 """The native recorder: a RecordFunction observer in C++ (``native/recorder.cpp``) and this,
 its Python half.
 
-The C++ half sees every op and keeps its events in a buffer. This half
-answers its rare questions (what an op is, a new stack's frames, summaries
-that need PyTorch: accelerator outputs, FULL_TENSOR copies, the inputs of an
-op that made Inf/NaN) and, on its own thread, hands the buffered events to
-the writer: most encoded by the C++ half, the others as
-:class:`~nanscope.events.ExecutionEvent` objects.
+The C++ half sees every op and keeps its events in a buffer (FULL_TENSOR
+values of CPU tensors copied there too). This half answers its rare
+questions (what an op is, a new stack's frames, summaries that need PyTorch:
+accelerator outputs, FULL_TENSOR values of unusual tensors such as complex
+or sparse ones, the inputs of an op that made Inf/NaN) and, on its own
+thread, hands the buffered events to the writer: most encoded by the C++
+half, the others as :class:`~nanscope.events.ExecutionEvent` objects.
 """
 
 from __future__ import annotations

@@ -21,14 +21,36 @@ from nanscope.backends.torch.recorders.base import (
     RecorderBase,
     Setup,
 )
-from nanscope.backends.torch.summaries import summarize_host
+from nanscope.backends.torch.summaries import FLOAT_DTYPES, summarize_host, tensor_counts
 from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import ExecutionEvent, Phase
 from nanscope.events._model import CollectiveTag
 from nanscope.format.headroom import AMAX_SLOT, RECORDED_WIDTH
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+from nanscope.format.tensors import MAX_FILL_ELEMENTS, ValueView
 
 _FORWARD_LINKS_MAX = 1 << 20
+# Dtypes whose FULL_TENSOR values a view may point at instead of copying them: those the
+# native recorder copies itself (recorder.cpp's value_dtype), so that both write the same.
+_VIEWABLE = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+     torch.int32, torch.int64, torch.uint8, torch.bool}
+)  # fmt: skip
+
+
+class _Values:
+    """Where the FULL_TENSOR values of a tensor are while its storage has not been written
+    since (its version counter, shared with its views, has not moved): the execution and
+    output that hold them, as a contiguous root's elements from ``offset`` on."""
+
+    __slots__ = ("dtype", "numel", "offset", "sequence", "slot", "storage", "version")
+
+    def __init__(
+        self, version: int, storage: int, dtype: torch.dtype, sequence: int, slot: int,
+        offset: int, numel: int,
+    ) -> None:  # fmt: skip
+        self.version, self.storage, self.dtype = version, storage, dtype
+        self.sequence, self.slot, self.offset, self.numel = sequence, slot, offset, numel
 
 
 class _Local(threading.local):
@@ -62,6 +84,9 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         # gradient buckets are viewed right after allocation). A write gives the
         # written tensor a fresh id, so a tensor leaves the set by being written.
         self._blank: dict[int, None] = {}
+        # FULL_TENSOR: tensor id -> where its values are (see _Values and _view_of).
+        self._values: dict[int, _Values] = {}
+        self._full_tensor = self.mode == TensorDebugMode.FULL_TENSOR
         self._health = self.mode in HEALTH_MODES
         self._reads_values = self._health or self.mode == TensorDebugMode.FULL_TENSOR
         self._installed = InstalledMode(self)
@@ -214,9 +239,30 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         out_ids = [ids.new(t) for t in outs]
         source = (in_ids[0], ins[0]) if info.same_elements and in_ids else None
         parts: list[Any] = []
+        roots: list[tuple[int, int, torch.Tensor]] = []  # FULL_TENSOR values held by this record
         if info.uninitialised or (info.view and in_ids and in_ids[0] in self._blank):
             self._uninitialised(out_ids)
             parts = [None] * len(outs)
+        elif self._full_tensor and info.record_values and not info.distributed:
+            base = self._base_values(info, ins, in_ids)
+            kept = self.dtype_filter
+            for slot, (t, tid) in enumerate(zip(outs, out_ids, strict=True)):
+                if kept is not None and not kept(t.dtype):
+                    parts.append(None)
+                    continue
+                try:
+                    view = None if base is None else _view_of(t, base)
+                    if view is not None and base is not None:
+                        parts.append(view)
+                        self._remember_values(tid, t, base)
+                        continue
+                    value = self._summary(t, tid, info, None)
+                    parts.append(value)
+                    if isinstance(value, np.ndarray) and t.dtype in _VIEWABLE and t.is_cpu:
+                        roots.append((slot, tid, t))
+                except Exception as exc:  # an unusual tensor: record the op without its value
+                    self.failed(exc)
+                    parts.append(None)
         else:
             summary = self._summary
             for t, tid in zip(outs, out_ids, strict=True):
@@ -277,6 +323,11 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                 collective=collective,
             )
         )
+        for slot, tid, t in roots:
+            if t.is_contiguous() and t.numel() > 0 and t.layout == torch.strided:
+                offset = int(t.storage_offset())
+                root = _Values(0, 0, t.dtype, seq, slot, offset, t.numel())
+                self._remember_values(tid, t, root, info.inplace)
         if node is None and phase != Phase.OPTIMIZER:
             cur = _get_sequence_nr()
             local = self._local
@@ -288,6 +339,62 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                     if len(links) > _FORWARD_LINKS_MAX:
                         for k in list(links)[: _FORWARD_LINKS_MAX // 2]:
                             del links[k]
+
+    def _base_values(
+        self, info: OpInfo, ins: list[torch.Tensor], in_ids: list[int]
+    ) -> _Values | None:
+        """A view op's input's recorded values, if its storage was not written since."""
+        if not info.view or not in_ids:
+            return None
+        entry = self._values.get(in_ids[0])
+        if entry is None or entry.version < 0 or entry.version != _version(ins[0]):
+            return None
+        return entry
+
+    def _remember_values(
+        self, tid: int, t: torch.Tensor, root: _Values, inplace: bool = False
+    ) -> None:
+        version = _version(t)
+        if version < 0:
+            return  # no version counter (inference mode): never point at old values
+        if inplace:  # an in-place op's output gets its version bump after dispatch returns
+            version += 1
+        values = self._values
+        values[tid] = _Values(
+            version, t.untyped_storage().data_ptr(), t.dtype, root.sequence, root.slot,
+            root.offset, root.numel,
+        )  # fmt: skip
+        if len(values) > 8192:
+            for k in list(values)[:4096]:
+                del values[k]
+
+
+def _view_of(t: torch.Tensor, base: _Values) -> ValueView | None:
+    """``t`` as a view of ``base``'s recorded values, if every element it reads is there."""
+    if not (t.is_cpu and t.layout == torch.strided and t.dtype == base.dtype):
+        return None
+    if t.is_neg() or t.is_conj() or t.numel() == 0:
+        return None
+    if t.untyped_storage().data_ptr() != base.storage:
+        return None
+    strides = t.stride()
+    if any(s < 0 for s in strides):
+        return None
+    first = int(t.storage_offset()) - base.offset
+    last = first + sum((d - 1) * s for d, s in zip(t.shape, strides, strict=True))
+    # A broadcast may hold more elements than its base: up to what a reader fills (FORMAT.md).
+    if first < 0 or last >= base.numel or t.numel() > max(base.numel, MAX_FILL_ELEMENTS):
+        return None
+    return ValueView(base.sequence, base.slot, first, tuple(t.shape), tuple(strides), _counts(t))
+
+
+def _counts(t: torch.Tensor) -> tuple[int, ...]:
+    """A view's counts for the index: its size, and for a float type the Inf/NaN and signs."""
+    size = t.numel()
+    if t.dtype not in FLOAT_DTYPES:
+        return (size,)
+    ni, pi, nn, neg, zero, pos = tensor_counts(t)
+    return (size, ni, pi, nn, neg, zero, pos)
 
 
 def _version(t: torch.Tensor) -> int:
