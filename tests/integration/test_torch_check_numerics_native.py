@@ -251,3 +251,28 @@ def test_recording_and_checking_a_compiled_graph_at_once(tmp_path: Any, first: s
         assert len(logs) == 1
         summary = logs[0].debug_tensor_value
         assert summary is not None and summary[7] == info.value.counts["nan"]  # the NaN slot
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [None, math.inf, -math.inf, math.nan])
+def test_the_kernel_tells_extreme_finite_values_from_inf_and_nan(
+    checking: TorchCheckNumerics, dtype: torch.dtype, bad: float | None
+) -> None:
+    """Each dtype's largest, smallest normal and subnormal values are finite; Inf/NaN at any
+    position of a dense or strided tensor are found (the oracle: numpy on the same values)."""
+    fi = torch.finfo(dtype)
+    edge = [fi.max, -fi.max, fi.tiny, fi.tiny * fi.eps, 0.0, -0.0, 1.0]
+    for position in (0, 137, 279):
+        values = edge * 40  # 280 elements: vector bodies and tails
+        if bad is not None:
+            values[position] = bad
+        expect = not np.isfinite(np.array(values)).all()
+        x = torch.tensor(values, dtype=dtype, requires_grad=True)  # made by no checked op
+        for layout in (x, x.view(40, 7).t()):  # dense, then strided
+            if not expect:
+                layout.clone().mul(0).sum().backward()  # raises nothing
+                continue
+            with pytest.raises(nanscope.NonFiniteError) as info:
+                layout.clone().mul(0).sum().backward()
+            birth = info.value.birth
+            assert birth is not None and birth.op_type == "aten.clone.default", info.value

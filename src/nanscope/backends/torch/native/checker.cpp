@@ -272,14 +272,13 @@ Look look(const at::Tensor& t) {
   }
   if (!t.is_cpu()) return Look::kElsewhere;
   if (t.layout() != at::kStrided) return Look::kNone;
-  Counts c;
-  Special s;
+  int bad = -1;
   try {
-    if (!count_tensor(t, &c, &s, false)) return Look::kNone;
+    bad = any_nonfinite(t);
   } catch (const c10::Error&) {
     return Look::kNone;
   }
-  return c.bad > 0 ? Look::kBad : Look::kFinite;
+  return bad < 0 ? Look::kNone : bad > 0 ? Look::kBad : Look::kFinite;
 }
 
 // A forward op that autograd recorded: its stack and module, for the backward

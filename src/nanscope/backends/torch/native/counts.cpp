@@ -5,6 +5,7 @@
 
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -250,6 +251,45 @@ bool count_typed(const at::Tensor& t, Counts* c, Special* s, bool want_special) 
 }
 
 }  // namespace
+
+namespace {
+
+// The largest |x| bit pattern of n values whose bits are U; Inf and NaN are
+// exactly the patterns at or above the exponent mask (kInf).
+template <typename U>
+__attribute__((target_clones("avx2", "default"))) U max_magnitude(const U* p, int64_t n) {
+  constexpr U kAbs = static_cast<U>(~(U(1) << (sizeof(U) * 8 - 1)));
+  U m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max<U>(m, static_cast<U>(p[i] & kAbs));
+  return m;
+}
+
+}  // namespace
+
+int any_nonfinite(const at::Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return 0;
+  if (!t.is_non_overlapping_and_dense()) {
+    Counts c;
+    Special s;
+    if (!count_tensor(t, &c, &s, false)) return -1;
+    return c.bad > 0 ? 1 : 0;
+  }
+  const void* data = t.const_data_ptr();
+  if (data == nullptr) return -1;
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return max_magnitude(static_cast<const uint32_t*>(data), n) >= 0x7f800000u;
+    case at::kDouble:
+      return max_magnitude(static_cast<const uint64_t*>(data), n) >= 0x7ff0000000000000ull;
+    case at::kHalf:
+      return max_magnitude(static_cast<const uint16_t*>(data), n) >= 0x7c00u;
+    case at::kBFloat16:
+      return max_magnitude(static_cast<const uint16_t*>(data), n) >= 0x7f80u;
+    default:
+      return -1;
+  }
+}
 
 bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special, bool want_ranges) {
   return want_ranges ? count_typed<true>(t, c, s, want_special)

@@ -30,4 +30,10 @@ struct Special {
 bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special,
                   bool want_ranges = false);
 
+// Whether a CPU float tensor holds Inf or NaN, for check_numerics: one pass
+// over the values' bits (half types as they are, without widening), a max
+// reduction that vectorises; -1 for a dtype it does not know or a tensor
+// without data. Any layout (a non-dense one is counted by count_tensor).
+int any_nonfinite(const at::Tensor& t);
+
 }  // namespace nanscope
