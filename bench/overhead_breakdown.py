@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,21 +189,7 @@ def print_breakdown(res: dict[str, Any]) -> None:
     """The ladder's table, the per-op costs it implies, and the profile."""
     lad = res["ladder"]
     ops = lad["NO_TENSOR"]["ops_per_step"] or lad["FULL_HEALTH"]["ops_per_step"]
-    print(
-        f"MLP, {ops:.0f} recorded ops per step. Main-thread CPU time per step "
-        "(time.thread_time; the least contended round, like timeit's min):"
-    )
-    cols = ["variant", "step ms (median)", "main-thread CPU ms/step (min)", "other threads ms/step"]
-    print("\n".join(table_head(cols, numeric=False)))
-    for v, t in lad.items():
-        print(
-            f"| {v} | {t['step_ms']:.2f} | {t['main_cpu_min_ms']:.2f} "
-            f"| {t['other_cpu_min_ms']:.2f} |"
-        )
-
-    def us(a: str, b: str) -> float:
-        return float((lad[a]["main_cpu_min_ms"] - lad[b]["main_cpu_min_ms"]) * 1e3 / ops)
-
+    us = _print_ladder("MLP", "variant", lad, ops, wall_ratio=False)
     parts = [
         ("dispatch-mode floor (a no-op TorchDispatchMode)", us("floor", "plain")),
         ("nanscope bookkeeping (_record without stack, summaries, writer)",
@@ -224,12 +211,41 @@ def print_breakdown(res: dict[str, Any]) -> None:
         f"{lad['NT-idkeys']['ratio_cpu']:.2f}x / {lad['FH-idkeys']['ratio_cpu']:.2f}x "
         f"(was {lad['NO_TENSOR']['ratio_cpu']:.2f}x / {lad['FULL_HEALTH']['ratio_cpu']:.2f}x)"
     )
+    _print_parts(parts, digits=1)
+    print()
+    print(res["profile"])
+
+
+def _print_ladder(
+    model: str, first: str, lad: dict[str, Any], ops: float, wall_ratio: bool
+) -> Callable[[str, str], float]:
+    """The ladder's table; returns ``us(a, b)``: rung ``a``'s main-thread CPU time per op
+    beyond rung ``b``'s, in µs."""
+    print(
+        f"{model}, {ops:.0f} recorded ops per step. Main-thread CPU time per step "
+        "(time.thread_time; the least contended round, like timeit's min):"
+    )
+    cols = [first, "step ms (median)", *(["wall ratio"] if wall_ratio else []),
+            "main-thread CPU ms/step (min)", "other threads ms/step (min)"]  # fmt: skip
+    print("\n".join(table_head(cols, numeric=False)))
+    for v, t in lad.items():
+        ratio = f" {t['ratio_wall']:.2f}x |" if wall_ratio else ""
+        print(
+            f"| {v} | {t['step_ms']:.2f} |{ratio} {t['main_cpu_min_ms']:.2f} "
+            f"| {t['other_cpu_min_ms']:.2f} |"
+        )
+
+    def us(a: str, b: str) -> float:
+        return float((lad[a]["main_cpu_min_ms"] - lad[b]["main_cpu_min_ms"]) * 1e3 / ops)
+
+    return us
+
+
+def _print_parts(parts: list[tuple[str, float]], digits: int) -> None:
     print()
     print("\n".join(table_head(["per op", "µs"], numeric=False)))
     for name, value in parts:
-        print(f"| {name} | {value:.1f} |")
-    print()
-    print(res["profile"])
+        print(f"| {name} | {value:.{digits}f} |")
 
 
 # -- the native recorder's per-op cost ladder --------------------------------------------------
@@ -319,22 +335,7 @@ def print_native_breakdown(res: dict[str, Any]) -> None:
     """The native ladder's table and the per-op costs it implies."""
     lad = res["ladder"]
     ops = res["ops_per_step"]
-    print(
-        f"{res['model']}, {ops:.0f} recorded ops per step. Main-thread CPU time per step "
-        "(time.thread_time; the least contended round, like timeit's min):"
-    )
-    cols = ["rung", "step ms (median)", "wall ratio", "main-thread CPU ms/step (min)",
-            "other threads ms/step (min)"]  # fmt: skip
-    print("\n".join(table_head(cols, numeric=False)))
-    for v, t in lad.items():
-        print(
-            f"| {v} | {t['step_ms']:.2f} | {t['ratio_wall']:.2f}x | {t['main_cpu_min_ms']:.2f} "
-            f"| {t['other_cpu_min_ms']:.2f} |"
-        )
-
-    def us(a: str, b: str) -> float:
-        return float((lad[a]["main_cpu_min_ms"] - lad[b]["main_cpu_min_ms"]) * 1e3 / ops)
-
+    us = _print_ladder(res["model"], "rung", lad, ops, wall_ratio=True)
     parts = [
         ("RecordFunction with an empty callback (inputs and outputs kept)",
          us("RecordFunction only", "plain")),
@@ -352,7 +353,4 @@ def print_native_breakdown(res: dict[str, Any]) -> None:
     for v in ("NO_TENSOR", "FULL_HEALTH"):
         other = lad[v]["other_cpu_min_ms"] - lad["plain"]["other_cpu_min_ms"]
         parts.append((f"drain and writer threads, {v} (other threads' CPU)", other * 1e3 / ops))
-    print()
-    print("\n".join(table_head(["per op", "µs"], numeric=False)))
-    for name, value in parts:
-        print(f"| {name} | {value:.2f} |")
+    _print_parts(parts, digits=2)

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.backends.torch.check_numerics import (
     _UNSCALE,
     _UPDATE_SCALE,
     CheckNumericsMode,
+    is_user_code,
 )
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dispatch import on_new_threads
@@ -104,12 +104,10 @@ class NativeCheckNumericsMode(CheckNumericsMode):
 
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:
         """An id for a stack (innermost frame first): its user frame, kept for errors."""
-        found: Frame | None = None
-        for code, line in frames:
-            path = code.co_filename
-            if not is_library_file(path) and not is_nanscope_file(path):
-                found = (path, line, code.co_name)
-                break
+        found = next(
+            ((code.co_filename, line, code.co_name) for code, line in frames if is_user_code(code)),
+            None,
+        )
         self.frames.append(found)
         return len(self.frames) - 1
 

@@ -75,19 +75,24 @@ _MAX_INPUTS = 8
 _USER_CODE: dict[CodeType, bool] = {}
 
 
+def is_user_code(code: CodeType) -> bool:
+    """Whether code is the user's own (not a library's, not nanscope's); remembered."""
+    known = _USER_CODE
+    user = known.get(code)
+    if user is None:
+        if len(known) > 1 << 16:
+            known.clear()
+        path = code.co_filename
+        user = known[code] = not is_library_file(path) and not is_nanscope_file(path)
+    return user
+
+
 def user_frame(frame: FrameType | None) -> Frame | None:
     """The innermost frame of the user's own code (not a library, not nanscope)."""
     f = frame
-    known = _USER_CODE
     while f is not None:
         code = f.f_code
-        user = known.get(code)
-        if user is None:
-            if len(known) > 1 << 16:
-                known.clear()
-            path = code.co_filename
-            user = known[code] = not is_library_file(path) and not is_nanscope_file(path)
-        if user:
+        if is_user_code(code):
             return (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return None

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +42,15 @@ from nanscope.backends.torch.check_numerics import (
     _Where,
     user_frame,
 )
-from nanscope.backends.torch.compiled.hook import InductorHook, wrap_output_code
-from nanscope.backends.torch.compiled.plan import drop_output_strides
+from nanscope.backends.torch.compiled.hook import (
+    InductorHook,
+    OutputItems,
+    append_outputs,
+    graph_kind,
+    graph_outputs,
+    wrap_output_code,
+)
+from nanscope.backends.torch.compiled.plan import numel
 from nanscope.backends.torch.compiled.rewrite import (
     _fake_propagate,
     _module_path,
@@ -87,7 +93,7 @@ class GraphChecks:
 
     def __init__(self, mode: CheckNumericsMode) -> None:
         self.mode = mode
-        self._hook = InductorHook(self.inner_compile, checks=True)
+        self._hook = InductorHook(self._instrument, self._wrap, _not_checked, checks=True)
 
     @property
     def active(self) -> bool:
@@ -101,41 +107,20 @@ class GraphChecks:
 
     # -- compile time ------------------------------------------------------------------------
 
-    def inner_compile(
-        self, inner: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any
-    ) -> Any:
-        SUSPENDED.enter()
-        try:
-            try:
-                plan = self._instrument(gm, kw)
-            except Exception as exc:  # never break the user's program: compile it plainly
-                print(f"nanscope: a compiled graph is not checked ({exc!r})", file=sys.stderr)
-                return inner(gm, example_inputs, **kw)
-            compiled = inner(gm, example_inputs, **kw)
-            drop_output_strides(plan.n_extra)
-            return wrap_output_code(
-                compiled, plan.n_extra, lambda inputs: self.call(compiled, plan, inputs)
-            )
-        finally:
-            SUSPENDED.leave()
+    def _wrap(self, compiled: Any, plan: _Plan) -> Any:
+        return wrap_output_code(
+            compiled, plan.n_extra, lambda inputs: self.call(compiled, plan, inputs)
+        )
 
     def _instrument(self, gm: torch.fx.GraphModule, kw: dict[str, Any]) -> _Plan:
         graph = gm.graph
-        kind = (
-            "backward" if kw.get("is_backward") else "inference" if kw.get("is_inference")
-            else "forward"
-        )  # fmt: skip
+        kind = graph_kind(kw)
         compile_id = torch._guards.CompileContext.current_compile_id()
         plan = _Plan(graph_name=f"torch.compile {compile_id} {kind}", kind=kind)
         root = self.mode.context.module_path()
         nodes = list(graph.nodes)
         output = nodes[-1]
-        items: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
-        for n in nodes:
-            if n.op == "call_function" and n.target is operator.getitem:
-                src, index = n.args
-                if isinstance(src, torch.fx.Node) and isinstance(index, int):
-                    items[(src, index)] = n
+        items = OutputItems(graph)
         for n in nodes:
             if n.op != "call_function" or n.target is operator.getitem:
                 continue
@@ -148,18 +133,8 @@ class GraphChecks:
             for slot, v in enumerate(vals):
                 if not isinstance(v, torch.Tensor) or v.dtype not in FLOAT_DTYPES:
                     continue
-                value = n
-                if isinstance(val, list | tuple):
-                    item = items.get((n, slot))
-                    if item is None:
-                        with graph.inserting_after(n):
-                            item = graph.call_function(operator.getitem, (n, slot))
-                        item.meta["val"] = v
-                        items[(n, slot)] = item
-                    value = item
-                size = 1
-                for d in v.shape:
-                    size *= int(d) if isinstance(d, int) else 0
+                value = items.of(n, slot, v) if isinstance(val, list | tuple) else n
+                size = numel(v.shape)
                 plan.values.append(
                     _Value(
                         node=n.name, op_type=name, slot=slot, module_path=_module_path(n, root),
@@ -169,15 +144,10 @@ class GraphChecks:
                 )  # fmt: skip
         if not plan.values:
             return plan
-        outs_arg = output.args[0]
-        outs = list(outs_arg) if isinstance(outs_arg, list | tuple) else [outs_arg]
+        outs = graph_outputs(output)
         index = {v.value: i for i, v in enumerate(plan.values)}
         plan.outputs = [index.get(o, -1) if isinstance(o, torch.fx.Node) else -1 for o in outs]
-        extra = self._add_counts(graph, plan)
-        output.args = ((*outs, extra),)
-        traces = output.meta.get("output_stack_traces")
-        if isinstance(traces, list):
-            traces.append(None)
+        append_outputs(output, [self._add_counts(graph, plan)])
         gm.recompile()
         plan.n_extra = 1
         return plan
@@ -311,3 +281,7 @@ class GraphChecks:
             source=source, forward_source=forward, reason=reason, birth=born,
             forward_op=v.op_type if backward else "",
         )  # fmt: skip
+
+
+def _not_checked(exc: Exception) -> None:
+    print(f"nanscope: a compiled graph is not checked ({exc!r})", file=sys.stderr)

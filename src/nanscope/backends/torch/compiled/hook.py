@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,11 +29,15 @@ from nanscope._imports import AfterImport
 from nanscope.backends.torch.compiled.plan import drop_output_strides
 from nanscope.backends.torch.suspension import SUSPENDED
 
-InnerCompile = Callable[..., Any]  # (inner, gm, example_inputs, **kw) -> compiled graph
-
 
 class InductorHook:
-    """Hands every graph inductor compiles to ``inner_compile`` while installed.
+    """Instruments every graph inductor compiles while installed.
+
+    ``instrument(gm, kw)`` changes the graph before inductor compiles it and
+    returns its plan (with ``n_extra``, the outputs it appended); ``wrap(compiled,
+    plan)`` wraps the compiled graph; ``failed(exc)`` is told when instrumenting
+    fails, and the graph is then compiled as it is (the user's program never
+    breaks for it).
 
     Dynamo and inductor cost seconds to import: a program that never compiles
     must not pay for them. Those already imported are hooked at
@@ -43,8 +48,17 @@ class InductorHook:
     call it raises at is recorded first.
     """
 
-    def __init__(self, inner_compile: InnerCompile, *, checks: bool = False) -> None:
-        self.inner_compile = inner_compile
+    def __init__(
+        self,
+        instrument: Callable[[torch.fx.GraphModule, dict[str, Any]], Any],
+        wrap: Callable[[Any, Any], Any],
+        failed: Callable[[Exception], None],
+        *,
+        checks: bool = False,
+    ) -> None:
+        self.instrument = instrument
+        self.wrap = wrap
+        self.failed = failed
         self.checks = checks
         self.active = False
         self._original: Any = None
@@ -116,10 +130,27 @@ class InductorHook:
         if not self.checks and getattr(inner, "nanscope_checks", False):
             outer = functools.partial(inner.func, self._chain(inner.args[0]))
         else:
-            outer = functools.partial(self.inner_compile, inner)
+            outer = functools.partial(self._inner_compile, inner)
         if self.checks or getattr(inner, "nanscope_checks", False):
             outer.nanscope_checks = True  # type: ignore[attr-defined]
         return outer
+
+    def _inner_compile(
+        self, inner: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any
+    ) -> Any:
+        """What inductor calls for each aten graph: instrument it, compile it, wrap it."""
+        SUSPENDED.enter()
+        try:
+            try:
+                plan = self.instrument(gm, kw)
+            except Exception as exc:  # never break the user's program: compile it plainly
+                self.failed(exc)
+                return inner(gm, example_inputs, **kw)
+            compiled = inner(gm, example_inputs, **kw)
+            drop_output_strides(plan.n_extra)
+            return self.wrap(compiled, plan)
+        finally:
+            SUSPENDED.leave()
 
     def _register_callbacks(self) -> None:
         from torch._dynamo.callback import callback_handler
@@ -128,6 +159,53 @@ class InductorHook:
         callback_handler.register_start_callback(SUSPENDED.compile_started)
         callback_handler.register_end_callback(SUSPENDED.compile_ended)
         self._callbacks = [callback_handler]
+
+
+# -- the graph ---------------------------------------------------------------------------------
+
+
+def graph_kind(kw: dict[str, Any]) -> str:
+    """``forward``, ``backward`` or ``inference``: which graph AOTAutograd compiles."""
+    if kw.get("is_backward"):
+        return "backward"
+    return "inference" if kw.get("is_inference") else "forward"
+
+
+class OutputItems:
+    """A graph's ``getitem`` nodes by (producer, index): multi-output ops' outputs."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.graph = graph
+        self._items: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
+        for n in graph.nodes:
+            if n.op == "call_function" and n.target is operator.getitem:
+                src, index = n.args
+                if isinstance(src, torch.fx.Node) and isinstance(index, int):
+                    self._items[(src, index)] = n
+
+    def of(self, node: torch.fx.Node, index: int, val: torch.Tensor) -> torch.fx.Node:
+        """The node of ``node``'s output ``index`` (value ``val``), added when there is none."""
+        item = self._items.get((node, index))
+        if item is None:
+            with self.graph.inserting_after(node):
+                item = self.graph.call_function(operator.getitem, (node, index))
+            item.meta["val"] = val
+            self._items[(node, index)] = item
+        return item
+
+
+def graph_outputs(output: torch.fx.Node) -> list[Any]:
+    """What the graph's ``output`` node returns."""
+    args = output.args[0]
+    return list(args) if isinstance(args, list | tuple) else [args]
+
+
+def append_outputs(output: torch.fx.Node, extras: Sequence[torch.fx.Node]) -> None:
+    """Return ``extras`` after the graph's own outputs (which nanscope's wrapper takes off)."""
+    output.args = ((*graph_outputs(output), *extras),)
+    traces = output.meta.get("output_stack_traces")
+    if isinstance(traces, list):
+        traces.extend([None] * len(extras))
 
 
 def wrap_output_code(compiled: Any, n_extra: int, call: Callable[[Sequence[Any]], Any]) -> Any:

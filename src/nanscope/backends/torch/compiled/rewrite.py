@@ -33,26 +33,30 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from nanscope.backends.torch.compiled.calls import GraphCalls
-from nanscope.backends.torch.compiled.hook import InductorHook
+from nanscope.backends.torch.compiled.hook import (
+    InductorHook,
+    OutputItems,
+    append_outputs,
+    graph_kind,
+    graph_outputs,
+)
 from nanscope.backends.torch.compiled.plan import (
     COUNTS_PER_ROW,
     NATIVE_COUNTS,
     GraphPlan,
     TracedValue,
-    drop_output_strides,
     numel,
 )
 from nanscope.backends.torch.context import join_names, module_label, qualified_name
 from nanscope.backends.torch.ops import SAME_ELEMENT_VIEWS, UNINITIALISED
 from nanscope.backends.torch.recorders.base import Recorder, Setup
 from nanscope.backends.torch.summaries import DTYPE_ENUM, FLOAT_DTYPES
-from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import Graph, GraphOp
 from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
 
@@ -121,7 +125,7 @@ class GraphRewriter:
         self.dtype_filter = setup.dtype_filter
         self.calls = GraphCalls(eager, self.writer, self.context)
         self._stacks: dict[str, int] = {}
-        self._hook = InductorHook(self.inner_compile)
+        self._hook = InductorHook(self._instrument, self.calls.wrap, eager.failed)
 
     @property
     def active(self) -> bool:
@@ -138,22 +142,6 @@ class GraphRewriter:
         self._hook.uninstall()
 
     # -- compile time ------------------------------------------------------------------------
-
-    def inner_compile(
-        self, inner: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Any, **kw: Any
-    ) -> Any:
-        SUSPENDED.enter()
-        try:
-            try:
-                plan = self._instrument(gm, kw)
-            except Exception as exc:  # never break the user's program: compile it plainly
-                self.eager.failed(exc)
-                return inner(gm, example_inputs, **kw)
-            compiled = inner(gm, example_inputs, **kw)
-            drop_output_strides(plan.n_extra)
-            return self.calls.wrap(compiled, plan)
-        finally:
-            SUSPENDED.leave()
 
     def _stack(self, text: str | None) -> int:
         if not text:
@@ -183,13 +171,7 @@ class GraphRewriter:
 
     def _instrument(self, gm: torch.fx.GraphModule, kw: dict[str, Any]) -> GraphPlan:
         graph = gm.graph
-        kind = (
-            "backward"
-            if kw.get("is_backward")
-            else "inference"
-            if kw.get("is_inference")
-            else "forward"
-        )
+        kind = graph_kind(kw)
         number = next(_graph_ids)
         compile_id = torch._guards.CompileContext.current_compile_id()
         graph_id = f"torch_compile_{number}"
@@ -202,13 +184,7 @@ class GraphRewriter:
         output = nodes[-1]
         assert output.op == "output"
 
-        # getitem users by (producer, index): multi-output ops' outputs.
-        items: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
-        for n in nodes:
-            if n.op == "call_function" and n.target is operator.getitem:
-                src, index = n.args
-                if isinstance(src, torch.fx.Node) and isinstance(index, int):
-                    items[(src, index)] = n
+        items = OutputItems(graph)
 
         def name_of(n: torch.fx.Node) -> str:
             if n.op == "call_function" and n.target is operator.getitem:
@@ -254,13 +230,7 @@ class GraphRewriter:
             if isinstance(val, list | tuple):
                 for i, v in enumerate(val):
                     if self._traced(n, v):
-                        item = items.get((n, i))
-                        if item is None:
-                            with graph.inserting_after(n):
-                                item = graph.call_function(operator.getitem, (n, i))
-                            item.meta["val"] = v
-                            items[(n, i)] = item
-                        plan.traces.append(_trace(n.name, i, item, v))
+                        plan.traces.append(_trace(n.name, i, items.of(n, i, v), v))
             elif self._traced(n, val):
                 plan.traces.append(_trace(n.name, 0, n, val))
         plan.device_name = next(iter(devices)) if len(devices) == 1 else ""
@@ -275,18 +245,14 @@ class GraphRewriter:
             writer.write_graph_op(op)
 
         # Graph outputs that are traced values: the call's Execution gets their summaries.
-        out_args = output.args[0]
-        outs = list(out_args) if isinstance(out_args, list | tuple) else [out_args]
+        outs = graph_outputs(output)
         index = {(t.value, 0): i for i, t in enumerate(plan.traces)}
         plan.output_traces = [
             index.get((o, 0), -1) if isinstance(o, torch.fx.Node) else -1 for o in outs
         ]
         extras = self._add_summaries(gm, plan)
         if extras:
-            output.args = (tuple(outs) + tuple(extras),)
-            traces = output.meta.get("output_stack_traces")
-            if isinstance(traces, list):
-                traces.extend([None] * len(extras))
+            append_outputs(output, extras)
             gm.recompile()
         plan.n_extra = len(extras)
         plan.finish()

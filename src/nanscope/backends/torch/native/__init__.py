@@ -27,12 +27,15 @@ SOURCES = (
     "counts.cpp",
     "encoder.cpp",
     "frames.cpp",
+    "stacks.cpp",
     "graph_counts.cpp",
     "checker.h",
     "counts.h",
     "encoder.h",
     "event.h",
     "frames.h",
+    "ivalues.h",
+    "stacks.h",
     "pool.h",
 )
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.

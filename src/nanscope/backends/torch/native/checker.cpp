@@ -51,7 +51,8 @@
 
 #include "checker.h"
 #include "counts.h"
-#include "frames.h"
+#include "ivalues.h"
+#include "stacks.h"
 
 namespace py = pybind11;
 
@@ -59,7 +60,6 @@ namespace nanscope {
 namespace {
 
 constexpr auto kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-constexpr int kMaxFrames = 64;
 constexpr size_t kLinksMax = 1 << 20;
 // What the Python side asks to see besides Inf/NaN (check_watch).
 constexpr int kWatchAll = 1;      // every op: device checks are queued, in order
@@ -80,11 +80,6 @@ struct Link {
   int32_t op, stack, module;
 };
 
-struct StackEntry {
-  std::vector<RawFrame> frames;
-  int id;
-};
-
 struct Checker {
   std::atomic<bool> active{false};
   std::atomic<int> watch{0};
@@ -102,9 +97,7 @@ struct Checker {
   std::mutex links_mu;
   std::unordered_map<int64_t, Link> links;
 
-  std::mutex stacks_mu;
-  std::unordered_multimap<uint64_t, StackEntry> stacks;
-  std::vector<PyObject*> held_codes;  // the interned stacks' code objects, kept alive
+  StackTable stacks;
 };
 
 Checker* C = nullptr;  // made once, lives for the process (kernels may run at exit)
@@ -180,76 +173,19 @@ const CheckOp* lookup(const c10::OperatorHandle& op) {
 }
 
 // The id of the running Python stack; new stacks are interned by the Python
-// side (which finds their user frame) and their code objects held from then on.
+// side, which finds their user frame.
 int capture_stack() {
-  RawFrame buf[kMaxFrames];
-  int n = walk_frames(buf, kMaxFrames);
-  uint64_t h = 1469598103934665603ULL;
-  for (int i = 0; i < n; ++i) {
-    h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
-    h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
-  }
-  auto find = [&]() -> int {
-    auto range = C->stacks.equal_range(h);
-    for (auto it = range.first; it != range.second; ++it) {
-      const auto& f = it->second.frames;
-      bool same = static_cast<int>(f.size()) == n;
-      for (int i = 0; same && i < n; ++i) same = f[i].code == buf[i].code && f[i].lasti == buf[i].lasti;
-      if (same) return it->second.id;
-    }
-    return -2;
-  };
-  {
-    std::lock_guard<std::mutex> g(C->stacks_mu);
-    int id = find();
-    if (id != -2) return id;
-  }
-  Paused paused;
-  py::gil_scoped_acquire gil;
-  int id = -1;
-  try {
-    py::list frames;
-    for (int i = 0; i < n; ++i) {
-      frames.append(py::make_tuple(py::reinterpret_borrow<py::object>(buf[i].code),
-                                   line_of(buf[i].code, buf[i].lasti)));
-    }
-    id = C->host.attr("new_stack")(frames).cast<int>();
-  } catch (py::error_already_set& e) {
-    e.discard_as_unraisable("nanscope: interning a stack for check_numerics");
-    return -1;
-  }
-  std::lock_guard<std::mutex> g(C->stacks_mu);
-  int known = find();
-  if (known != -2) return known;
-  StackEntry s{std::vector<RawFrame>(buf, buf + n), id};
-  for (int i = 0; i < n; ++i) {
-    Py_INCREF(buf[i].code);
-    C->held_codes.push_back(buf[i].code);
-  }
-  C->stacks.emplace(h, std::move(s));
-  return id;
+  return C->stacks.capture(
+      [](py::list frames) {
+        Paused paused;
+        return C->host.attr("new_stack")(frames).cast<int>();
+      },
+      [](py::error_already_set& e) {
+        e.discard_as_unraisable("nanscope: interning a stack for check_numerics");
+      });
 }
 
-using Tensors = c10::SmallVector<at::Tensor, 4>;
 using Args = c10::SmallVector<c10::IValue, 8>;
-
-void tensors_of(const c10::IValue& v, Tensors& out) {
-  if (v.isTensor()) {
-    if (v.toTensor().defined()) out.push_back(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector()) {
-      if (t.defined()) out.push_back(t);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
-    }
-  } else if (v.isTuple()) {
-    for (const c10::IValue& e : v.toTupleRef().elements()) {
-      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
-    }
-  }
-}
 
 bool is_float(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -440,12 +376,7 @@ void start(py::object host) {
     std::lock_guard<std::mutex> g(C->links_mu);
     C->links.clear();
   }
-  {
-    std::lock_guard<std::mutex> g(C->stacks_mu);
-    C->stacks.clear();
-    for (PyObject* code : C->held_codes) Py_DECREF(code);
-    C->held_codes.clear();
-  }
+  C->stacks.clear();
   C->host = std::move(host);
   {
     std::lock_guard<std::mutex> g(C->watch_mu);

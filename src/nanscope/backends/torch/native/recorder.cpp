@@ -55,14 +55,15 @@
 #include "encoder.h"
 #include "event.h"
 #include "frames.h"
+#include "ivalues.h"
 #include "pool.h"
+#include "stacks.h"
 
 namespace py = pybind11;
 
 namespace nanscope {
 namespace {
 
-constexpr int kMaxFrames = 128;
 constexpr size_t kCacheMax = 8192;
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
@@ -73,11 +74,6 @@ struct Link {
   int64_t serial;
   int32_t stack;
   int32_t module;
-};
-
-struct Stack {
-  pvec<RawFrame> frames{pool()};
-  int id;
 };
 
 // An output's memory layout, to know it again in a tensor object that autograd
@@ -97,7 +93,6 @@ struct ViewEntry {
   c10::SmallVector<int64_t, 6> sizes, strides;
 };
 
-using Tensors = c10::SmallVector<at::Tensor, 4>;
 
 // FULL_TENSOR: where the values of a recorded tensor are, while its storage has
 // not been written since (the version counter, shared by a base and its views,
@@ -168,9 +163,7 @@ struct State {
   int64_t until_sweep = 65536;
   std::pmr::unordered_map<uint64_t, ViewEntry> by_view{pool()};
 
-  std::mutex stacks_mu;
-  std::pmr::unordered_multimap<uint64_t, Stack> stacks{pool()};
-  std::vector<PyObject*> held_codes;
+  StackTable stacks;
 
   std::mutex links_mu;
   std::pmr::unordered_map<int64_t, Link> links{pool()};
@@ -462,61 +455,36 @@ int64_t get_id_locked(const at::Tensor& t) {
 // -- stacks ---------------------------------------------------------------------------------
 
 int capture_stack() {
-  RawFrame buf[kMaxFrames];
-  int n = walk_frames(buf, kMaxFrames);
-  uint64_t h = 1469598103934665603ULL;
-  for (int i = 0; i < n; ++i) {
-    h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
-    h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
-  }
-  auto same = [&](const Stack& s) {
-    if (static_cast<int>(s.frames.size()) != n) return false;
-    for (int i = 0; i < n; ++i) {
-      if (s.frames[i].code != buf[i].code || s.frames[i].lasti != buf[i].lasti) return false;
-    }
-    return true;
-  };
-  {
-    std::lock_guard<std::mutex> g(S->stacks_mu);
-    auto range = S->stacks.equal_range(h);
-    for (auto it = range.first; it != range.second; ++it) {
-      if (same(it->second)) return it->second.id;
-    }
-  }
   // A new stack: the Python side interns its frames (and snapshots new files).
-  // The stack's code objects are held from now on, so their addresses keep
-  // naming them.
-  Busy busy;
-  py::gil_scoped_acquire gil;
-  int id = -1;
-  try {
-    py::list frames;
-    for (int i = 0; i < n; ++i) {
-      frames.append(py::make_tuple(py::reinterpret_borrow<py::object>(buf[i].code),
-                                   line_of(buf[i].code, buf[i].lasti)));
-    }
-    id = S->host.attr("new_stack")(frames).cast<int>();
-  } catch (py::error_already_set& e) {
-    swallow(e, "nanscope: interning a stack");
-    return -1;
-  }
-  std::lock_guard<std::mutex> g(S->stacks_mu);
-  auto range = S->stacks.equal_range(h);
-  for (auto it = range.first; it != range.second; ++it) {
-    if (same(it->second)) return it->second.id;
-  }
-  Stack s;
-  s.frames.assign(buf, buf + n);
-  s.id = id;
-  for (int i = 0; i < n; ++i) {
-    Py_INCREF(buf[i].code);
-    S->held_codes.push_back(buf[i].code);
-  }
-  S->stacks.emplace(h, std::move(s));
-  return id;
+  return S->stacks.capture(
+      [](py::list frames) {
+        Busy busy;
+        return S->host.attr("new_stack")(frames).cast<int>();
+      },
+      [](py::error_already_set& e) { swallow(e, "nanscope: interning a stack"); });
 }
 
 // -- summaries ------------------------------------------------------------------------------
+
+// FULL_HEALTH's slots (tfdbg2's layout): the tensor's id (-1: not kept), its
+// device (-1), dtype, rank and size, then the counts of -inf, +inf, NaN,
+// negative, zero and positive finite values.
+void full_head(double* row, int dtype, const at::Tensor& t) {
+  row[0] = -1;
+  row[1] = -1;
+  row[2] = dtype;
+  row[3] = static_cast<double>(t.dim());
+  row[4] = static_cast<double>(t.numel());
+}
+
+void full_counts(double* row, int64_t n, const Counts& c, const Special& s) {
+  row[5] = static_cast<double>(s.ninf);
+  row[6] = static_cast<double>(s.pinf);
+  row[7] = static_cast<double>(s.nan);
+  row[8] = static_cast<double>(c.neg - s.ninf);
+  row[9] = static_cast<double>(c.zero);
+  row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+}
 
 // The summary row of a CPU tensor; false when the mode skips it.
 bool summarize(const at::Tensor& t, double* row) {
@@ -554,17 +522,8 @@ bool summarize(const at::Tensor& t, double* row) {
       row[4] = static_cast<double>(s.nan);
       return true;
     default:
-      row[0] = -1;
-      row[1] = -1;
-      row[2] = S->dtype_enum[st];
-      row[3] = static_cast<double>(t.dim());
-      row[4] = static_cast<double>(n);
-      row[5] = static_cast<double>(s.ninf);
-      row[6] = static_cast<double>(s.pinf);
-      row[7] = static_cast<double>(s.nan);
-      row[8] = static_cast<double>(c.neg - s.ninf);
-      row[9] = static_cast<double>(c.zero);
-      row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+      full_head(row, S->dtype_enum[st], t);
+      full_counts(row, n, c, s);
       if (ranges) {
         row[11] = c.hi;  // the ranges: the encoder writes them to output_ranges
         row[12] = c.lo;
@@ -610,25 +569,6 @@ bool from_cache(int64_t source_id, const at::Tensor& source, const at::Tensor& t
 }
 
 // -- recording ------------------------------------------------------------------------------
-
-void tensors_of(const c10::IValue& v, Tensors& out) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    if (t.defined()) out.push_back(t);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector()) {
-      if (t.defined()) out.push_back(t);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
-    }
-  } else if (v.isTuple()) {
-    for (const c10::IValue& e : v.toTupleRef().elements()) {
-      if (e.isTensor() && e.toTensor().defined()) out.push_back(e.toTensor());
-    }
-  }
-}
 
 int32_t device_index(const at::Tensor& t) {
   if (t.is_cpu()) return 0;
@@ -818,23 +758,14 @@ bool copyable(const at::Tensor& t) {
 void value_row(const at::Tensor& t, int dtype, bool view, double* row) {
   const int64_t n = t.numel();
   std::fill(row, row + kFullRecorded, 0.0);
-  row[0] = -1;
-  row[1] = -1;
-  row[2] = dtype;
-  row[3] = static_cast<double>(t.dim());
-  row[4] = static_cast<double>(n);
+  full_head(row, dtype, t);
   row[11] = row[12] = std::nan("");
   Counts c;
   Special s;
   if (!count_tensor(t, &c, &s, true, !view)) {
     return;  // not a float type: no Inf/NaN, no sign counts in the index
   }
-  row[5] = static_cast<double>(s.ninf);
-  row[6] = static_cast<double>(s.pinf);
-  row[7] = static_cast<double>(s.nan);
-  row[8] = static_cast<double>(c.neg - s.ninf);
-  row[9] = static_cast<double>(c.zero);
-  row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
+  full_counts(row, n, c, s);
   if (!view) {
     row[11] = c.hi;
     row[12] = c.lo;
@@ -1239,12 +1170,7 @@ struct OpsForgetter : c10::OpRegistrationListener {
 // Drops the Python objects the recorder holds (with the GIL, none of its
 // callbacks running).
 void drop_python_objects(State* s) {
-  {
-    std::lock_guard<std::mutex> g(s->stacks_mu);
-    for (PyObject* code : s->held_codes) Py_DECREF(code);
-    s->held_codes.clear();
-    s->stacks.clear();
-  }
+  s->stacks.clear();
   s->host = py::object();
 }
 

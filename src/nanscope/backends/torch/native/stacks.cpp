@@ -1,0 +1,71 @@
+// The stack table (see stacks.h).
+#include "stacks.h"
+
+#include <algorithm>
+
+namespace py = pybind11;
+
+namespace nanscope {
+
+int StackTable::find_locked(uint64_t hash, const RawFrame* frames, int n) const {
+  auto range = stacks_.equal_range(hash);
+  for (auto it = range.first; it != range.second; ++it) {
+    const auto& f = it->second.frames;
+    if (static_cast<int>(f.size()) == n &&
+        std::equal(f.begin(), f.end(), frames, [](const RawFrame& a, const RawFrame& b) {
+          return a.code == b.code && a.lasti == b.lasti;
+        })) {
+      return it->second.id;
+    }
+  }
+  return -2;
+}
+
+int StackTable::capture(const Intern& intern, const Failed& failed) {
+  RawFrame buf[kMaxFrames];
+  const int n = walk_frames(buf, kMaxFrames);
+  uint64_t h = 1469598103934665603ULL;
+  for (int i = 0; i < n; ++i) {
+    h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
+    h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    const int id = find_locked(h, buf, n);
+    if (id != -2) return id;
+  }
+  py::gil_scoped_acquire gil;
+  int id = -1;
+  try {
+    py::list frames;
+    for (int i = 0; i < n; ++i) {
+      frames.append(py::make_tuple(py::reinterpret_borrow<py::object>(buf[i].code),
+                                   line_of(buf[i].code, buf[i].lasti)));
+    }
+    id = intern(frames);
+  } catch (py::error_already_set& e) {
+    failed(e);
+    return -1;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  const int known = find_locked(h, buf, n);  // another thread interned it meanwhile
+  if (known != -2) return known;
+  Entry entry;
+  entry.frames.assign(buf, buf + n);
+  entry.id = id;
+  for (int i = 0; i < n; ++i) {
+    Py_INCREF(buf[i].code);
+    held_.push_back(buf[i].code);
+  }
+  stacks_.emplace(h, std::move(entry));
+  return id;
+}
+
+void StackTable::clear() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (PyObject* code : held_) Py_DECREF(code);
+  held_.clear();
+  stacks_.clear();
+}
+
+}  // namespace nanscope

@@ -1,0 +1,47 @@
+#pragma once
+// Python stacks by id, for the recorder and the checker: the running stack is
+// found without the GIL by its frames' (code object, instruction) pairs; a
+// stack seen for the first time is handed to the Python side to intern.
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "frames.h"
+#include "pool.h"
+
+namespace nanscope {
+
+class StackTable {
+ public:
+  // (code, line) pairs, innermost first -> the stack's id; called with the GIL.
+  using Intern = std::function<int(pybind11::list)>;
+  // What to do with a Python error the interning raised (with the GIL).
+  using Failed = std::function<void(pybind11::error_already_set&)>;
+
+  static constexpr int kMaxFrames = 128;
+
+  // The id of the calling thread's Python stack (its innermost kMaxFrames
+  // frames). A new stack's code objects are held from then on, so that their
+  // addresses keep naming them. -1 when interning failed (not kept: tried again).
+  int capture(const Intern& intern, const Failed& failed);
+
+  // Forgets every stack and lets go of their code objects; with the GIL.
+  void clear();
+
+ private:
+  struct Entry {
+    pvec<RawFrame> frames{pool()};
+    int id;
+  };
+  int find_locked(uint64_t hash, const RawFrame* frames, int n) const;
+
+  std::mutex mu_;
+  std::pmr::unordered_multimap<uint64_t, Entry> stacks_{pool()};
+  std::vector<PyObject*> held_;
+};
+
+}  // namespace nanscope
