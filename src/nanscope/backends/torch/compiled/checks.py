@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nanscope.backends.torch.check_native import NativeCheckNumericsMode
 from nanscope.backends.torch.check_numerics import (
-    CheckNumericsMode,
     _Ctx,
     _Op,
     _source_line,
@@ -91,7 +91,7 @@ class _Plan:
 class GraphChecks:
     """Checks the graphs that inductor compiles while installed."""
 
-    def __init__(self, mode: CheckNumericsMode) -> None:
+    def __init__(self, mode: NativeCheckNumericsMode) -> None:
         self.mode = mode
         self._hook = InductorHook(self._instrument, self._wrap, _not_checked, checks=True)
 
@@ -229,9 +229,7 @@ class GraphChecks:
             mode._process(
                 _Op(None, info, (), None, tensors, ctx=ctx), list(range(len(tensors))), now=True
             )
-        rewatch = getattr(mode, "_rewatch", None)
-        if rewatch is not None:
-            rewatch()
+        mode._rewatch()
 
     def _error(
         self, plan: _Plan, row: int, c: np.ndarray, first: int, reason: str
