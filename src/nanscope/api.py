@@ -113,8 +113,8 @@ def enable_dump_debug_info(
     - ``op_regex``: only ops whose type matches (``re.match``) get summaries,
       e.g. ``"aten\\.(log|exp)"``; every op is still recorded.
     - ``tensor_dtypes``: a list of dtypes (or names), or a predicate on a dtype.
-    - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``
-      or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
+    - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``,
+      ``"jax"`` or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
     - ``options``: passed to :class:`nanscope.DumpWriter` (``flush_interval``,
       ``origin_window``, ``source_snapshots``, ...).
 
@@ -161,6 +161,17 @@ def _start(settings: _Settings, options: dict[str, Any]) -> _Session:
         from nanscope.backends.tensorflow import TensorFlowDumpSession
 
         return TensorFlowDumpSession(settings, options)
+    if settings.framework == "jax":
+        from nanscope.backends.jax.session import JaxDumpSession
+
+        return JaxDumpSession(
+            logdir=settings.logdir,
+            mode=settings.mode,
+            circular_buffer_size=settings.circular_buffer_size,
+            op_regex=settings.op_regex,
+            tensor_dtypes=settings.tensor_dtypes,
+            **options,
+        )
     raise NotImplementedError(
         f"dumping {settings.framework} programs is not supported yet; PyTorch and TensorFlow are"
     )

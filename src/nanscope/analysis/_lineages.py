@@ -223,6 +223,10 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             for li in contributors - passed:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = i
+        elif _traced_graph(reader, ex, process):
+            # A graph call whose values inside were traced: its Inf/NaN were born in there,
+            # in the lineages of its traces (trace_lineages), not at the call.
+            passed = set()
         else:
             lineages.append(
                 Lineage(EXECUTIONS, process, i, ex.step, ex.phase, ex.wall_time,
@@ -251,6 +255,14 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     for lin in lineages:
         lin.verdict = _verdict(lin)
     return lineages, complete
+
+
+def _traced_graph(reader: DumpReader, ex: Execution, process: int) -> bool:
+    """Whether ``ex`` is a call of a graph whose ops' outputs were traced."""
+    if not ex.graph_id:
+        return False
+    graph = reader.graph(ex.graph_id, process)
+    return graph is not None and bool(graph.ops)
 
 
 def _note_member(lin: Lineage, ex: Execution, out: set[str]) -> None:
