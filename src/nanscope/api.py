@@ -197,8 +197,11 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
     (docs/CHECK_NUMERICS.md). The error names the op, its module path, the counts,
     the inputs and the user's source line (for a backward op, also the forward op
     and line that created it), and where the Inf/NaN were born. On accelerators
-    checks are looked at every ``sync_every`` ops. TensorFlow: turns on
-    ``tf.debugging.enable_check_numerics()``. Idempotent.
+    checks are looked at every ``sync_every`` ops. JAX: each run of a compiled
+    program (a jitted function, an eager op) counts Inf/NaN inside the program and
+    raises after it, at a NaN anywhere or an Inf that a training step returns
+    (docs/JAX.md). TensorFlow: turns on ``tf.debugging.enable_check_numerics()``.
+    Idempotent.
     """
     global _checking
     with _lock:
@@ -213,6 +216,10 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
             from nanscope.backends.tensorflow import TensorFlowCheckNumerics
 
             _checking = TensorFlowCheckNumerics()
+        elif name == "jax":
+            from nanscope.backends.jax.check_numerics import JaxCheckNumerics
+
+            _checking = JaxCheckNumerics()
         else:
             raise NotImplementedError(f"check_numerics for {name} is not supported yet")
 

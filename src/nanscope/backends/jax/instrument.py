@@ -30,6 +30,7 @@ branch's, the branches not taken leaving theirs empty (size 0).
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -211,11 +212,13 @@ class _Level:
         self.name_stack = name_stack
         self.frames = frames  # the calling equation's: for equations with no traceback
         self.names: dict[Any, str] = {}  # Var -> "op:slot"
-        self.counts: list[Any] = []  # traced int32 vectors, in row order
+        # In row order: a value to count (_Pending) or the counts of a loop's or branch's rows.
+        self.counts: list[Any] = []
         self.rows: list[Row] = []
         self.values: list[Any] = []  # FULL_TENSOR: the values themselves
         self.n_ops = 0
         self.out_names: list[str] = []  # a body's: the producers of its results
+        self.constants: set[Any] = set()  # vars computed from literals alone
 
     def op_name(self, prim: str) -> str:
         self.n_ops += 1
@@ -250,7 +253,7 @@ class _Build:
         if mode in COUNTS_PER_VALUE:
             if not jnp.issubdtype(dtype, jnp.inexact) or jnp.issubdtype(dtype, jnp.complexfloating):
                 return
-            level.counts.append(_counts(value, mode))
+            level.counts.append(_Pending(value))
         elif mode == TensorDebugMode.FULL_TENSOR:
             level.values.append(value)
         level.rows.append(Row(level.graph_id, op_name, slot, dtype_enum(dtype), shape))
@@ -351,6 +354,17 @@ class _Build:
         outs = list(outs)
         # A loop's or branch's results come from its body's last ops: data edges too.
         op.input_names.extend(n for n in self.loop_outputs if n and n not in op.input_names)
+        if inner is None and not eqn.effects and all(
+            isinstance(v, core.Literal) or v in level.constants for v in eqn.invars
+        ):
+            # Computed from constants alone (zeros_like, iota, a broadcast literal): XLA folds
+            # it at compile time, and would fold its summary too, slowly. Not summarised.
+            level.constants.update(eqn.outvars)
+            summarise_outputs = False
+        elif summarise_outputs and _passes_through(eqn) and op.input_names:
+            # Same values in another shape: consumers are shown the producer's summary.
+            level.names[eqn.outvars[0]] = op.input_names[0]
+            return outs
         for slot, (v, o) in enumerate(zip(eqn.outvars, outs, strict=True)):
             if summarise_outputs or v not in level.names:
                 level.names[v] = f"{op_name}:{slot}"
@@ -376,7 +390,7 @@ class _Build:
         # custom_vjp_call's operands may follow leading ones of its own.
         args = invals[len(invals) - len(jaxpr.invars) :]
         sub = _Level(self, level.graph_id, name_stack, frames, level.prefix)
-        sub.n_ops, sub.names = level.n_ops, dict(level.names)
+        sub.n_ops, sub.names, sub.constants = level.n_ops, dict(level.names), level.constants
         self.bind_names(sub, level, jaxpr.invars, eqn.invars[len(invals) - len(jaxpr.invars) :])
         outs = self.run(sub, jaxpr, consts, args)
         level.n_ops = sub.n_ops
@@ -399,7 +413,7 @@ class _Build:
 
         def trial(*xs: Any) -> Any:
             self.run(body, closed.jaxpr, closed.consts, list(xs))
-            return jax.numpy.concatenate(body.counts) if body.counts else None
+            return _gather(body.counts, self.mode) if body.counts else None
 
         names = dict(body.names)
         avals = [jax.ShapeDtypeStruct(np.shape(a), _dtype(a)) for a in args]
@@ -423,7 +437,7 @@ class _Build:
             outs = self.run(sub, closed.jaxpr, closed.consts, list(args))
         finally:
             self.describing = describing
-        counts = jnp.concatenate(sub.counts) if sub.counts else jnp.zeros(0, jnp.int32)
+        counts = _gather(sub.counts, self.mode) if sub.counts else jnp.zeros(0, jnp.int32)
         return outs, counts
 
     def _scan(
@@ -579,21 +593,84 @@ def _first_bad(
     return jnp.where(now, it, first), jnp.where(now, counts, at_first)
 
 
-def _counts(x: Any, mode: TensorDebugMode) -> Any:
-    """``x``'s counts in ``mode`` (see nanscope.format.counts): a few fused reductions."""
+# Values counted together in one reduction at most.
+GROUP_LIMIT = int(os.environ.get("NANSCOPE_JAX_GROUP", "8"))
+
+
+class _Pending:
+    """A value whose counts are still to be computed (with the others of its shape)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
+    """The counts of ``entries`` (values and blocks of counts), as one vector in their order.
+
+    Values of one shape are counted together, in one variadic reduction over all
+    of them (a tuple of int32 sums): XLA emits it as one loop that computes the
+    values it can fuse in registers and counts them as it goes, rather than a
+    pass over memory per value. (Sibling reductions fused the usual way are many
+    times slower on the CPU.)
+    """
     import jax.numpy as jnp
 
+    k = COUNTS_PER_VALUE[mode]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    sizes: list[int] = []
+    for i, e in enumerate(entries):
+        if isinstance(e, _Pending):
+            groups.setdefault(tuple(np.shape(e.value)), []).append(i)
+            sizes.append(1)
+        else:
+            sizes.append(int(e.shape[0]) // k)
+    parts: list[Any] = []
+    first_row: dict[int, int] = {}  # entry -> its first row in the concatenated parts
+    n = 0
+    for group in groups.values():
+        # Bounded: one reduction with hundreds of accumulators takes long to compile.
+        for start in range(0, len(group), GROUP_LIMIT):
+            members = group[start : start + GROUP_LIMIT]
+            parts.append(_counts([entries[i].value for i in members], mode))
+            for j, i in enumerate(members):
+                first_row[i] = n + j
+            n += len(members)
+    for i, e in enumerate(entries):
+        if not isinstance(e, _Pending):
+            parts.append(e.reshape(-1, k))
+            first_row[i] = n
+            n += sizes[i]
+    order = [first_row[i] + r for i in range(len(entries)) for r in range(sizes[i])]
+    stacked = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    if order != list(range(n)):
+        stacked = stacked[np.asarray(order)]
+    return stacked.reshape(-1)
+
+
+def _counts(values: Sequence[Any], mode: TensorDebugMode) -> Any:
+    """``[len(values), k]`` counts in ``mode`` (nanscope.format.counts) of same-shaped values."""
+    import jax.numpy as jnp
+    from jax import lax
+
     i32 = jnp.int32
-    if mode == TensorDebugMode.CURT_HEALTH:
-        return jnp.sum(~jnp.isfinite(x), dtype=i32)[None]
-    ninf = jnp.sum(x == -jnp.inf, dtype=i32)
-    pinf = jnp.sum(x == jnp.inf, dtype=i32)
-    if mode == TensorDebugMode.CONCISE_HEALTH:
-        return jnp.stack([ninf, pinf, jnp.sum(jnp.isfinite(x), dtype=i32)])
-    neg = jnp.sum(x < 0, dtype=i32)
-    zero = jnp.sum(x == 0, dtype=i32)
-    pos = jnp.sum(x > 0, dtype=i32)
-    return jnp.stack([ninf, pinf, neg, zero, pos])
+    operands: list[Any] = []
+    for x in values:
+        if mode == TensorDebugMode.CURT_HEALTH:
+            flags: tuple[Any, ...] = (~jnp.isfinite(x),)
+        elif mode == TensorDebugMode.CONCISE_HEALTH:
+            flags = (x == -jnp.inf, x == jnp.inf, jnp.isfinite(x))
+        else:
+            flags = (x == -jnp.inf, x == jnp.inf, x < 0, x == 0, x > 0)
+        operands.extend(f.astype(i32) for f in flags)
+    zeros = (i32(0),) * len(operands)
+    sums = lax.reduce(tuple(operands), zeros, _add, tuple(range(np.ndim(values[0]))))
+    return jnp.stack(sums).reshape(len(values), -1)
+
+
+def _add(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(p + q for p, q in zip(a, b, strict=True))
 
 
 def _slice0(x: Any) -> Any:
@@ -605,6 +682,32 @@ def _slice0(x: Any) -> Any:
 def _dtype(x: Any) -> Any:
     aval = getattr(x, "aval", None)
     return aval.dtype if aval is not None else x.dtype
+
+
+# Ops that move or copy values without changing them: they cannot make Inf/NaN, and
+# what they return has the counts of what they were given (times the repeats of a
+# broadcast). Their outputs are not summarised again (each would cost a pass over memory).
+_SAME_VALUES = frozenset(
+    {"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p", "rev"}
+)
+
+
+def _passes_through(eqn: Any) -> bool:
+    import jax.numpy as jnp
+
+    name = eqn.primitive.name
+    if name in _SAME_VALUES:
+        return len(eqn.invars) == 1 or name == "broadcast_in_dim"
+    if name == "convert_element_type":
+        # A widening float cast keeps every value; a narrowing one may overflow (an origin).
+        src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+        return bool(
+            jnp.issubdtype(src, jnp.floating)
+            and jnp.issubdtype(dst, jnp.floating)
+            and jnp.finfo(dst).max >= jnp.finfo(src).max
+            and jnp.finfo(dst).bits >= jnp.finfo(src).bits
+        )
+    return False
 
 
 def _sub_jaxpr(eqn: Any) -> Any:
@@ -645,7 +748,7 @@ def instrument(closed: Any, name: str, mode: TensorDebugMode, selection: Selecti
             return (*outs, *top.values)
         if top.counts:
             extra.append(1)
-            return (*outs, jax.numpy.concatenate(top.counts))
+            return (*outs, _gather(top.counts, mode))
         extra.append(0)
         return tuple(outs)
 
