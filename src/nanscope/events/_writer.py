@@ -1055,8 +1055,9 @@ class DumpWriter:
                 self._on_trace(trace, first + i, wall)
             return
         payloads, health = self._encoder.trace_batch(
-            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
-        )
+            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall,
+            getattr(summaries, "iterations", None),
+        )  # fmt: skip
         stream = self._traces
         st = stream.strings
         # The whole call goes to the stream together, rows built at once.

@@ -63,15 +63,19 @@ class JaxCheckNumerics:
         return outs, None, None, const_args
 
     def _check(self, plan: GraphPlan, primitive: bool, counts: np.ndarray) -> NonFiniteError | None:
-        m = plan.matrix(counts)
+        m, iterations = plan.matrix(counts)
         nan = np.flatnonzero(m[:, _NAN] > 0)
+        row = -1
         if nan.size:
-            return self._error(plan, primitive, m, int(nan[0]), "nan")
-        if plan.backward:
+            row, reason = int(nan[0]), "nan"
+        elif plan.backward:
             inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
             if inf:
-                return self._error(plan, primitive, m, inf[0], "gradient")
-        return None
+                row, reason = inf[0], "gradient"
+        if row < 0:
+            return None
+        iteration = int(iterations[row]) - 1 if iterations is not None else -1
+        return self._error(plan, primitive, m, row, reason, iteration)
 
     def _op(self, plan: GraphPlan, op_name: str) -> OpInfo | None:
         ops = self._ops.get(id(plan))
@@ -101,7 +105,13 @@ class JaxCheckNumerics:
             seen.add(current)
 
     def _error(
-        self, plan: GraphPlan, primitive: bool, m: np.ndarray, row: int, reason: str
+        self,
+        plan: GraphPlan,
+        primitive: bool,
+        m: np.ndarray,
+        row: int,
+        reason: str,
+        iteration: int,
     ) -> NonFiniteError:
         r = plan.rows[row]
         op = self._op(plan, r.op_name)
@@ -118,6 +128,9 @@ class JaxCheckNumerics:
             f"{op_type} produced {kinds} in output {r.slot} ({where})",
             f"  equation {r.op_name} of {what} ({dtype_name(r.dtype)}, {size} elements)",
         ]
+        if iteration >= 0:
+            loop = r.op_name.split("/")[0]
+            lines.append(f"  first at iteration {iteration} of the loop {loop}")
         if reason == "gradient":
             lines.append("  the function returns it (a loss, a gradient or an update)")
         frame = op.frames[-1] if op and op.frames else None

@@ -128,19 +128,20 @@ class GraphPlan:
         )
         self.sizes = np.array([_numel(r.shape) for r in self.rows], dtype=np.float64)
 
-    def matrix(self, counts: np.ndarray | None) -> np.ndarray:
-        """The ``[rows, width]`` summaries of one call from its counts vector."""
+    def matrix(self, counts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """One call's ``[rows, width]`` summaries, and each row's loop iteration (+1; 0: none)."""
         if self.mode == TensorDebugMode.SHAPE or counts is None:
-            return self.static
+            return self.static, None
         k = COUNTS_PER_VALUE[self.mode]
-        c = counts.reshape(-1, k)
-        m = summary_matrix(self.mode, c, self.static, self.sizes)
-        # A branch that did not run left its counts at -1: an empty summary, not a value.
+        c = counts.reshape(-1, k + 1)  # the counts, then the iteration column
+        m = summary_matrix(self.mode, c[:, :k], self.static, self.sizes)
+        # A branch (or loop) that did not run left -1: an empty summary, not a value.
         skipped = c[:, 0] < 0
         if skipped.any():
             m[skipped, 1:] = 0
             m[skipped, 0] = -1
-        return m
+        iterations = np.maximum(c[:, k], 0)
+        return m, iterations if iterations.any() else None
 
 
 class Selection:
@@ -354,8 +355,10 @@ class _Build:
         outs = list(outs)
         # A loop's or branch's results come from its body's last ops: data edges too.
         op.input_names.extend(n for n in self.loop_outputs if n and n not in op.input_names)
-        if inner is None and not eqn.effects and all(
-            isinstance(v, core.Literal) or v in level.constants for v in eqn.invars
+        if (
+            inner is None
+            and not eqn.effects
+            and all(isinstance(v, core.Literal) or v in level.constants for v in eqn.invars)
         ):
             # Computed from constants alone (zeros_like, iota, a broadcast literal): XLA folds
             # it at compile time, and would fold its summary too, slowly. Not summarised.
@@ -474,7 +477,12 @@ class _Build:
         (state, _, first, at_first, last), ys = lax.scan(
             step, carry0, list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
         )
-        self._absorb(level, body, jnp.where(first >= 0, at_first, last))
+        last_index = p["length"] - 1
+        chosen = jnp.where(first >= 0, at_first, last)
+        index = jnp.where(first >= 0, first, last_index)
+        if p["reverse"]:  # the iterations ran from the end of xs
+            index = last_index - index
+        self._absorb(level, body, _with_iteration(chosen, index, self.mode))
         self.loop_outputs = body.out_names
         return [*state, *ys]
 
@@ -516,7 +524,9 @@ class _Build:
             keep_going, step, (list(init), jnp.int32(0), jnp.int32(-1), zeros, zeros)
         )
         # A loop that never ran leaves its rows empty (-1: did not run).
-        self._absorb(level, body, jnp.where(first >= 0, at_first, jnp.where(it > 0, last, -1)))
+        chosen = jnp.where(first >= 0, at_first, jnp.where(it > 0, last, -1))
+        index = jnp.where(first >= 0, first, it - 1)
+        self._absorb(level, body, _with_iteration(chosen, index, self.mode))
         self.loop_outputs = body.out_names
         return list(state)
 
@@ -573,6 +583,21 @@ def _sizes(body: _Level) -> np.ndarray:
     return np.array([_numel(r.shape) for r in body.rows], dtype=np.int64)
 
 
+def _with_iteration(block: Any, index: Any, mode: TensorDebugMode) -> Any:
+    """A loop's chosen counts with its rows' iteration column set to ``index + 1``.
+
+    Rows of a loop nested in the body keep their own (inner) iteration; rows that
+    did not run keep -1.
+    """
+    import jax.numpy as jnp
+
+    k = COUNTS_PER_VALUE[mode]
+    c = block.reshape(-1, k + 1)
+    col = c[:, k]
+    col = jnp.where(c[:, 0] < 0, -1, jnp.where(col > 0, col, index + 1))
+    return c.at[:, k].set(col).reshape(-1)
+
+
 def _first_bad(
     mode: TensorDebugMode, sizes: np.ndarray, counts: Any, it: Any, first: Any, at_first: Any
 ) -> tuple[Any, Any]:
@@ -580,7 +605,7 @@ def _first_bad(
     import jax.numpy as jnp
 
     k = COUNTS_PER_VALUE[mode]
-    c = counts.reshape(-1, k)
+    c = counts.reshape(-1, k + 1)
     ran = c[:, 0] >= 0  # a branch not taken inside the body: -1
     if mode == TensorDebugMode.CURT_HEALTH:
         bad = c[:, 0] > 0
@@ -625,7 +650,7 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
             groups.setdefault(tuple(np.shape(e.value)), []).append(i)
             sizes.append(1)
         else:
-            sizes.append(int(e.shape[0]) // k)
+            sizes.append(int(e.shape[0]) // (k + 1))
     parts: list[Any] = []
     first_row: dict[int, int] = {}  # entry -> its first row in the concatenated parts
     n = 0
@@ -639,7 +664,7 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
             n += len(members)
     for i, e in enumerate(entries):
         if not isinstance(e, _Pending):
-            parts.append(e.reshape(-1, k))
+            parts.append(e.reshape(-1, k + 1))
             first_row[i] = n
             n += sizes[i]
     order = [first_row[i] + r for i in range(len(entries)) for r in range(sizes[i])]
@@ -666,7 +691,9 @@ def _counts(values: Sequence[Any], mode: TensorDebugMode) -> Any:
         operands.extend(f.astype(i32) for f in flags)
     zeros = (i32(0),) * len(operands)
     sums = lax.reduce(tuple(operands), zeros, _add, tuple(range(np.ndim(values[0]))))
-    return jnp.stack(sums).reshape(len(values), -1)
+    counts = jnp.stack(sums).reshape(len(values), -1)
+    # The iteration column: 0 outside loops (a loop sets its rows' after it ran).
+    return jnp.concatenate([counts, jnp.zeros((len(values), 1), i32)], axis=1)
 
 
 def _add(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -694,6 +721,7 @@ _SAME_VALUES = frozenset(
 
 def _passes_through(eqn: Any) -> bool:
     import jax.numpy as jnp
+    import ml_dtypes
 
     name = eqn.primitive.name
     if name in _SAME_VALUES:
@@ -704,8 +732,8 @@ def _passes_through(eqn: Any) -> bool:
         return bool(
             jnp.issubdtype(src, jnp.floating)
             and jnp.issubdtype(dst, jnp.floating)
-            and jnp.finfo(dst).max >= jnp.finfo(src).max
-            and jnp.finfo(dst).bits >= jnp.finfo(src).bits
+            and ml_dtypes.finfo(dst).max >= ml_dtypes.finfo(src).max
+            and ml_dtypes.finfo(dst).bits >= ml_dtypes.finfo(src).bits
         )
     return False
 

@@ -41,6 +41,8 @@ class Programs:
         self._warned = False
 
     def plan(self, closed: Any, name: str) -> GraphPlan | None:
+        if not closed.jaxpr.eqns:
+            return None  # nothing computed (an identity, a cast to the same type)
         found = self._plans.get(closed)
         if found is None:
             try:

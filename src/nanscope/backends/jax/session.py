@@ -80,12 +80,13 @@ class _ArrayIds:
 class _CallSummaries:
     """One run's summaries: its counts copied to the host and laid out once, on the writer thread."""
 
-    __slots__ = ("_extra", "_matrix", "_plan")
+    __slots__ = ("_extra", "_matrix", "_plan", "iterations")
 
     def __init__(self, plan: GraphPlan, extra: list[Any]) -> None:
         self._plan = plan
         self._extra = extra
         self._matrix: Any = None
+        self.iterations: np.ndarray | None = None  # per row: loop iteration + 1 (0: none)
 
     def resolve(self) -> Any:
         if self._matrix is None:
@@ -94,7 +95,7 @@ class _CallSummaries:
                 self._matrix = [np.asarray(v) for v in self._extra]
             else:
                 counts = np.asarray(self._extra[0]) if self._extra else None
-                self._matrix = plan.matrix(counts)
+                self._matrix, self.iterations = plan.matrix(counts)
             self._extra = []
         return self._matrix
 
