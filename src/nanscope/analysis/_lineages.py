@@ -310,6 +310,16 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 if j is not None:
                     contributors |= member_of.get(j, set())
         out = _kinds(tr.health)
+        if not contributors and op is not None and op.op_type == "Placeholder" and not op.inputs:
+            # A graph argument holding Inf/NaN that an earlier graph call returned (a
+            # parameter a training step updated): that lineage goes on, into a later call.
+            left = [k for k, lin in enumerate(lineages) if _left_graph(lin) and lin.birth < i]
+            if left:
+                contributors = {left[-1]}
+                if tr.step > lineages[left[-1]].birth_step:
+                    lineages[left[-1]].reach(
+                        "a later step (kept in a parameter or an optimizer state)"
+                    )
         if contributors:
             passed = _passed_on(contributors, out, lineages)
         else:
@@ -337,6 +347,10 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
             lin.reach("a graph output, still non-finite")
         lin.verdict = _verdict(lin)
     return lineages
+
+
+def _left_graph(lin: Lineage) -> bool:
+    return "a graph output, still non-finite" in lin.reaches
 
 
 def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:

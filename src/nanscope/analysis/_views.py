@@ -239,7 +239,10 @@ class ViewBuilder:
                     r, tr.process, tr.graph_id, producer_name, slot, index - 1, later=False
                 )
                 if found is None:
-                    inputs.append(InputView(f"{producer_name}:{slot}", None, None))
+                    producer_op = r.graph_op(tr.graph_id, producer_name, tr.process)
+                    number = producer_op is not None and producer_op.op_type == "Const"
+                    suffix = " (a number)" if number and not producer_op.inputs else ""
+                    inputs.append(InputView(f"{producer_name}:{slot}{suffix}", None, None))
                     continue
                 try:
                     p = r.trace(found)

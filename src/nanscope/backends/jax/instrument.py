@@ -327,9 +327,16 @@ class _Build:
         frames = _frames(eqn.source_info.traceback) or level.frames
         self.backward = self.backward or backward
         op_name = level.op_name(prim)
-        inputs = [
-            level.names.get(v, "") if not isinstance(v, core.Literal) else "" for v in eqn.invars
-        ]
+        inputs = []
+        for i, v in enumerate(eqn.invars):
+            if isinstance(v, core.Literal):
+                # A number in the program: a Const op of its own, so that input slots count
+                # as the equation's operands do (TensorFlow's consumers go by slot).
+                name = f"{op_name}/literal_{i}"
+                self.add_op(OpInfo(level.graph_id, "Const", name, [], 1, frames, "", False))
+                inputs.append(f"{name}:0")
+            else:
+                inputs.append(level.names.get(v, ""))
         op = OpInfo(level.graph_id, prim, op_name, [n for n in inputs if n], len(eqn.outvars),
                     frames, "/".join(scopes), backward)  # fmt: skip
         self.add_op(op)

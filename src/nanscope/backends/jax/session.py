@@ -232,7 +232,7 @@ class JaxDumpSession:
                 input_tensor_ids=[ids.get(a) for a in args],
                 output_device_ids=[self.device_id] * len(outs),
                 summaries=() if no_values else _Rows(call, plan.output_rows),
-                input_summaries=_Rows(call, plan.input_rows) if primitive and not no_values else (),
+                input_summaries=() if no_values else _Rows(call, plan.input_rows),
                 num_outputs=len(outs),
                 graph_id="" if primitive else plan.graph_id,
                 stack=writer.capture_stack(),
