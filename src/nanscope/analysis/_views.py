@@ -240,8 +240,12 @@ class ViewBuilder:
                 )
                 if found is None:
                     producer_op = r.graph_op(tr.graph_id, producer_name, tr.process)
-                    number = producer_op is not None and producer_op.op_type == "Const"
-                    suffix = " (a number)" if number and not producer_op.inputs else ""
+                    number = (
+                        producer_op is not None
+                        and producer_op.op_type == "Const"
+                        and not producer_op.inputs
+                    )
+                    suffix = " (a number)" if number else ""
                     inputs.append(InputView(f"{producer_name}:{slot}{suffix}", None, None))
                     continue
                 try:
