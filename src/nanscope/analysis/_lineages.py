@@ -157,6 +157,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     # (values already read, like a mask that its softmax absorbed, are not followed).
     alive_at_gap: set[int] = set()
     seen: set[int] = set()  # tensor ids some decoded event produced
+    from_graph: set[int] = set()  # non-finite tensor ids that traced graph calls returned
     previous = -1
     for i in order.tolist():
         if previous in gap_set:
@@ -223,10 +224,14 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             for li in contributors - passed:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = i
-        elif _traced_graph(reader, ex, process):
+        elif _traced_graph(reader, ex, process) or any(
+            t in from_graph for t in ex.input_tensor_ids
+        ):
             # A graph call whose values inside were traced: its Inf/NaN were born in there,
-            # in the lineages of its traces (trace_lineages), not at the call.
+            # in the lineages of its traces (trace_lineages), not at the call; and so were
+            # the Inf/NaN that later ops read from what it returned.
             passed = set()
+            from_graph.update(t for t in ex.output_tensor_ids if t)
         else:
             lineages.append(
                 Lineage(EXECUTIONS, process, i, ex.step, ex.phase, ex.wall_time,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -124,6 +125,12 @@ def _phase() -> Phase:
     for elem in source_info_util.current_name_stack().stack:
         if isinstance(elem, Transform) and elem.name == "transpose":
             return Phase.BACKWARD
+    # An eager gradient: JAX's backward_pass evaluates the transposed equations one by one.
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "backward_pass" and f.f_code.co_filename.endswith("ad.py"):
+            return Phase.BACKWARD
+        f = f.f_back  # type: ignore[assignment]
     return Phase.UNKNOWN
 
 
@@ -203,8 +210,10 @@ class JaxDumpSession:
         extra: list[Any],
     ) -> None:
         writer = self.writer
+        # JAX's dispatch is deep: the user's frames lie far below the innermost.
+        stack = writer.capture_stack(limit=256)
         if not primitive and not plan.written:
-            self._write_graph(plan)
+            self._write_graph(plan, stack)
         phase = _phase()
         if phase == Phase.BACKWARD:
             self._after_backward = True
@@ -235,7 +244,7 @@ class JaxDumpSession:
                 input_summaries=() if no_values else _Rows(call, plan.input_rows),
                 num_outputs=len(outs),
                 graph_id="" if primitive else plan.graph_id,
-                stack=writer.capture_stack(),
+                stack=stack,
                 module_path=_module_path(),
                 phase=phase,
                 step=step,
@@ -244,7 +253,9 @@ class JaxDumpSession:
         if plan.backward and not primitive:
             self.step += 1  # a training step (its gradients inside) has run
 
-    def _write_graph(self, plan: GraphPlan) -> None:
+    def _write_graph(self, plan: GraphPlan, call_stack: int) -> None:
+        """Write ``plan``'s graph and ops; ops with no line of their own (JAX's own
+        helpers) get the stack of the call that ran the graph first."""
         writer = self.writer
         for g in plan.graphs:
             writer.write_graph(
@@ -256,7 +267,7 @@ class JaxDumpSession:
                 )
             )
         for op in plan.ops:
-            stack = writer.stack_from_frames(op.frames) if op.frames else -1
+            stack = writer.stack_from_frames(op.frames) if op.frames else call_stack
             writer.write_graph_op(
                 GraphOp(
                     graph_id=op.graph_id,
