@@ -6,8 +6,9 @@ the chain rule multiplies it by d(x**2)/dx = 2x = 0, giving NaN.
 """
 # EXPECT origin_kind=born origin.kind=graph_execution_trace origin.op_type=div
 # EXPECT origin.counts.pos_inf=1 origin.explanation~="x/0"
-# EXPECT first_nan.op_type=mul first_nan.explanation~="0 * inf"
-# XFAIL: sqrt's derivative 0.5/sqrt(s) runs in the linearised forward part of the grad's jaxpr, so the backend does not flag it backward (forward_source is null), and div's literal numerator is no input, so the explanation cannot say x/0 ("div produced +inf from finite inputs")
+# EXPECT first_nan.op_type=mul first_nan.explanation~="0 * inf" first_nan.phase=backward
+# EXPECT origin.phase=backward
+# XFAIL: sqrt's derivative 0.5/sqrt(s) runs in the linearised forward part of the grad's jaxpr (under jvp, before the transpose), so the backend does not flag it backward: its forward_source is null
 
 import jax
 import jax.numpy as jnp

@@ -2,7 +2,7 @@
 # EXPECT origin.kind=execution origin.op_type=log origin_kind=born
 # EXPECT origin.explanation~="log of zero" origin.counts.neg_inf=2
 # EXPECT cause.kind=execution cause.op_type=log first_nan.op_type=mul
-# XFAIL: eager jnp functions are jitted graphs whose Placeholders the report takes for births: softmax's internal initial=-inf argument becomes the origin and multiply's Placeholder y (fed by log's output) the cause; and those graphs' ops have no source (library code), where the calling line is the user's
+# XFAIL: an eager graph's Placeholder fed by an eager op's output does not continue that op's lineage: multiply's Placeholder y (log's -inf) becomes the cause, and softmax's internal initial=-inf argument (a Placeholder of _reduce_max) the origin
 
 import jax
 import jax.numpy as jnp

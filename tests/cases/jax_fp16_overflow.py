@@ -2,7 +2,6 @@
 # EXPECT origin.op_type=dot_general origin_kind=born origin.counts.dtype=float16
 # EXPECT origin.counts.pos_inf=32 origin.explanation~="overflow in matmul"
 # EXPECT origin.explanation~="65504"
-# XFAIL: dot_general, JAX's matmul, is in no op family of the explanations: "dot_general produced +inf from finite inputs"
 
 import jax
 import jax.numpy as jnp

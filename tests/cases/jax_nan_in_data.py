@@ -5,8 +5,7 @@ It entered through the jitted function's argument, the graph's Placeholder
 """
 # EXPECT origin.op_type=Placeholder origin.op_name=x origin.counts.nan=1
 # EXPECT origin_kind=entered origin.external_input=true
-# EXPECT origin.explanation~="already in an input that no recorded op produced"
-# XFAIL: the report calls the Placeholder's NaN born (origin_kind=born, external_input=false, "placeholder produced NaN; the inputs' values were not recorded") and gives it no source, where it entered through the call's argument
+# EXPECT origin.explanation~="already in this argument when the function was called"
 
 import jax
 import jax.numpy as jnp

@@ -6,7 +6,7 @@ gradient flows through both branches: the masked branch gets a cotangent of
 """
 # EXPECT origin.op_type=log origin.explanation~="log of zero" origin.counts.neg_inf=1
 # EXPECT cause.op_type=div cause.explanation~="0/0" cause.counts.nan=1
-# EXPECT first_nan.op_type=div lineages.0.kind=benign
+# EXPECT first_nan.op_type=div cause.phase=backward lineages.0.kind=benign
 # EXPECT lineages.0.birth.op_type=log
 # EXPECT lineages.1.kind=harmful lineages.1.birth.op_type=div
 

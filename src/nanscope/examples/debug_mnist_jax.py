@@ -37,11 +37,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import nanscope
 
     x_train, y_train, x_test, y_test = data.load(args.data, seed=args.seed)
-    params = init_params(jax.random.key(args.seed))
-    opt_state = adam_init(params)
-
-    # Recording starts with training, which is what this example debugs: the
-    # initialisation's random-number programs are not recorded.
     if args.dump_dir:
         nanscope.enable_dump_debug_info(
             args.dump_dir,
@@ -50,11 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             framework="jax",
         )
     if args.check_numerics:
-        try:
-            nanscope.enable_check_numerics(framework="jax")
-        except NotImplementedError as exc:
-            print(f"--check_numerics: {exc}; record a dump with --dump_dir", file=sys.stderr)
-            return 2
+        nanscope.enable_check_numerics(framework="jax")
+
+    params = init_params(jax.random.key(args.seed))
+    opt_state = adam_init(params)
 
     def loss_fn(params: Any, x: Any, labels: Any) -> Any:
         return cross_entropy(mlp(params, x), labels, fix=args.fix)
@@ -78,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Accuracy at step {step}: {correct:.3f} (loss {float(loss):.4f})")
     if args.dump_dir:
         nanscope.disable_dump_debug_info()
+    if args.check_numerics:
+        nanscope.disable_check_numerics()
     return 0
 
 
