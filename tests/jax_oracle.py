@@ -283,7 +283,7 @@ class _Evaluator:
             raw = outs if isinstance(outs, list) else [outs]
         else:
             self.fallbacks.add(name)
-            bound = eqn.primitive.bind(*ins, **eqn.params)  # type: ignore[no-untyped-call]
+            bound = eqn.primitive.bind(*ins, **eqn.params)
             raw = list(bound) if eqn.primitive.multiple_results else [bound]
         outs = []
         for var, out in zip(eqn.outvars, raw, strict=True):

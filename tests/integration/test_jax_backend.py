@@ -148,7 +148,7 @@ def test_graphs_and_ops_are_written_once_per_function(tmp_path: Path) -> None:
     training, run = _record("mlp", tmp_path, steps=3)
     closed = jax.make_jaxpr(training.train_step)(*run.calls[0])
     with DumpReader(tmp_path) as reader:
-        graphs = [g for g in reader.graphs() if g.name == "train_step"]
+        graphs = [g for g in reader.graphs().values() if g.name == "train_step"]
         assert len(graphs) == 1
         ops = graphs[0].ops
         executions = [reader.execution(i) for i in range(reader.num_executions())]

@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     def start(framework: str) -> None:
         if started:
             return
+        if framework == "jax" and "tensorflow" in sys.modules:
+            # TensorFlow imports JAX (when installed) while it is being imported itself:
+            # the program is TensorFlow's; its own hook starts recording when done.
+            return
         started.append(framework)
         try:
             if args.check_numerics:

@@ -70,8 +70,8 @@ class JaxCheckNumerics:
             row, reason = int(nan[0]), "nan"
         elif plan.backward:
             inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
-            if inf:
-                row, reason = inf[0], "gradient"
+            if inf:  # the one computed first (a loss before the updates made from it)
+                row, reason = min(inf), "gradient"
         if row < 0:
             return None
         iteration = int(iterations[row]) - 1 if iterations is not None else -1

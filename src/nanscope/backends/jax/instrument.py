@@ -57,6 +57,7 @@ _CALLS = {
     "closed_call": "call_jaxpr",
     "core_call": "call_jaxpr",
     "remat": "jaxpr",
+    "remat2": "jaxpr",
     "checkpoint": "jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
@@ -268,6 +269,11 @@ class _Build:
     def placeholder(self, level: _Level, var: Any, value: Any, name: str, op_type: str) -> None:
         self.add_op(OpInfo(level.graph_id, op_type, name, [], 1, level.frames, "", False))
         level.names[var] = f"{name}:0"
+        aval = getattr(var, "aval", None)
+        if getattr(aval, "weak_type", False) and not getattr(aval, "shape", ()):
+            # A Python number passed in (softmax's initial -inf to a max, say): a constant of
+            # the caller's code, not data.
+            return
         self.summarise(level, value, op_type, name, 0)
 
     def run(
