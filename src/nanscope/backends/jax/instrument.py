@@ -119,6 +119,8 @@ class GraphPlan:
     static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     written: bool = False
+    # Argument signature -> (executable, its constant arguments): see programs.Programs.run.
+    executables: dict[Any, Any] = field(default_factory=dict)
 
     def finish(self) -> None:
         self.op_names = [r.op_name for r in self.rows]
