@@ -98,6 +98,12 @@ class Value:
     value: np.ndarray
 
 
+# Ops that move values unchanged (nanscope summarises their producer instead).
+SAME_VALUES = frozenset(
+    {"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p", "rev"}
+)
+
+
 @dataclass
 class Call:
     """A jitted function's run, evaluated equation by equation."""
@@ -123,6 +129,8 @@ def evaluate(fn: Any, *args: Any) -> Call:
         if np.issubdtype(np.asarray(value).dtype, np.floating):
             call.values.append(Value(op_name, op_type, slot, np.asarray(value)))
 
+    constants: set[Any] = set()  # vars computed from numbers in the program alone
+
     def run(jaxpr: Any, consts: Sequence[Any], invals: Sequence[Any], top: bool) -> list[Any]:
         nonlocal n
         env: dict[Any, Any] = {}
@@ -137,14 +145,30 @@ def evaluate(fn: Any, *args: Any) -> Call:
             env[v] = x
             if top:
                 call.ops.append((names[i], "Placeholder"))
-                record(names[i], "Placeholder", 0, x)
+                if not (v.aval.weak_type and v.aval.shape == ()):  # a Python number: no trace
+                    record(names[i], "Placeholder", 0, x)
         for e in jaxpr.eqns:
             prim = e.primitive.name
             assert prim not in LOOPS, prim
             n += 1
             op_name = f"{prim}_{n}"
+            # Numbers in the program are Const ops of their own, named after the equation.
+            call.ops += [
+                (f"{op_name}/literal_{i}", "Const")
+                for i, v in enumerate(e.invars)
+                if isinstance(v, Literal)
+            ]
             call.ops.append((op_name, prim))
             ins = [read(v) for v in e.invars]
+            # Not traced (docs/JAX.md): values computed from numbers alone (XLA folds them),
+            # and values an op moves unchanged (their producer's trace stands for them).
+            from_numbers = all(isinstance(v, Literal) or v in constants for v in e.invars)
+            unchanged = prim in SAME_VALUES or (
+                prim == "convert_element_type"
+                and np.issubdtype(e.invars[0].aval.dtype, np.floating)
+                and np.issubdtype(e.outvars[0].aval.dtype, np.floating)
+                and np.finfo(e.outvars[0].aval.dtype).bits >= np.finfo(e.invars[0].aval.dtype).bits
+            )
             sub = next((e.params[k] for k in CALL_PARAMS if k in e.params), None)
             if sub is not None:
                 inner, inner_consts = (
@@ -155,9 +179,12 @@ def evaluate(fn: Any, *args: Any) -> Call:
                 with e.ctx.manager:
                     out = e.primitive.bind(*ins, **e.params)
                 outs = list(out) if e.primitive.multiple_results else [out]
-                for slot, (v, o) in enumerate(zip(e.outvars, outs, strict=True)):
-                    if not isinstance(v, DropVar):
-                        record(op_name, prim, slot, o)
+                if from_numbers and not e.effects:
+                    constants.update(e.outvars)
+                elif not unchanged:
+                    for slot, (v, o) in enumerate(zip(e.outvars, outs, strict=True)):
+                        if not isinstance(v, DropVar):
+                            record(op_name, prim, slot, o)
             for v, o in zip(e.outvars, outs, strict=True):
                 env[v] = o
         return [read(v) for v in jaxpr.outvars]
