@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # Everything the tests need, at the versions in constraints.txt.
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,torch]' tensorflow-cpu
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,torch,jax]' tensorflow-cpu
 	touch $(STAMP)
 
 install: $(STAMP)

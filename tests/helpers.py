@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,26 @@ def extract_tf_dumps(root: Path, only: str | None = None) -> Path:
         )
         tar.extractall(root, members=members, filter="data")
     return root
+
+
+# A jitted JAX MLP whose loss takes the log of a zero (tests/programs/jax_mlp.py).
+JAX_MLP = Path(__file__).parent / "programs" / "jax_mlp.py"
+
+
+def jax_mlp_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The FULL_HEALTH dump of ``tests/programs/jax_mlp.py``, run on the CPU, recorded once
+    per test session (compiling the instrumented program takes seconds) under the base
+    temporary folder: ``<base>/jax/mlp``. Skips without JAX."""
+    pytest.importorskip("jax")
+    dump = tmp_path_factory.getbasetemp() / "jax" / "mlp"
+    done = dump.parent / "recorded"
+    if not done.exists():
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        out = subprocess.run([sys.executable, str(JAX_MLP), str(dump)], env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        done.write_text(out.stdout)
+    return dump
 
 
 def call(runs: RunSet, path: str, /, **params: Any) -> dict[str, Any]:

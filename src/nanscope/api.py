@@ -113,8 +113,8 @@ def enable_dump_debug_info(
     - ``op_regex``: only ops whose type matches (``re.match``) get summaries,
       e.g. ``"aten\\.(log|exp)"``; every op is still recorded.
     - ``tensor_dtypes``: a list of dtypes (or names), or a predicate on a dtype.
-    - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``
-      or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
+    - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``,
+      ``"jax"`` or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
     - ``options``: passed to :class:`nanscope.DumpWriter` (``flush_interval``,
       ``origin_window``, ``source_snapshots``, ...).
 
@@ -161,6 +161,17 @@ def _start(settings: _Settings, options: dict[str, Any]) -> _Session:
         from nanscope.backends.tensorflow import TensorFlowDumpSession
 
         return TensorFlowDumpSession(settings, options)
+    if settings.framework == "jax":
+        from nanscope.backends.jax.session import JaxDumpSession
+
+        return JaxDumpSession(
+            logdir=settings.logdir,
+            mode=settings.mode,
+            circular_buffer_size=settings.circular_buffer_size,
+            op_regex=settings.op_regex,
+            tensor_dtypes=settings.tensor_dtypes,
+            **options,
+        )
     raise NotImplementedError(
         f"dumping {settings.framework} programs is not supported yet; PyTorch and TensorFlow are"
     )
@@ -186,8 +197,11 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
     (docs/CHECK_NUMERICS.md). The error names the op, its module path, the counts,
     the inputs and the user's source line (for a backward op, also the forward op
     and line that created it), and where the Inf/NaN were born. On accelerators
-    checks are looked at every ``sync_every`` ops. TensorFlow: turns on
-    ``tf.debugging.enable_check_numerics()``. Idempotent.
+    checks are looked at every ``sync_every`` ops. JAX: each run of a compiled
+    program (a jitted function, an eager op) counts Inf/NaN inside the program and
+    raises after it, at a NaN anywhere or an Inf that a training step returns
+    (docs/JAX.md). TensorFlow: turns on ``tf.debugging.enable_check_numerics()``.
+    Idempotent.
     """
     global _checking
     with _lock:
@@ -202,6 +216,10 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
             from nanscope.backends.tensorflow import TensorFlowCheckNumerics
 
             _checking = TensorFlowCheckNumerics()
+        elif name == "jax":
+            from nanscope.backends.jax.check_numerics import JaxCheckNumerics
+
+            _checking = JaxCheckNumerics()
         else:
             raise NotImplementedError(f"check_numerics for {name} is not supported yet")
 

@@ -15,22 +15,25 @@ report must say in comments:
 
 ``# <- target target ...`` (at the end of a code line)
     The line that a report event's source must point at: ``origin``,
-    ``first_inf`` and ``first_nan`` are the event's ``source`` (the innermost
-    frame of the case file's own code); ``origin.forward`` (or just
-    ``forward``) and ``first_nan.forward`` are a backward event's
-    ``forward_source``, where the forward op whose gradient it computes was called.
+    ``cause``, ``first_inf`` and ``first_nan`` are the event's ``source`` (the
+    innermost frame of the case file's own code); ``origin.forward`` (or just
+    ``forward``), ``cause.forward`` and ``first_nan.forward`` are a backward
+    event's ``forward_source``, where the forward op whose gradient it computes
+    was called.
 
 ``# XFAIL: reason``
     The expectation is right but nanscope gets it wrong today: the case is
     ``xfail(strict=True)`` with that reason, so fixing the bug turns it into a
     failure that asks for the line to be removed.
 
-The report must exit 1 (Inf/NaN found), or 0 when a case expects
-``found_nonfinite=false``. Cases named ``tf_*`` need TensorFlow (marked ``tf``),
-the others PyTorch. All selected programs are started at once on a small
-thread pool (each is a separate ``nanscope run`` process) and each test waits
-for its own; the two example programs of ``nanscope.examples`` are checked the
-same way, from the dumps they write with ``--dump_dir``.
+The report must exit 1 (a harmful Inf/NaN found), or 0 when a case expects
+``found_nonfinite=false`` or ``found_harmful=false`` (only benign Inf, e.g. a
+mask that softmax absorbs). Cases named ``tf_*`` need TensorFlow (marked
+``tf``), ``jax_*`` JAX (marked ``jax``), the others PyTorch. All selected
+programs are started at once on a small thread pool (each is a separate
+``nanscope run`` process) and each test waits for its own; the example programs
+of ``nanscope.examples`` are checked the same way, from the dumps they write
+with ``--dump_dir``.
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ CASES_DIR = Path(__file__).parents[1] / "cases"
 CASE_FILES = sorted(CASES_DIR.glob("*.py"))
 TIMEOUT_S = 180
 WORKERS = max(2, min(4, (os.cpu_count() or 1) + 1))  # the programs also wait on I/O
-EVENTS = ("origin", "first_inf", "first_nan")
+EVENTS = ("origin", "cause", "first_inf", "first_nan")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
+HAS_JAX = importlib.util.find_spec("jax") is not None
 
 
 def _has_module(name: str) -> bool:
@@ -81,7 +85,7 @@ class Check:
 class Case:
     path: Path
     checks: list[Check] = field(default_factory=list)
-    lines: dict[str, int] = field(default_factory=dict)  # "origin", "origin.forward", ... -> line
+    lines: dict[str, int] = field(default_factory=dict)  # "origin", "cause.forward", ... -> line
     xfail: str | None = None
 
     @property
@@ -90,16 +94,25 @@ class Case:
 
     @property
     def framework(self) -> str:
-        return "tensorflow" if self.name.startswith("tf_") else "torch"
+        if self.name.startswith("tf_"):
+            return "tensorflow"
+        return "jax" if self.name.startswith("jax_") else "torch"
 
     @property
     def expects_nonfinite(self) -> bool:
         return not any(c.path == "found_nonfinite" and c.value is False for c in self.checks)
 
+    @property
+    def expects_harmful(self) -> bool:
+        """Whether the report must exit 1: a harmful Inf/NaN, not only benign ones."""
+        return self.expects_nonfinite and not any(
+            c.path == "found_harmful" and c.value is False for c in self.checks
+        )
+
 
 _CHECK = re.compile(r"^(?P<path>[A-Za-z_][\w.]*)(?P<op>~=|=)(?P<value>.*)$", re.S)
 _MARKER = re.compile(r"#\s*<-\s*(?P<targets>[\w. ]+?)\s*$")
-_TARGET = re.compile(r"^(origin|first_inf|first_nan)(\.forward)?$")
+_TARGET = re.compile(r"^(origin|cause|first_inf|first_nan)(\.forward)?$")
 
 
 def _value(text: str) -> Any:
@@ -217,11 +230,12 @@ def _example_command(module: str, logdir: Path) -> list[str]:
 EXAMPLES = {
     "debug_mnist": ("nanscope.examples.debug_mnist", "torch"),
     "debug_mnist_tf": ("nanscope.examples.debug_mnist_tf", "tensorflow"),
+    "debug_mnist_jax": ("nanscope.examples.debug_mnist_jax", "jax"),
 }
 
 
 def _runnable(framework: str) -> bool:
-    return HAS_TF if framework == "tensorflow" else HAS_TORCH
+    return {"tensorflow": HAS_TF, "jax": HAS_JAX}.get(framework, HAS_TORCH)
 
 
 class Runner:
@@ -331,6 +345,8 @@ def _case_param(case: Case) -> Any:
     marks = []
     if case.framework == "tensorflow":
         marks += [pytest.mark.tf, pytest.mark.skipif(not HAS_TF, reason="needs TensorFlow")]
+    elif case.framework == "jax":
+        marks += [pytest.mark.jax, pytest.mark.skipif(not HAS_JAX, reason="needs JAX")]
     else:
         marks.append(pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch"))
     if case.xfail:
@@ -342,11 +358,12 @@ def _case_param(case: Case) -> Any:
 
 
 def test_corpus_is_broad_enough() -> None:
-    """At least a dozen buggy programs, in both frameworks, and a clean one."""
-    buggy = [c for c in CASES if c.expects_nonfinite]
+    """At least a dozen buggy programs, in every framework, a clean one and a benign one."""
+    buggy = [c for c in CASES if c.expects_harmful]
     assert len(buggy) >= 12
-    assert {c.framework for c in buggy} == {"torch", "tensorflow"}
+    assert {c.framework for c in buggy} == {"torch", "tensorflow", "jax"}
     assert any(not c.expects_nonfinite for c in CASES)
+    assert any(c.expects_nonfinite and not c.expects_harmful for c in CASES)
     assert any("origin.forward" in c.lines for c in CASES)  # born in backward
     assert any(c.value == "entered" for case in CASES for c in case.checks)  # NaN in the data
 
@@ -358,6 +375,7 @@ def test_expectation_syntax(tmp_path: Path) -> None:
         "# XFAIL: a reason\n"
         "y = f(x)  # <- origin first_inf\n"
         "z = g(y)  # <- forward\n"
+        "w = h(z)  # <- cause cause.forward\n"
     )
     case = parse_case(path)
     assert case.checks == [
@@ -365,10 +383,23 @@ def test_expectation_syntax(tmp_path: Path) -> None:
         Check("origin.explanation", "~=", "log of zero"),
         Check("first_nan", "=", None),
     ]
-    assert case.lines == {"origin": 3, "first_inf": 3, "origin.forward": 4}
+    assert case.lines == {
+        "origin": 3, "first_inf": 3, "origin.forward": 4, "cause": 5, "cause.forward": 5
+    }  # fmt: skip
     assert case.xfail == "a reason"
+    assert case.framework == "torch" and case.expects_harmful
     data = {"origin": {"op_type": "Log", "explanation": "log of zero: 2 zeros"}, "first_nan": 1}
     assert check_report(case, data)[0] == "first_nan: 1, expected None"
+    assert "cause: expected line 5, but the report has no cause" in check_report(case, data)
+
+
+def test_benign_expectation(tmp_path: Path) -> None:
+    """found_harmful=false: Inf/NaN found (exit 0 all the same); jax_ names need JAX."""
+    path = tmp_path / "jax_probe.py"
+    path.write_text("# EXPECT found_harmful=false\nx = mask()  # <- origin\n")
+    case = parse_case(path)
+    assert case.framework == "jax"
+    assert case.expects_nonfinite and not case.expects_harmful
 
 
 @pytest.mark.parametrize("case", [_case_param(c) for c in CASES])
@@ -376,7 +407,7 @@ def test_case(case: Case, runner: Runner) -> None:
     out = runner.result(f"case:{case.name}")
     assert out.run.returncode == 0, out.context()
     assert out.report is not None and out.data is not None, out.context()
-    assert out.report.returncode == (1 if case.expects_nonfinite else 0), out.context()
+    assert out.report.returncode == (1 if case.expects_harmful else 0), out.context()
     assert out.data["schema"] == "nanscope.report/2"
     assert out.data["found_nonfinite"] is case.expects_nonfinite, out.context()
     assert out.data["framework"].startswith(case.framework), out.context()
@@ -441,3 +472,35 @@ def test_tensorflow_example_dump_log_fed_by_probs(runner: Runner) -> None:
         assert _same_file(event["source"]["file"], path), out.context()
         assert event["source"]["line"] == line, out.context()
         assert "log of zero" in event["explanation"], out.context()
+
+
+@pytest.mark.jax
+@pytest.mark.skipif(not HAS_JAX, reason="needs JAX")
+@_job("example:debug_mnist_jax")
+def test_jax_example_log_of_zero(runner: Runner) -> None:
+    """The example in JAX: the jitted step's log at the ``jnp.log(probs)`` line, "log of zero".
+
+    It is both where the first Inf was born and the cause: its -inf times a label of 0
+    makes the loss NaN (the first NaN, at the same line), then the gradients and weights.
+    """
+    out = runner.result("example:debug_mnist_jax")
+    assert out.run.returncode == 0, out.context()
+    assert "(loss nan)" in out.run.stdout, out.context()  # the training really collapsed
+    assert out.report is not None and out.report.returncode == 1, out.context()
+    assert out.data is not None
+    assert out.data["framework"].startswith("jax"), out.context()
+    path, line = _source_line("nanscope.examples.debug_mnist_jax", "jnp.log(probs)")
+    assert out.data["origin_kind"] == "born", out.context()
+    for name in ("origin", "cause"):
+        event = out.data[name]
+        assert event is not None, out.context()
+        assert event["kind"] == "graph_execution_trace", out.context()
+        assert event["graph_name"] == "train_step", out.context()
+        assert event["op_type"] == "log", out.context()
+        assert _same_file(event["source"]["file"], path), out.context()
+        assert event["source"]["line"] == line, out.context()
+        assert "log of zero" in event["explanation"], out.context()
+        assert event["inputs"][0]["producer"]["op_type"] == "div", out.context()  # softmax's
+    first_nan = out.data["first_nan"]
+    assert first_nan["op_type"] == "mul" and first_nan["source"]["line"] == line, out.context()
+    assert "0 * inf" in first_nan["explanation"], out.context()

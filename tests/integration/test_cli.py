@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -83,3 +84,35 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         timeout=120,
     )
     assert again.returncode == 2 and "already holds a dump" in again.stderr
+
+
+@pytest.mark.jax
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+def test_demo_jax_end_to_end(tmp_path: Path) -> None:
+    """``--framework jax`` trains the JAX example: the report names its jitted log."""
+    out = subprocess.run(
+        [sys.executable, "-m", "nanscope", "demo", "--framework", "jax",
+         "--logdir", str(tmp_path / "demo"), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())  # the console wraps long lines
+    assert "in JAX" in text and "(loss nan)" in text
+    assert "log of zero" in text and "graph train_step" in text
+    assert "debug_mnist_jax.py" in text
+    assert "python -m nanscope.examples.debug_mnist_jax --fix" in text
+
+
+def test_demo_without_its_framework_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "jax", None)  # what find_spec takes for "not installed"
+    assert main(["demo", "--framework", "jax"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err == (
+        "nanscope demo: error: the JAX demo needs JAX, which is not installed: "
+        "pip install 'nanscope[jax]'"
+    )

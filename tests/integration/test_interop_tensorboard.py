@@ -208,18 +208,17 @@ class Server:
         pytest.fail(f"{route} not ready after {LOAD_TIMEOUT_S} s; last answer: {answer!r}")
 
 
-@pytest.fixture(scope="module")
-def tensorboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("tensorboard")
-    dump = write_dump(root / "dump")
+def start_tensorboard(logdir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """TensorBoard started over ``logdir`` on a free port of 127.0.0.1 (its output into
+    ``log``), in a process group of its own; the process and its Debugger V2 routes' base
+    URL. Its plugin reads a dump that appears in ``logdir`` later, when first asked."""
     port = _free_port()
-    log = root / "tensorboard.log"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
             [
                 *_tensorboard_command(),
-                *("--logdir", str(dump.path)),
+                *("--logdir", str(logdir)),
                 *("--host", "127.0.0.1"),
                 *("--port", str(port)),
                 *("--load_fast", "false"),  # no separate data server process
@@ -228,30 +227,51 @@ def tensorboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            start_new_session=True,  # its own process group, killed as a whole below
+            start_new_session=True,  # its own process group, killed as a whole by stop_tensorboard
         )
+    return proc, f"http://127.0.0.1:{port}/data/plugin/debugger-v2/"
+
+
+def wait_for_tensorboard(proc: subprocess.Popen[bytes], server: Server) -> None:
+    """Until the plugin answers (fails the test if TensorBoard exits or never does)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"tensorboard exited with {proc.returncode}:\n{server.log.read_text()[-3000:]}"
+            )
+        try:
+            server.get("runs")
+            return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                pytest.fail(f"tensorboard did not answer in {STARTUP_TIMEOUT_S} s:\n"
+                            f"{server.log.read_text()[-3000:]}")  # fmt: skip
+            time.sleep(0.25)
+
+
+@contextlib.contextmanager
+def running_tensorboard(dump: Dump, log: Path) -> Iterator[Server]:
+    """TensorBoard over ``dump``, once its Debugger V2 plugin answers; stopped, with its
+    whole process group, on exit."""
+    proc, base = start_tensorboard(dump.path, log)
     try:
-        server = Server(f"http://127.0.0.1:{port}/data/plugin/debugger-v2/", dump, log)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"tensorboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-                )
-            try:
-                server.get("runs")
-                break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"tensorboard did not answer in {STARTUP_TIMEOUT_S} s:\n"
-                                f"{log.read_text()[-3000:]}")  # fmt: skip
-                time.sleep(0.25)
+        server = Server(base, dump, log)
+        wait_for_tensorboard(proc, server)
         yield server
     finally:
-        _stop(proc)
+        stop_tensorboard(proc)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+@pytest.fixture(scope="module")
+def tensorboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("tensorboard")
+    with running_tensorboard(write_dump(root / "dump"), root / "tensorboard.log") as server:
+        yield server
+
+
+def stop_tensorboard(proc: subprocess.Popen[bytes]) -> None:
+    """Stop TensorBoard and everything it started (its process group)."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -203,6 +203,28 @@ def test_flush_makes_events_readable_while_running(tmp_path: Path) -> None:
         w.close()
 
 
+def test_graph_ops_without_tensor_ids_get_symbolic_ones(tmp_path: Path) -> None:
+    """TensorFlow's reader counts an op's outputs by its ``output_tensor_ids``: an op written
+    with none (a JAX equation, an FX node) gets one fresh id per output; given ids are kept."""
+    with DumpWriter(tmp_path, "FULL_HEALTH", -1) as w:
+        w.write_graph(Graph("g", "f"))
+        w.write_graph_op(GraphOp("g", "Placeholder", "x"))
+        w.write_graph_op(GraphOp("g", "split", "split_1", input_names=["x:0"], num_outputs=3))
+        w.write_graph_op(GraphOp("g", "Log", "Log", output_tensor_ids=[70]))
+        w.write_graph_op(GraphOp("g", "NoOp", "init", num_outputs=0))
+        w.write_graph_op(GraphOp("g", "neg", "neg_2", input_names=["split_1:2"]))
+    with nanscope.open_dump(tmp_path) as r:
+        ops = {name: r.graph_op("g", name) for name in ("x", "split_1", "Log", "init", "neg_2")}
+        ids = {name: (op.num_outputs, op.output_tensor_ids) for name, op in ops.items() if op}
+    assert ids == {
+        "x": (1, (1,)),
+        "split_1": (3, (2, 3, 4)),
+        "Log": (1, (70,)),
+        "init": (0, ()),
+        "neg_2": (1, (5,)),
+    }
+
+
 def test_periodic_flush_without_any_call(tmp_path: Path) -> None:
     w = DumpWriter(tmp_path, "FULL_HEALTH", -1, flush_interval=0.1)
     try:

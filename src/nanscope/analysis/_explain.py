@@ -25,23 +25,25 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "addcdiv": ("addcdiv",),
     "addcmul": ("addcmul",),
     "exp": ("exp", "exp2", "expm1", "sinh", "cosh"),
-    "pow": ("pow", "square", "float_power"),
+    "pow": ("pow", "square", "float_power", "integer_pow"),
     "norm": ("norm", "linalg_vector_norm", "linalg_norm", "frobenius_norm", "euclideannorm"),
     "layer_norm": ("native_layer_norm", "layer_norm"),
     "layer_norm_backward": ("native_layer_norm_backward", "layer_norm_backward"),
     "cast": ("_to_copy", "to", "copy", "cast", "convert_element_type"),
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "batchmatmulv2",
                "batchmatmulv3", "einsum", "_scaled_dot_product_flash_attention",
-               "scaled_dot_product_attention", "conv2d", "convolution", "conv2dbackpropinput"),
+               "scaled_dot_product_attention", "conv2d", "convolution", "conv2dbackpropinput",
+               "dot_general", "conv_general_dilated"),
     "mul": ("mul", "multiply"),
-    "add": ("add", "addv2", "sub", "subtract", "sum", "mean", "cumsum", "addn", "biasadd"),
+    "add": ("add", "addv2", "sub", "subtract", "sum", "mean", "cumsum", "addn", "biasadd",
+            "add_any", "reduce_sum"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "logsoftmax"),
     "fill": ("masked_fill", "fill", "full", "full_like", "new_full", "index_fill", "index_put",
              "masked_scatter", "scatter", "fill_diagonal", "where", "select", "selectv2",
-             "scalar_tensor"),
+             "scalar_tensor", "select_n"),
 }  # fmt: skip
 _BY_NAME = {name: family for family, names in _FAMILIES.items() for name in names}
-_REDUCTIONS = frozenset({"sum", "mean", "cumsum", "nansum", "addn"})
+_REDUCTIONS = frozenset({"sum", "mean", "cumsum", "nansum", "addn", "reduce_sum"})
 
 # Each dtype's largest finite value and smallest positive (subnormal) value, as printed.
 _LARGEST = {"float16": "65504", "bfloat16": "3.39e38", "float32": "3.4e38", "float64": "1.8e308"}
@@ -173,6 +175,13 @@ def explain(
     """
     fam = op_family(op_type)
     made = _made(output)
+    if op_type in ("Placeholder", "Const") and not inputs:
+        # A graph's argument (a jitted JAX function's): nothing in the graph made it.
+        what = "argument" if op_type == "Placeholder" else "captured constant"
+        return (
+            f"{made} was already in this {what} when the function was called "
+            "(the input data, a parameter or an optimizer state)"
+        )
     counted = [c if c is not None and c.known else None for c in inputs]
     bad_inputs = [c for c in counted if c is not None and c.nonfinite]
     if fam == "fill" and all(c.size == 1 for c in bad_inputs):

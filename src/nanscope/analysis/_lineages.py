@@ -157,6 +157,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     # (values already read, like a mask that its softmax absorbed, are not followed).
     alive_at_gap: set[int] = set()
     seen: set[int] = set()  # tensor ids some decoded event produced
+    from_graph: set[int] = set()  # non-finite tensor ids that traced graph calls returned
     previous = -1
     for i in order.tolist():
         if previous in gap_set:
@@ -223,6 +224,14 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             for li in contributors - passed:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = i
+        elif _traced_graph(reader, ex, process) or any(
+            t in from_graph for t in ex.input_tensor_ids
+        ):
+            # A graph call whose values inside were traced: its Inf/NaN were born in there,
+            # in the lineages of its traces (trace_lineages), not at the call; and so were
+            # the Inf/NaN that later ops read from what it returned.
+            passed = set()
+            from_graph.update(t for t in ex.output_tensor_ids if t)
         else:
             lineages.append(
                 Lineage(EXECUTIONS, process, i, ex.step, ex.phase, ex.wall_time,
@@ -251,6 +260,14 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     for lin in lineages:
         lin.verdict = _verdict(lin)
     return lineages, complete
+
+
+def _traced_graph(reader: DumpReader, ex: Execution, process: int) -> bool:
+    """Whether ``ex`` is a call of a graph whose ops' outputs were traced."""
+    if not ex.graph_id:
+        return False
+    graph = reader.graph(ex.graph_id, process)
+    return graph is not None and bool(graph.ops)
 
 
 def _note_member(lin: Lineage, ex: Execution, out: set[str]) -> None:
@@ -298,6 +315,16 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 if j is not None:
                     contributors |= member_of.get(j, set())
         out = _kinds(tr.health)
+        if not contributors and op is not None and op.op_type == "Placeholder" and not op.inputs:
+            # A graph argument holding Inf/NaN that an earlier graph call returned (a
+            # parameter a training step updated): that lineage goes on, into a later call.
+            left = [k for k, lin in enumerate(lineages) if _left_graph(lin) and lin.birth < i]
+            if left:
+                contributors = {left[-1]}
+                if tr.step > lineages[left[-1]].birth_step:
+                    lineages[left[-1]].reach(
+                        "a later step (kept in a parameter or an optimizer state)"
+                    )
         if contributors:
             passed = _passed_on(contributors, out, lineages)
         else:
@@ -325,6 +352,10 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
             lin.reach("a graph output, still non-finite")
         lin.verdict = _verdict(lin)
     return lineages
+
+
+def _left_graph(lin: Lineage) -> bool:
+    return "a graph output, still non-finite" in lin.reaches
 
 
 def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:

@@ -73,6 +73,8 @@ class EventView:
     forward_source: Source | None = None
     external_input: bool = False
     explanation: str = ""
+    # Inside a loop (a JAX scan or while_loop): the iteration the values are from.
+    iteration: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -237,7 +239,14 @@ class ViewBuilder:
                     r, tr.process, tr.graph_id, producer_name, slot, index - 1, later=False
                 )
                 if found is None:
-                    inputs.append(InputView(f"{producer_name}:{slot}", None, None))
+                    producer_op = r.graph_op(tr.graph_id, producer_name, tr.process)
+                    number = (
+                        producer_op is not None
+                        and producer_op.op_type == "Const"
+                        and not producer_op.inputs
+                    )
+                    suffix = " (a number)" if number else ""
+                    inputs.append(InputView(f"{producer_name}:{slot}{suffix}", None, None))
                     continue
                 try:
                     p = r.trace(found)
@@ -272,6 +281,14 @@ class ViewBuilder:
             view.forward_source, _ = self._frames(
                 r.stack_frames(op.forward_stack_frame_ids, tr.process), tr.process
             )
+            view.phase = "backward"
+        if tr.iteration >= 0:
+            view.iteration = tr.iteration
+        if op is not None and op.op_type == "Placeholder" and not op.inputs:
+            # A graph's argument: its values came from the caller (data, parameters).
+            view.external_input = True
         if self._flagged(TRACES, index):
-            view.explanation = explain(tr.op_type, counts, [i.counts for i in inputs], external)
+            view.explanation = explain(
+                tr.op_type, counts, [i.counts for i in inputs], view.external_input
+            )
         return view

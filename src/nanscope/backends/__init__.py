@@ -9,8 +9,8 @@ import importlib.util
 import sys
 
 # The frameworks nanscope knows, in the order detect() tries them, and whether
-# nanscope can record programs of each yet (JAX is recognised, not recorded).
-FRAMEWORKS: dict[str, bool] = {"torch": True, "tensorflow": True, "jax": False}
+# nanscope can record programs of each.
+FRAMEWORKS: dict[str, bool] = {"torch": True, "tensorflow": True, "jax": True}
 RECORDED = tuple(name for name, recorded in FRAMEWORKS.items() if recorded)
 
 

@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
         else:
             print(
-                "nanscope: the program imported neither PyTorch nor TensorFlow; nothing was recorded",
+                "nanscope: the program imported none of PyTorch, JAX and TensorFlow; nothing was recorded",
                 file=sys.stderr,
             )
     return code

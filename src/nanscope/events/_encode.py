@@ -27,7 +27,7 @@ from nanscope.format.tensors import ValueView, array_to_proto
 
 _V = wire.varint
 _TAG = {f: wire.tag(f, wire.LEN) for f in (4, 5, 7, 8, 9, 10, 1004, 1006)}
-_TAG_VARINT = {f: wire.tag(f, wire.VARINT) for f in (1003, 1005)}
+_TAG_VARINT = {f: wire.tag(f, wire.VARINT) for f in (1003, 1005, 1006)}
 # TensorFlow's NO_TENSOR graph trace: an empty float32 tensor of shape [0].
 _NO_TENSOR_PROTO = b"\x08\x01" + wire.len_field(2, wire.len_field(2, b""))
 
@@ -300,8 +300,11 @@ class Encoder:
         step: int,
         first_sequence: int,
         wall_time: float,
+        iterations: np.ndarray | None = None,
     ) -> tuple[list[bytes], np.ndarray]:
         """Payloads for one graph call's summaries (one row of ``matrix`` per traced tensor).
+
+        ``iterations``: per row, the loop iteration plus one (0: not in a loop).
 
         Returns the payloads and an ``(n, 5)`` int64 array of health columns
         ``size, neg_inf, pos_inf, nan, nonfinite``, computed for all rows at once.
@@ -319,11 +322,15 @@ class Encoder:
         tag10, tag1005, varint, join = _TAG[10], _TAG_VARINT[1005], _V, b"".join
         payloads: list[bytes] = []
         append = payloads.append
+        loops = iterations.tolist() if iterations is not None else None
+        tag1006 = _TAG_VARINT[1006]
         for i in range(n):
             body = join(
                 (head(graph_id, op_names[i], slots[i]), middle,
                  blob[i * row_bytes : (i + 1) * row_bytes], dev, tag1005, varint(first_sequence + i))
             )  # fmt: skip
+            if loops is not None and loops[i] > 0:
+                body += tag1006 + varint(int(loops[i]))
             append(join((event_head, tag10, varint(len(body)), body)))
         health = np.full((n, 5), -1, dtype=np.int64)
         if self.mode == TensorDebugMode.FULL_HEALTH and width >= 11:

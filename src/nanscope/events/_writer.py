@@ -224,6 +224,7 @@ class DumpWriter:
         # (graph id, op name) -> op type, from the graph ops written: the traces'
         # anchor rule groups non-finite traces by op type, like executions.
         self._graph_op_types: dict[tuple[str, str], str] = {}
+        self._symbolic_next = 1  # the next symbolic tensor id for a graph op written without any
         self.stacks = StackInterner(self._queue.append, source_snapshots)
         self._encoder = Encoder(self.mode, self.host_name, self.stacks.stacks)
         self._closed = False
@@ -1055,8 +1056,9 @@ class DumpWriter:
                 self._on_trace(trace, first + i, wall)
             return
         payloads, health = self._encoder.trace_batch(
-            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall
-        )
+            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall,
+            getattr(summaries, "iterations", None),
+        )  # fmt: skip
         stream = self._traces
         st = stream.strings
         # The whole call goes to the stream together, rows built at once.
@@ -1111,7 +1113,14 @@ class DumpWriter:
         goc.device_name = op.device_name
         goc.input_names.extend(op.input_names)
         goc.num_outputs = op.num_outputs
-        goc.output_tensor_ids.extend(op.output_tensor_ids)
+        ids = op.output_tensor_ids
+        if not ids and op.num_outputs > 0:
+            # TensorFlow's reader counts an op's outputs by their symbolic tensor ids (and
+            # TensorBoard lists each output's consumers by them): without ids, an op has
+            # no outputs there. The JAX and torch.compile backends name none: fresh ones.
+            ids = range(self._symbolic_next, self._symbolic_next + op.num_outputs)
+            self._symbolic_next += op.num_outputs
+        goc.output_tensor_ids.extend(ids)
         if op.stack >= 0:
             goc.code_location.ParseFromString(self._encoder.code_location(op.stack))
         goc.module_path = op.module_path

@@ -1,1 +1,1 @@
-"""Example programs: the Debugger V2 tutorial's MNIST bug, for PyTorch and for TensorFlow."""
+"""Example programs: the Debugger V2 tutorial's MNIST bug, for PyTorch, JAX and TensorFlow."""

@@ -246,6 +246,7 @@ class GraphExecutionTrace:
     tensor_value: np.ndarray | None = field(default=None, repr=False)  # FULL_TENSOR
     graph_name: str = ""
     problems: tuple[str, ...] = field(default=(), repr=False, compare=False)  # as Execution's
+    iteration: int = -1  # inside a loop: the iteration the value is from (-1: not in a loop)
 
     @property
     def recorded(self) -> bool:

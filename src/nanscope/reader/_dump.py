@@ -920,6 +920,7 @@ class DumpReader:
             tensor_value=value if mode == TensorDebugMode.FULL_TENSOR else None,
             graph_name=graph.name if graph else "",
             problems=self._damage(where, found),
+            iteration=tr.iteration - 1,
         )
 
     def traces(self, begin: int = 0, end: int | None = None) -> list[GraphExecutionTrace]:

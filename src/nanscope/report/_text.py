@@ -46,6 +46,8 @@ def _where(v: EventView) -> str:
         bits.append(f"module {v.module_path}")
     if v.graph_name:
         bits.append(f"graph {v.graph_name}")
+    if v.iteration is not None:
+        bits.append(f"loop iteration {v.iteration}")
     if v.rank is not None:
         bits.append(f"rank {v.rank}")
     return ", ".join(bits)

@@ -248,7 +248,7 @@ class CollectiveOp(_message.Message):
     def __init__(self, group: _Optional[str] = ..., group_desc: _Optional[str] = ..., group_size: _Optional[int] = ..., kind: _Optional[str] = ..., sequence: _Optional[int] = ..., peer: _Optional[int] = ..., framework_sequence: _Optional[int] = ...) -> None: ...
 
 class GraphExecutionTrace(_message.Message):
-    __slots__ = ("tfdbg_context_id", "op_name", "output_slot", "tensor_debug_mode", "tensor_proto", "device_name", "sequence")
+    __slots__ = ("tfdbg_context_id", "op_name", "output_slot", "tensor_debug_mode", "tensor_proto", "device_name", "sequence", "iteration")
     TFDBG_CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
     OP_NAME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SLOT_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class GraphExecutionTrace(_message.Message):
     TENSOR_PROTO_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
     tfdbg_context_id: str
     op_name: str
     output_slot: int
@@ -263,4 +264,5 @@ class GraphExecutionTrace(_message.Message):
     tensor_proto: _tensor_pb2.TensorProto
     device_name: str
     sequence: int
-    def __init__(self, tfdbg_context_id: _Optional[str] = ..., op_name: _Optional[str] = ..., output_slot: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_proto: _Optional[_Union[_tensor_pb2.TensorProto, _Mapping]] = ..., device_name: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    iteration: int
+    def __init__(self, tfdbg_context_id: _Optional[str] = ..., op_name: _Optional[str] = ..., output_slot: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_proto: _Optional[_Union[_tensor_pb2.TensorProto, _Mapping]] = ..., device_name: _Optional[str] = ..., sequence: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...

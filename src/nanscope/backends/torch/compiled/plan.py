@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanscope.format.modes import SHAPE_SLOTS, SUMMARY_LENGTH, TensorDebugMode
+from nanscope.format.counts import summary_matrix
+from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
 
 
 @dataclass
@@ -74,42 +75,13 @@ class GraphPlan:
     def matrix(self, counts: np.ndarray | None) -> np.ndarray:
         """The ``[n, width]`` float64 summaries in the mode's layout."""
         mode = self.mode
-        n = len(self.traces)
-        if mode == TensorDebugMode.SHAPE:
-            if counts is None:
-                return self.static
-            c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
-            m: np.ndarray = self.static.copy()
-            m[:, 3:] = c  # numel, then the last six dims
-            return m
-        assert counts is not None
+        if counts is None:
+            assert mode == TensorDebugMode.SHAPE
+            return self.static
         c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
         if self.native_counts:
             c = _mode_counts(c, mode)
-        out = np.empty((n, SUMMARY_LENGTH[mode]), dtype=np.float64)
-        out[:, 0] = -1
-        if mode == TensorDebugMode.CURT_HEALTH:
-            out[:, 1] = c[:, 0] > 0
-        elif mode == TensorDebugMode.CONCISE_HEALTH:
-            if self.nan_from_size:
-                ninf, pinf, finite = c.T
-                nan = self.sizes - finite - ninf - pinf
-            else:
-                ninf, pinf, nan, finite = c.T
-            out[:, 1] = finite + ninf + pinf + nan
-            out[:, 2], out[:, 3], out[:, 4] = ninf, pinf, nan
-        else:
-            if self.nan_from_size:
-                ninf, pinf, neg, zero, pos = c.T
-                nan = self.sizes - neg - zero - pos
-            else:
-                ninf, pinf, nan, neg, zero, pos = c.T
-            out[:, 1] = -1
-            out[:, 2:4] = self.static
-            out[:, 4] = neg + zero + pos + nan
-            out[:, 5], out[:, 6], out[:, 7] = ninf, pinf, nan
-            out[:, 8], out[:, 9], out[:, 10] = neg - ninf, zero, pos - pinf
-        return out
+        return summary_matrix(mode, c, self.static, self.sizes if self.nan_from_size else None)
 
 
 # Counts per computed row of the in-graph summary vector, by mode.

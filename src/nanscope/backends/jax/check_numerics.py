@@ -1,0 +1,183 @@
+"""``enable_check_numerics`` for JAX: raise at the first harmful Inf/NaN, naming the equation.
+
+Each compiled program runs instrumented (:mod:`.instrument`) with three counts
+per floating-point value (-inf, +inf, and the finite ones: NaN is the rest),
+computed inside the program and fused by XLA. After each run the counts come
+to the host (one small copy per run, none per equation) and:
+
+* a NaN anywhere raises :class:`~nanscope.NonFiniteError`, naming the first
+  equation that made NaN (its primitive, source line, module path, counts)
+  and, following the data edges back, the equation where the Inf/NaN that led
+  to it were born;
+* an Inf in an output of a program that computes gradients (a jitted training
+  step: its loss, gradients, updated parameters or optimizer state) raises
+  likewise;
+* an Inf that stays inside a program (a causal mask that softmax absorbs) or
+  comes out of one that computes no gradients (an eager ``jnp.where`` writing
+  a mask) raises nothing: what it later turns into NaN raises there.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from nanscope.backends.jax import intercept
+from nanscope.backends.jax.instrument import GraphPlan, OpInfo, Selection
+from nanscope.backends.jax.programs import Programs, is_primitive_call
+from nanscope.errors import Birth, NonFiniteError
+from nanscope.format.modes import TensorDebugMode
+from nanscope.format.tensors import dtype_name
+
+_SIZE, _NINF, _PINF, _NAN = 1, 2, 3, 4  # CONCISE_HEALTH columns
+
+
+class JaxCheckNumerics:
+    """The handler that checks every run of a compiled JAX program (see the module)."""
+
+    framework = "jax"
+
+    def __init__(self) -> None:
+        self.programs = Programs(TensorDebugMode.CONCISE_HEALTH, Selection(None, None))
+        self.step = 0
+        self._ops: dict[int, dict[str, OpInfo]] = {}
+        intercept.install(self)
+
+    def call(
+        self, original: Callable[..., Any], args: Sequence[Any], params: dict[str, Any]
+    ) -> Any:
+        closed, name = params["jaxpr"], str(params.get("name", ""))
+        plan = self.programs.plan(closed, name)
+        if plan is None:
+            return original(*args, **params)
+        outs, extra, const_args = Programs.run(original, args, params, plan)
+        if extra:
+            error = self._check(plan, is_primitive_call(closed, name), np.asarray(extra[0]))
+            if error is not None:
+                raise error
+        if plan.backward:
+            self.step += 1
+        return outs, None, None, const_args
+
+    def _check(self, plan: GraphPlan, primitive: bool, counts: np.ndarray) -> NonFiniteError | None:
+        m, iterations = plan.matrix(counts)
+        nan = np.flatnonzero(m[:, _NAN] > 0)
+        row = -1
+        if nan.size:
+            row, reason = int(nan[0]), "nan"
+        elif plan.backward:
+            inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
+            if inf:
+                row, reason = inf[0], "gradient"
+        if row < 0:
+            return None
+        iteration = int(iterations[row]) - 1 if iterations is not None else -1
+        return self._error(plan, primitive, m, row, reason, iteration)
+
+    def _op(self, plan: GraphPlan, op_name: str) -> OpInfo | None:
+        ops = self._ops.get(id(plan))
+        if ops is None:
+            ops = self._ops[id(plan)] = {op.op_name: op for op in plan.ops}
+        return ops.get(op_name)
+
+    def _birth(self, plan: GraphPlan, m: np.ndarray, row: int) -> int:
+        """The earliest row, along data edges back from ``row``, whose inputs were finite."""
+        row_of = {(r.op_name, r.slot): i for i, r in enumerate(plan.rows)}
+
+        def bad(i: int) -> bool:
+            return bool(m[i, _NINF] or m[i, _PINF] or m[i, _NAN])
+
+        current, seen = row, {row}
+        while True:
+            op = self._op(plan, plan.rows[current].op_name)
+            earlier = []
+            for name in op.input_names if op else ():
+                producer, _, slot = name.rpartition(":")
+                i = row_of.get((producer, int(slot)), -1)
+                if 0 <= i < current and i not in seen and bad(i):
+                    earlier.append(i)
+            if not earlier:
+                return current
+            current = min(earlier)
+            seen.add(current)
+
+    def _error(
+        self,
+        plan: GraphPlan,
+        primitive: bool,
+        m: np.ndarray,
+        row: int,
+        reason: str,
+        iteration: int,
+    ) -> NonFiniteError:
+        r = plan.rows[row]
+        op = self._op(plan, r.op_name)
+        op_type = op.op_type if op else r.op_name
+        ninf, pinf, nan, size = (int(m[row, k]) for k in (_NINF, _PINF, _NAN, _SIZE))
+        kinds = " and ".join(k for n, k in ((ninf, "-inf"), (pinf, "+inf"), (nan, "NaN")) if n)
+        backward = bool(op and op.backward)
+        phase = "backward" if backward else "forward"
+        where = f"{phase} pass, step {self.step}" + (
+            f", module {op.module_path}" if op and op.module_path else ""
+        )
+        what = "an eager JAX op" if primitive else f"the jitted function {plan.name!r}"
+        lines = [
+            f"{op_type} produced {kinds} in output {r.slot} ({where})",
+            f"  equation {r.op_name} of {what} ({dtype_name(r.dtype)}, {size} elements)",
+        ]
+        if iteration >= 0:
+            loop = r.op_name.split("/")[0]
+            lines.append(f"  first at iteration {iteration} of the loop {loop}")
+        if reason == "gradient":
+            lines.append("  the function returns it (a loss, a gradient or an update)")
+        frame = op.frames[-1] if op and op.frames else None
+        if frame is not None:
+            label = "in the backward pass of the line" if backward else "at"
+            lines += [
+                f"  {label} {frame[0]}:{frame[1]} in {frame[2]}",
+                f"      {linecache.getline(frame[0], frame[1]).strip()}",
+            ]
+        first = self._birth(plan, m, row)
+        b = plan.rows[first]
+        bop = self._op(plan, b.op_name)
+        bframe = bop.frames[-1] if bop and bop.frames else None
+        born = Birth(
+            op_type=bop.op_type if bop else b.op_name,
+            module_path=bop.module_path if bop else "",
+            phase="backward" if bop and bop.backward else "forward",
+            step=self.step,
+            counts={
+                "neg_inf": int(m[first, _NINF]),
+                "pos_inf": int(m[first, _PINF]),
+                "nan": int(m[first, _NAN]),
+                "size": int(m[first, _SIZE]),
+            },
+            source=bframe,
+            forward_source=bframe if bop and bop.backward else None,
+            entered=bool(bop and bop.op_type in ("Placeholder", "Const")),
+        )
+        if first != row:
+            at = f" {bframe[0]}:{bframe[1]}" if bframe else ""
+            lines.append(f"  born at {born.op_type} (equation {b.op_name}){at}")
+        return NonFiniteError(
+            "\n".join(lines),
+            op_type=op_type,
+            module_path=op.module_path if op else "",
+            phase=phase,
+            step=self.step,
+            counts={"neg_inf": ninf, "pos_inf": pinf, "nan": nan, "size": size},
+            source=frame,
+            forward_source=frame if backward else None,
+            forward_op=op_type if backward else "",
+            reason=reason,
+            birth=born,
+        )
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        intercept.uninstall(self)
