@@ -332,8 +332,14 @@ def _run(jax: Any, step: Callable[..., Any], state: list[Any], batch: tuple[Any,
     state[0], state[1] = params, opt_state
 
 
+# The tfdbg2 files of a dump, TFRecord-framed (nanscope's sidecar files are not).
+RECORD_FILES = {
+    "metadata", "source_files", "stack_frames", "graphs", "execution", "graph_execution_traces",
+}  # fmt: skip
+
+
 def dump_facts(logdir: Path) -> dict[str, Any]:
-    """A dump's bytes, and its TFRecord-framed records and bytes per file kind (suffix)."""
+    """A dump's bytes, and per tfdbg2 file kind (suffix) its records and bytes."""
     kinds: dict[str, dict[str, int]] = {}
     total = 0
     for p in logdir.rglob("*"):
@@ -341,7 +347,10 @@ def dump_facts(logdir: Path) -> dict[str, Any]:
             continue
         data = p.read_bytes()
         total += len(data)
-        k = kinds.setdefault(p.suffix.lstrip(".") or p.name, {"records": 0, "bytes": 0})
+        kind = p.suffix.lstrip(".")
+        if kind not in RECORD_FILES:
+            continue
+        k = kinds.setdefault(kind, {"records": 0, "bytes": 0})
         k["bytes"] += len(data)
         pos = 0
         while pos + 12 <= len(data):  # u64 length, u32 crc, data, u32 crc
