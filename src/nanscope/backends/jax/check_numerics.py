@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from nanscope.backends.jax import intercept
-from nanscope.backends.jax.instrument import GraphPlan, OpInfo, Selection
-from nanscope.backends.jax.programs import Programs, is_primitive_call
+from nanscope.backends.jax.instrument import GraphPlan, Selection
+from nanscope.backends.jax.programs import Programs
 from nanscope.errors import Birth, NonFiniteError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import dtype_name
@@ -43,24 +43,22 @@ class JaxCheckNumerics:
     def __init__(self) -> None:
         self.programs = Programs(TensorDebugMode.CONCISE_HEALTH, Selection(None, None))
         self.step = 0
-        self._ops: dict[int, dict[str, OpInfo]] = {}
         intercept.install(self)
 
     def call(
         self, original: Callable[..., Any], args: Sequence[Any], params: dict[str, Any]
     ) -> Any:
-        closed, name = params["jaxpr"], str(params.get("name", ""))
-        plan = self.programs.plan(closed, name)
-        if plan is None:
-            return original(*args, **params)
-        outs, extra, const_args = Programs.run(original, args, params, plan)
+        return self.programs.call(original, args, params, self._look)
+
+    def _look(
+        self, plan: GraphPlan, args: Sequence[Any], outs: list[Any], extra: list[Any]
+    ) -> None:
         if extra:
-            error = self._check(plan, is_primitive_call(closed, name), np.asarray(extra[0]))
+            error = self._check(plan, plan.primitive, np.asarray(extra[0]))
             if error is not None:
                 raise error
         if plan.backward:
             self.step += 1
-        return outs, None, None, const_args
 
     def _check(self, plan: GraphPlan, primitive: bool, counts: np.ndarray) -> NonFiniteError | None:
         m, iterations = plan.matrix(counts)
@@ -77,26 +75,19 @@ class JaxCheckNumerics:
         iteration = int(iterations[row]) - 1 if iterations is not None else -1
         return self._error(plan, primitive, m, row, reason, iteration)
 
-    def _op(self, plan: GraphPlan, op_name: str) -> OpInfo | None:
-        ops = self._ops.get(id(plan))
-        if ops is None:
-            ops = self._ops[id(plan)] = {op.op_name: op for op in plan.ops}
-        return ops.get(op_name)
-
     def _birth(self, plan: GraphPlan, m: np.ndarray, row: int) -> int:
         """The earliest row, along data edges back from ``row``, whose inputs were finite."""
-        row_of = {(r.op_name, r.slot): i for i, r in enumerate(plan.rows)}
 
         def bad(i: int) -> bool:
             return bool(m[i, _NINF] or m[i, _PINF] or m[i, _NAN])
 
         current, seen = row, {row}
         while True:
-            op = self._op(plan, plan.rows[current].op_name)
+            op = plan.op_by_name.get(plan.rows[current].op_name)
             earlier = []
             for name in op.input_names if op else ():
                 producer, _, slot = name.rpartition(":")
-                i = row_of.get((producer, int(slot)), -1)
+                i = plan.row_of.get((producer, int(slot)), -1)
                 if 0 <= i < current and i not in seen and bad(i):
                     earlier.append(i)
             if not earlier:
@@ -114,7 +105,7 @@ class JaxCheckNumerics:
         iteration: int,
     ) -> NonFiniteError:
         r = plan.rows[row]
-        op = self._op(plan, r.op_name)
+        op = plan.op_by_name.get(r.op_name)
         op_type = op.op_type if op else r.op_name
         ninf, pinf, nan, size = (int(m[row, k]) for k in (_NINF, _PINF, _NAN, _SIZE))
         kinds = " and ".join(k for n, k in ((ninf, "-inf"), (pinf, "+inf"), (nan, "NaN")) if n)
@@ -142,7 +133,7 @@ class JaxCheckNumerics:
             ]
         first = self._birth(plan, m, row)
         b = plan.rows[first]
-        bop = self._op(plan, b.op_name)
+        bop = plan.op_by_name.get(b.op_name)
         bframe = bop.frames[-1] if bop and bop.frames else None
         born = Birth(
             op_type=bop.op_type if bop else b.op_name,

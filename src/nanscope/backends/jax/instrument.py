@@ -121,8 +121,13 @@ class GraphPlan:
     written: bool = False
     # Argument signature -> (executable, its constant arguments): see programs.Programs.run.
     executables: dict[Any, Any] = field(default_factory=dict)
+    primitive: bool = False  # one eagerly applied primitive, not a jitted function
+    op_by_name: dict[str, OpInfo] = field(default_factory=dict)
+    row_of: dict[tuple[str, int], int] = field(default_factory=dict)  # (op, slot) -> row
 
     def finish(self) -> None:
+        self.op_by_name = {op.op_name: op for op in self.ops}
+        self.row_of = {(r.op_name, r.slot): i for i, r in enumerate(self.rows)}
         self.op_names = [r.op_name for r in self.rows]
         self.graph_ids = [r.graph_id for r in self.rows]
         self.slots = [r.slot for r in self.rows]
@@ -803,13 +808,12 @@ def instrument(closed: Any, name: str, mode: TensorDebugMode, selection: Selecti
     plan = GraphPlan(graph_id, name, mode, instrumented, extra[-1])
     plan.graphs = [GraphInfo(graph_id, name, "")]
     plan.ops, plan.rows, plan.backward = build.ops, top.rows, build.backward
-    # The rows of the arguments and of the outputs: their summaries go into the Execution.
-    row_of = {(r.op_name, r.slot): i for i, r in enumerate(top.rows)}
-    plan.input_rows = [
-        row_of.get((_clean(arg_names[i]), 0), -1) for i in range(len(closed.jaxpr.invars))
-    ]
-    plan.output_rows = [_output_row(v, top, row_of) for v in closed.jaxpr.outvars]
     plan.finish()
+    # The rows of the arguments and of the outputs: their summaries go into the Execution.
+    plan.input_rows = [
+        plan.row_of.get((_clean(arg_names[i]), 0), -1) for i in range(len(closed.jaxpr.invars))
+    ]
+    plan.output_rows = [_output_row(v, top, plan.row_of) for v in closed.jaxpr.outvars]
     return plan
 
 

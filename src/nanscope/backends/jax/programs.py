@@ -47,6 +47,7 @@ class Programs:
         if found is None:
             try:
                 found = instrument(closed, name, self.mode, self.selection)
+                found.primitive = is_primitive_call(closed, name)
             except Exception as exc:  # never break the user's program: it runs as it was
                 found = FAILED
                 if not self._warned:
@@ -58,6 +59,23 @@ class Programs:
                     )
             self._plans[closed] = found
         return found if isinstance(found, GraphPlan) else None
+
+    def call(
+        self,
+        original: Callable[..., Any],
+        args: Sequence[Any],
+        params: dict[str, Any],
+        look: Callable[[GraphPlan, Sequence[Any], list[Any], list[Any]], None],
+    ) -> Any:
+        """A handler's :meth:`~.intercept.Handler.call`: run the instrumented program, hand
+        ``look`` the plan, the arguments, the outputs and the extra outputs, and return what
+        JAX expects, with no executable (the next call comes back through Python)."""
+        plan = self.plan(params["jaxpr"], str(params.get("name", "")))
+        if plan is None:
+            return original(*args, **params)
+        outs, extra, const_args = self.run(original, args, params, plan)
+        look(plan, args, outs, extra)
+        return outs, None, None, const_args
 
     @staticmethod
     def run(

@@ -27,7 +27,7 @@ import numpy as np
 
 from nanscope.backends.jax import intercept
 from nanscope.backends.jax.instrument import GraphPlan, Selection
-from nanscope.backends.jax.programs import Programs, is_primitive_call
+from nanscope.backends.jax.programs import Programs
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase
 from nanscope.format.modes import TensorDebugMode
 
@@ -188,18 +188,16 @@ class JaxDumpSession:
     def call(
         self, original: Callable[..., Any], args: Sequence[Any], params: dict[str, Any]
     ) -> Any:
-        closed, name = params["jaxpr"], str(params.get("name", ""))
-        plan = self.programs.plan(closed, name)
-        if plan is None:
-            return original(*args, **params)
-        outs, extra, const_args = Programs.run(original, args, params, plan)
+        return self.programs.call(original, args, params, self._look)
+
+    def _look(
+        self, plan: GraphPlan, args: Sequence[Any], outs: list[Any], extra: list[Any]
+    ) -> None:
         try:
-            self._record(plan, is_primitive_call(closed, name), args, outs, extra)
+            self._record(plan, plan.primitive, args, outs, extra)
         except Exception as exc:  # never break the user's program
             self.writer.count_dropped(1)
-            print(f"nanscope: could not record a run of {name!r}: {exc}")
-        # No executable: the next call comes back through Python, and here.
-        return outs, None, None, const_args
+            print(f"nanscope: could not record a run of {plan.name!r}: {exc}")
 
     def _record(
         self,
