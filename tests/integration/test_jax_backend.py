@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -228,3 +229,114 @@ def test_check_numerics_raises_at_an_inf_a_training_step_returns() -> None:
         nanscope.disable_check_numerics()
     assert raised.value.reason == "gradient"
     assert raised.value.birth is not None and raised.value.birth.op_type == "integer_pow"
+
+
+# -- Guards and replays (docs/JAX.md): counted values at healthy calls, everything at bad ones --
+
+
+def _traces_by_step(logdir: Path) -> dict[int, list[Any]]:
+    with DumpReader(logdir) as reader:
+        traces = [reader.trace(i) for i in range(reader.num_graph_execution_traces())]
+    by_step: dict[int, list[Any]] = {}
+    for tr in traces:
+        by_step.setdefault(tr.step, []).append(tr)
+    return by_step
+
+
+def _nonfinite(traces: list[Any]) -> bool:
+    return any(tr.health.nan or tr.health.neg_inf or tr.health.pos_inf for tr in traces)
+
+
+def _late_log_of_zero(steps: int = 5, bad: int = 3) -> Training:
+    """The seed's MLP whose batch ``bad`` forgets to scale the pixels: healthy steps, then
+    log of zero."""
+    training = PROGRAMS["mlp"].build(steps=steps)
+    x, y = training.batches[bad]
+    unscaled = jax.numpy.asarray(np.asarray(x) * 255.0)  # made as the others were
+    training.batches = [*training.batches[:bad], (unscaled, y), *training.batches[bad + 1 :]]
+    return training
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_nan_after_healthy_steps_is_recorded_in_full(donate: bool, tmp_path: Path) -> None:
+    training = _late_log_of_zero()
+    plain = training.run(jit=True)  # without nanscope: the oracle's calls
+    results = evaluate_calls(training.train_step, plain.calls, stop_at_first=False)
+    bad = [i for i, r in enumerate(results) if r.first is not None or r.nonfinite_inputs]
+    assert bad == [3, 4], "the unscaled batch did not make log of zero at step 3"
+    # donate: the usual memory saving, the step's buffers reused for its results.
+    step = jax.jit(training.train_step, donate_argnums=(0, 1) if donate else ())
+    losses = []
+    with nanscope.enable_dump_debug_info(
+        tmp_path, framework="jax", circular_buffer_size=-1, tensor_debug_mode="FULL_HEALTH"
+    ):
+        params, opt_state = training.params, training.opt_state
+        for batch in training.batches:
+            params, opt_state, loss = step(params, opt_state, *batch)
+            losses.append(float(loss))
+    # Recording changes nothing the program computes.
+    np.testing.assert_array_equal(losses, plain.losses)
+    by_step = _traces_by_step(tmp_path)
+    # Steps whose dump holds Inf/NaN are the steps where the oracle saw one anywhere.
+    assert [s for s in sorted(by_step) if _nonfinite(by_step[s])] == bad
+    # A healthy step: the guards only; the first bad step: every summarised value. (Steps 2
+    # and 3 run the same graph: the first calls' weakly typed zeros make graphs of their own.)
+    assert {tr.graph_id for tr in by_step[2]} == {tr.graph_id for tr in by_step[3]}
+    guards = {tr.op_name for tr in by_step[2]}
+    everything = {tr.op_name for tr in by_step[3]}
+    assert guards < everything
+    assert not any(tr.op_type == "Placeholder" for tr in by_step[2])
+    assert any(tr.op_type == "Placeholder" for tr in by_step[3])
+    report = _report(tmp_path)
+    _check_event(report["origin"], results[3].first, 3)
+    assert report["origin"]["explanation"].startswith("log of zero")
+    assert results[3].first_nan is not None
+    _check_event(report["first_nan"], results[3].first_nan, 3)
+
+
+def test_a_mask_is_replayed_once(tmp_path: Path) -> None:
+    training, run = _record("transformer", tmp_path, steps=3)
+    truth = evaluate_calls(training.train_step, run.calls, stop_at_first=False)
+    assert all(r.first is not None for r in truth), "the causal mask's -inf is gone"
+    by_step = _traces_by_step(tmp_path)
+    ops = [{tr.op_name for tr in by_step[s]} for s in (0, 1, 2)]
+    # Step 0 held -inf: replayed, every value; steps 1 and 2 held it in the same guards.
+    assert ops[1] == ops[2] < ops[0]
+    assert all(_nonfinite(by_step[s]) for s in (0, 1, 2))
+
+
+def test_every_value_is_counted_without_guards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANSCOPE_JAX_GUARDS", "0")
+    _record("mlp", tmp_path, steps=4)
+    by_step = _traces_by_step(tmp_path)
+    # A healthy step has every value (its arguments too) when guards are off.
+    assert {tr.graph_id for tr in by_step[2]} == {tr.graph_id for tr in by_step[3]}
+    with DumpReader(tmp_path) as reader:
+        ops = reader.graphs()[by_step[3][0].graph_id].ops
+    # Every floating-point argument (Adam's step count is an integer).
+    placeholders = {
+        name for name, op in ops.items() if op.op_type == "Placeholder" and "count" not in name
+    }
+    assert len(placeholders) > 10
+    assert placeholders <= {tr.op_name for tr in by_step[3]}
+
+
+def test_check_numerics_raises_at_a_later_step() -> None:
+    training = _late_log_of_zero()
+    plain = training.run(jit=True)
+    nanscope.enable_check_numerics(framework="jax")
+    try:
+        with pytest.raises(nanscope.NonFiniteError) as raised:
+            training.run(jit=True)
+    finally:
+        nanscope.disable_check_numerics()
+    truth = evaluate_calls(training.train_step, [plain.calls[3]])[-1]
+    assert truth.first_nan is not None
+    error = raised.value
+    assert error.step == 3
+    assert error.op_type == truth.first_nan.primitive
+    assert error.source is not None and error.source[1] == truth.first_nan.line
+    assert error.counts["nan"] == truth.first_nan.counts.nan
+    assert error.birth is not None and error.birth.op_type == "log"

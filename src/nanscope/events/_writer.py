@@ -1038,6 +1038,15 @@ class DumpWriter:
         )
         summaries = call.summaries
         matrix = summaries.resolve() if hasattr(summaries, "resolve") else summaries
+        iterations = getattr(summaries, "iterations", None)
+        chosen = getattr(summaries, "chosen", None)
+        if chosen is not None:
+            # Only these rows were summarised at this call (a JAX program's guards): the
+            # others are not written. Sequence numbers stay those reserved for the call.
+            op_names = [op_names[i] for i in chosen]
+            slots = [slots[i] for i in chosen]
+            matrix = matrix[chosen]
+            iterations = iterations[chosen] if iterations is not None else None
         if self.mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
             # No summary matrix: NO_TENSOR records only that each op ran, and
             # FULL_TENSOR values keep their own dtype and shape.
@@ -1057,7 +1066,7 @@ class DumpWriter:
             return
         payloads, health = self._encoder.trace_batch(
             graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall,
-            getattr(summaries, "iterations", None),
+            iterations,
         )  # fmt: skip
         stream = self._traces
         st = stream.strings

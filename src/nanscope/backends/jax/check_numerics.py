@@ -27,7 +27,7 @@ import numpy as np
 
 from nanscope.backends.jax import intercept
 from nanscope.backends.jax.instrument import GraphPlan, Selection
-from nanscope.backends.jax.programs import Programs
+from nanscope.backends.jax.programs import Call, Programs
 from nanscope.errors import Birth, NonFiniteError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import dtype_name
@@ -50,30 +50,19 @@ class JaxCheckNumerics:
     ) -> Any:
         return self.programs.call(original, args, params, self._look)
 
-    def _look(
-        self, plan: GraphPlan, args: Sequence[Any], outs: list[Any], extra: list[Any]
-    ) -> None:
-        if extra:
-            error = self._check(plan, plan.primitive, np.asarray(extra[0]))
-            if error is not None:
-                raise error
-        if plan.backward:
+    def _look(self, call: Call, args: Sequence[Any], outs: list[Any]) -> None:
+        if call.extra:
+            # A guarded run whose guards would raise is run again counting every value,
+            # which names the equation.
+            plan, counts = call.settle(lambda plan, m: _culprit(plan, m) is not None)
+            m, iterations = plan.matrix(counts)
+            found = _culprit(plan, m)
+            if found is not None:
+                row, reason = found
+                iteration = int(iterations[row]) - 1 if iterations is not None else -1
+                raise self._error(plan, m, row, reason, iteration)
+        if call.plan.backward:
             self.step += 1
-
-    def _check(self, plan: GraphPlan, primitive: bool, counts: np.ndarray) -> NonFiniteError | None:
-        m, iterations = plan.matrix(counts)
-        nan = np.flatnonzero(m[:, _NAN] > 0)
-        row = -1
-        if nan.size:
-            row, reason = int(nan[0]), "nan"
-        elif plan.backward:
-            inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
-            if inf:  # the one computed first (a loss before the updates made from it)
-                row, reason = min(inf), "gradient"
-        if row < 0:
-            return None
-        iteration = int(iterations[row]) - 1 if iterations is not None else -1
-        return self._error(plan, primitive, m, row, reason, iteration)
 
     def _birth(self, plan: GraphPlan, m: np.ndarray, row: int) -> int:
         """The earliest row, along data edges back from ``row``, whose inputs were finite."""
@@ -98,7 +87,6 @@ class JaxCheckNumerics:
     def _error(
         self,
         plan: GraphPlan,
-        primitive: bool,
         m: np.ndarray,
         row: int,
         reason: str,
@@ -114,7 +102,7 @@ class JaxCheckNumerics:
         where = f"{phase} pass, step {self.step}" + (
             f", module {op.module_path}" if op and op.module_path else ""
         )
-        what = "an eager JAX op" if primitive else f"the jitted function {plan.name!r}"
+        what = "an eager JAX op" if plan.primitive else f"the jitted function {plan.name!r}"
         lines = [
             f"{op_type} produced {kinds} in output {r.slot} ({where})",
             f"  equation {r.op_name} of {what} ({dtype_name(r.dtype)}, {size} elements)",
@@ -172,3 +160,16 @@ class JaxCheckNumerics:
 
     def close(self) -> None:
         intercept.uninstall(self)
+
+
+def _culprit(plan: GraphPlan, m: np.ndarray) -> tuple[int, str] | None:
+    """The row that raises, and why: the first NaN, else (a program computing gradients)
+    the first Inf it returns."""
+    nan = np.flatnonzero(m[:, _NAN] > 0)
+    if nan.size:
+        return int(nan[0]), "nan"
+    if plan.backward:
+        inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
+        if inf:  # the one computed first (a loss before the updates made from it)
+            return min(inf), "gradient"
+    return None

@@ -124,6 +124,13 @@ class GraphPlan:
     primitive: bool = False  # one eagerly applied primitive, not a jitted function
     op_by_name: dict[str, OpInfo] = field(default_factory=dict)
     row_of: dict[tuple[str, int], int] = field(default_factory=dict)  # (op, slot) -> row
+    # Guarded (see _Flow): the rows the program counts at every call, in order (None: all).
+    kept: np.ndarray | None = None
+    full: GraphPlan | None = None  # guarded: the plan counting every row, made on first replay
+    source: Any = None  # guarded: a weak reference to the closed jaxpr, to make ``full``
+    selection: Selection | None = None
+    counted: np.ndarray | None = None  # guarded: per row, whether ``kept`` holds it
+    patterns: set[bytes] = field(default_factory=set)  # guarded: non-finite rows replayed
 
     def finish(self) -> None:
         self.op_by_name = {op.op_name: op for op in self.ops}
@@ -137,19 +144,38 @@ class GraphPlan:
         self.sizes = np.array([_numel(r.shape) for r in self.rows], dtype=np.float64)
 
     def matrix(self, counts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """One call's ``[rows, width]`` summaries, and each row's loop iteration (+1; 0: none)."""
+        """One call's ``[rows, width]`` summaries, and each row's loop iteration (+1; 0: none).
+
+        A guarded plan's rows that were not counted hold zeros (they are not written).
+        """
         if self.mode == TensorDebugMode.SHAPE or counts is None:
             return self.static, None
         k = COUNTS_PER_VALUE[self.mode]
         c = counts.reshape(-1, k + 1)  # the counts, then the iteration column
-        m = summary_matrix(self.mode, c[:, :k], self.static, self.sizes)
+        rows = self.kept if self.kept is not None else slice(None)
+        m = summary_matrix(self.mode, c[:, :k], self.static[rows], self.sizes[rows])
         # A branch (or loop) that did not run left -1: an empty summary, not a value.
         skipped = c[:, 0] < 0
         if skipped.any():
             m[skipped, 1:] = 0
             m[skipped, 0] = -1
         iterations = np.maximum(c[:, k], 0)
+        if self.kept is not None:
+            n = len(self.rows)
+            m, iterations = _spread(m, self.kept, n), _spread(iterations, self.kept, n)
         return m, iterations if iterations.any() else None
+
+    def nonfinite(self, m: np.ndarray) -> np.ndarray:
+        """Per row of ``m`` (from :meth:`matrix`): whether it held -inf, +inf, NaN (3 columns;
+        CURT_HEALTH: any non-finite, in the first)."""
+        flags = np.zeros((len(m), 3), dtype=bool)
+        if self.mode == TensorDebugMode.CURT_HEALTH:
+            flags[:, 0] = m[:, 1] > 0
+        elif self.mode == TensorDebugMode.CONCISE_HEALTH:
+            flags[:] = m[:, 2:5] > 0
+        elif self.mode == TensorDebugMode.FULL_HEALTH:
+            flags[:] = m[:, 5:8] > 0
+        return flags
 
 
 class Selection:
@@ -237,9 +263,11 @@ class _Level:
 class _Build:
     """The state of one :func:`instrument` call."""
 
-    def __init__(self, mode: TensorDebugMode, selection: Selection) -> None:
+    def __init__(self, mode: TensorDebugMode, selection: Selection, guards: bool = False) -> None:
         self.mode = mode
         self.selection = selection
+        self.guards = guards
+        self.flow = _Flow()
         self.ops: list[OpInfo] = []
         self.backward = False
         self.describing = True  # False while a loop body is traced again (described once)
@@ -373,6 +401,8 @@ class _Build:
                 if not eqn.primitive.multiple_results:
                     outs = [outs]
         outs = list(outs)
+        if self.guards:
+            self.flow.use(eqn, invals, outs)
         # A loop's or branch's results come from its body's last ops: data edges too.
         op.input_names.extend(n for n in self.loop_outputs if n and n not in op.input_names)
         if (
@@ -670,7 +700,7 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
             groups.setdefault(tuple(np.shape(e.value)), []).append(i)
             sizes.append(1)
         else:
-            sizes.append(int(e.shape[0]) // (k + 1))
+            sizes.append(_block_rows(e, mode))
     parts: list[Any] = []
     first_row: dict[int, int] = {}  # entry -> its first row in the concatenated parts
     n = 0
@@ -777,13 +807,25 @@ def _clean(label: str) -> str:
     return re.sub(r"[:\s]", "_", label) or "arg"
 
 
-def instrument(closed: Any, name: str, mode: TensorDebugMode, selection: Selection) -> GraphPlan:
-    """The plan for one jitted function's closed jaxpr (see the module's docstring)."""
+def instrument(
+    closed: Any,
+    name: str,
+    mode: TensorDebugMode,
+    selection: Selection,
+    guards: bool = False,
+    graph_id: str = "",
+) -> GraphPlan:
+    """The plan for one jitted function's closed jaxpr (see the module's docstring).
+
+    ``guards``: count only the guards (:class:`_Flow`) at each call; the plan's rows are
+    still every value's, ``kept`` says which the program counts. ``graph_id``: the
+    graph's (a guarded plan's, for the plan that replays its calls).
+    """
     import jax
     from jax._src import source_info_util
 
-    build = _Build(mode, selection)
-    graph_id = f"jax-{next(_graph_ids)}"
+    build = _Build(mode, selection, guards and mode in COUNTS_PER_VALUE)
+    graph_id = graph_id or f"jax-{next(_graph_ids)}"
     top = _Level(build, graph_id, source_info_util.current_name_stack(), [])
     arg_names = [_clean(n) for n in _arg_names(closed.jaxpr)]
     arg_names += [f"arg_{i}" for i in range(len(arg_names), len(closed.jaxpr.invars))]
@@ -794,9 +836,12 @@ def instrument(closed: Any, name: str, mode: TensorDebugMode, selection: Selecti
         if mode == TensorDebugMode.FULL_TENSOR:
             extra.append(len(top.values))
             return (*outs, *top.values)
-        if top.counts:
+        entries = top.counts
+        if build.guards:
+            entries = build.flow.guards(top, outs)
+        if entries:
             extra.append(1)
-            return (*outs, _gather(top.counts, mode))
+            return (*outs, _gather(entries, mode))
         extra.append(0)
         return tuple(outs)
 
@@ -808,6 +853,10 @@ def instrument(closed: Any, name: str, mode: TensorDebugMode, selection: Selecti
     plan = GraphPlan(graph_id, name, mode, instrumented, extra[-1])
     plan.graphs = [GraphInfo(graph_id, name, "")]
     plan.ops, plan.rows, plan.backward = build.ops, top.rows, build.backward
+    if build.guards:
+        plan.kept = build.flow.kept
+        plan.counted = np.zeros(len(plan.rows), dtype=bool)
+        plan.counted[plan.kept] = True
     plan.finish()
     # The rows of the arguments and of the outputs: their summaries go into the Execution.
     plan.input_rows = [
@@ -825,3 +874,132 @@ def _output_row(var: Any, top: _Level, row_of: dict[tuple[str, int], int]) -> in
         return -1
     op, _, slot = producer.rpartition(":")
     return row_of.get((op, int(slot)), -1)
+
+
+def _spread(part: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """``part``'s rows placed at ``rows`` of an ``n``-row array of zeros."""
+    out = np.zeros((n, *part.shape[1:]), dtype=part.dtype)
+    out[rows] = part
+    return out
+
+
+# Primitives whose output holds an Inf/NaN wherever one of these operands (their positions;
+# None: every operand) holds one: through them a non-finite value cannot vanish. Every
+# other primitive may hide one (select_n, max, exp(-inf), x / inf, a slice, a comparison,
+# a cast to an integer, a loop...), or is not known to keep it.
+_PROPAGATE: dict[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(_SAME_VALUES, None),
+    **dict.fromkeys(
+        [
+            "add",
+            "add_any",
+            "sub",
+            "mul",
+            "neg",
+            "abs",
+            "sqrt",
+            "cbrt",
+            "log",
+            "log1p",
+            "square",
+            "integer_pow",
+            "sin",
+            "cos",
+            "tan",
+            "sinh",
+            "cosh",
+            "asinh",
+            "round",
+            "floor",
+            "ceil",
+            "reduce_precision",
+            "dot_general",
+            "reduce_sum",
+            "reduce_prod",
+            "cumsum",
+            "cumprod",
+            "concatenate",
+            "optimization_barrier",
+            "convert_element_type",
+        ],
+        None,
+    ),
+    "div": (0,),  # x / inf is 0: the divisor is a guard
+    "pad": (0,),  # the padding value may not be used
+}
+
+
+class _Flow:
+    """Where each value of a program goes: which values must be counted so that no Inf/NaN
+    anywhere in the program goes unseen (the guards).
+
+    A value whose every use is an operand through which an Inf/NaN always comes out
+    (:data:`_PROPAGATE`) need not be counted: a non-finite element in it makes one in
+    each value computed from it, and so on, until a value that is counted. The guards
+    are therefore the program's results, the values that go into an operation that may
+    hide a non-finite element (``select_n``, ``max``, ``exp``, a divisor, a slice, a
+    loop...), and values nothing uses. Nothing in the program is non-finite exactly
+    when no guard is. On the MLP training step this leaves a fifth of the elements
+    to count (the rest are fused by XLA into the guards' computations).
+    """
+
+    def __init__(self) -> None:
+        # id(value) -> [value (kept alive, so that ids stay unique), used, must count, root]
+        self.seen: dict[int, list[Any]] = {}
+        self.kept: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    def _entry(self, value: Any) -> list[Any]:
+        e = self.seen.get(id(value))
+        if e is None:
+            e = self.seen[id(value)] = [value, False, False, id(value)]
+        return e
+
+    def use(self, eqn: Any, invals: Sequence[Any], outs: Sequence[Any]) -> None:
+        """Record an equation's uses of its operands (traced values)."""
+        from jax._src import core
+
+        prim = eqn.primitive.name
+        positions = _PROPAGATE.get(prim, ())
+        if prim == "convert_element_type" and not _floating(eqn.outvars[0]):
+            positions = ()  # to an integer or a bool: hidden
+        elif prim == "integer_pow" and eqn.params.get("y") == 0:
+            positions = ()
+        elif prim == "pad" and any(lo < 0 or hi < 0 for lo, hi, _ in eqn.params["padding_config"]):
+            positions = ()  # negative padding slices
+        for i, (v, x) in enumerate(zip(eqn.invars, invals, strict=True)):
+            if isinstance(v, core.Literal):
+                continue
+            e = self._entry(x)
+            e[1] = True
+            if positions is not None and i not in positions:
+                e[2] = True
+        if _passes_through(eqn) and outs and invals:
+            # The output is not counted itself: if it must be, its producer's value is.
+            self._entry(outs[0])[3] = self._entry(invals[0])[3]
+
+    def guards(self, top: _Level, outs: Sequence[Any]) -> list[Any]:
+        """The entries of ``top.counts`` to count (a loop's block always); sets ``kept``."""
+        for o in outs:
+            self._entry(o)[2] = True
+        must = {e[3] for e in self.seen.values() if e[2] or not e[1]}
+        kept: list[int] = []
+        entries: list[Any] = []
+        row = 0
+        for c in top.counts:
+            n = 1 if isinstance(c, _Pending) else _block_rows(c, top.build.mode)
+            if not isinstance(c, _Pending) or id(c.value) in must or id(c.value) not in self.seen:
+                entries.append(c)
+                kept.extend(range(row, row + n))
+            row += n
+        self.kept = np.asarray(kept, dtype=np.int64)
+        return entries
+
+
+def _block_rows(block: Any, mode: TensorDebugMode) -> int:
+    return int(np.shape(block)[0]) // (COUNTS_PER_VALUE[mode] + 1)
+
+
+def _floating(var: Any) -> bool:
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(var.aval.dtype, jnp.floating))

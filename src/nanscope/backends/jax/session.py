@@ -15,6 +15,7 @@ a backward pass starts the next. :meth:`JaxDumpSession.set_step` (the public
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 import sys
@@ -27,7 +28,7 @@ import numpy as np
 
 from nanscope.backends.jax import intercept
 from nanscope.backends.jax.instrument import GraphPlan, Selection
-from nanscope.backends.jax.programs import Programs
+from nanscope.backends.jax.programs import Call, Programs
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase
 from nanscope.format.modes import TensorDebugMode
 
@@ -79,25 +80,30 @@ class _ArrayIds:
 
 
 class _CallSummaries:
-    """One run's summaries: its counts copied to the host and laid out once, on the writer thread."""
+    """One run's summaries: its counts copied to the host and laid out once, on the writer
+    thread (or on the training thread, when too many runs wait: see ``JaxDumpSession``)."""
 
-    __slots__ = ("_extra", "_matrix", "_plan", "iterations")
+    __slots__ = ("_matrix", "_replay", "call", "chosen", "counted", "iterations")
 
-    def __init__(self, plan: GraphPlan, extra: list[Any]) -> None:
-        self._plan = plan
-        self._extra = extra
+    def __init__(self, call: Call, replay: Callable[[GraphPlan, np.ndarray], bool]) -> None:
+        self.call = call
+        self._replay = replay
         self._matrix: Any = None
         self.iterations: np.ndarray | None = None  # per row: loop iteration + 1 (0: none)
+        # The rows the writer writes (None: all), and as a mask (None: all).
+        self.chosen: np.ndarray | None = None
+        self.counted: np.ndarray | None = None
 
     def resolve(self) -> Any:
         if self._matrix is None:
-            plan = self._plan
-            if plan.mode == TensorDebugMode.FULL_TENSOR:
-                self._matrix = [np.asarray(v) for v in self._extra]
+            call = self.call
+            if call.plan.mode == TensorDebugMode.FULL_TENSOR:
+                self._matrix = [np.asarray(v) for v in call.extra]
+                call.extra = []
             else:
-                counts = np.asarray(self._extra[0]) if self._extra else None
+                plan, counts = call.settle(self._replay)
                 self._matrix, self.iterations = plan.matrix(counts)
-            self._extra = []
+                self.chosen, self.counted = plan.kept, plan.counted
         return self._matrix
 
 
@@ -112,8 +118,12 @@ class _Rows:
 
     def resolve(self) -> list[Any]:
         m = self._call.resolve()
+        counted = self._call.counted
         return [
-            None if r < 0 else (m[r] if isinstance(m, list) else m[r].copy()) for r in self._rows
+            None
+            if r < 0 or (counted is not None and not counted[r])
+            else (m[r] if isinstance(m, list) else m[r].copy())
+            for r in self._rows
         ]
 
 
@@ -140,6 +150,12 @@ def _module_path() -> str:
 
     stack = source_info_util.current_name_stack().stack
     return "/".join(e.name for e in stack if isinstance(e, Scope))
+
+
+# Runs of a guarded program whose arguments wait for the writer (see _hold), and the
+# replays of each program (see _replay).
+WAITING = 2
+REPLAYS = 16
 
 
 class JaxDumpSession:
@@ -181,6 +197,7 @@ class JaxDumpSession:
         )
         self.device_id = self.writer.register_device(self.device_name)
         self._closed = False
+        self._waiting: collections.deque[_CallSummaries] = collections.deque()
         intercept.install(self)
 
     # -- the handler -------------------------------------------------------------------------
@@ -190,24 +207,27 @@ class JaxDumpSession:
     ) -> Any:
         return self.programs.call(original, args, params, self._look)
 
-    def _look(
-        self, plan: GraphPlan, args: Sequence[Any], outs: list[Any], extra: list[Any]
-    ) -> None:
+    def _look(self, call: Call, args: Sequence[Any], outs: list[Any]) -> None:
         try:
-            self._record(plan, plan.primitive, args, outs, extra)
+            self._record(call, args, outs)
         except Exception as exc:  # never break the user's program
             self.writer.count_dropped(1)
-            print(f"nanscope: could not record a run of {plan.name!r}: {exc}")
+            print(f"nanscope: could not record a run of {call.plan.name!r}: {exc}")
 
-    def _record(
-        self,
-        plan: GraphPlan,
-        primitive: bool,
-        args: Sequence[Any],
-        outs: list[Any],
-        extra: list[Any],
-    ) -> None:
+    def _replay(self, plan: GraphPlan, m: np.ndarray) -> bool:
+        """Whether a guarded call whose guards held Inf/NaN is replayed: when which guards
+        held which kind is new for its program (a mask's -inf, the same at every step,
+        is replayed once), for the first ``REPLAYS`` such patterns of each program."""
+        pattern = plan.nonfinite(m).tobytes()
+        with self._lock:
+            if pattern in plan.patterns or len(plan.patterns) >= REPLAYS:
+                return False
+            plan.patterns.add(pattern)
+            return True
+
+    def _record(self, call: Call, args: Sequence[Any], outs: list[Any]) -> None:
         writer = self.writer
+        plan, primitive = call.plan, call.plan.primitive
         # JAX's dispatch is deep: the user's frames lie far below the innermost.
         stack = writer.capture_stack(limit=256)
         if not primitive and not plan.written:
@@ -219,14 +239,17 @@ class JaxDumpSession:
             self._after_backward = False
             self.step += 1
         step = self.step
-        call = _CallSummaries(plan, extra)
-        summaries: Any = None if self.mode == TensorDebugMode.NO_TENSOR else call
+        summaries = _CallSummaries(call, self._replay)
+        self._hold(summaries)
+        traced: Any = summaries
+        if self.mode in (TensorDebugMode.SHAPE, TensorDebugMode.NO_TENSOR):
+            traced = plan.static if self.mode == TensorDebugMode.SHAPE else None
         if not primitive and plan.rows:
             writer.write_traces(
                 plan.graph_id,
                 plan.op_names,
                 plan.slots,
-                summaries if self.mode != TensorDebugMode.SHAPE else plan.static,
+                traced,
                 device_name=self.device_name,
                 step=step,
             )
@@ -238,8 +261,8 @@ class JaxDumpSession:
                 output_tensor_ids=[ids.new(o) for o in outs],
                 input_tensor_ids=[ids.get(a) for a in args],
                 output_device_ids=[self.device_id] * len(outs),
-                summaries=() if no_values else _Rows(call, plan.output_rows),
-                input_summaries=() if no_values else _Rows(call, plan.input_rows),
+                summaries=() if no_values else _Rows(summaries, plan.output_rows),
+                input_summaries=() if no_values else _Rows(summaries, plan.input_rows),
                 num_outputs=len(outs),
                 graph_id="" if primitive else plan.graph_id,
                 stack=stack,
@@ -250,6 +273,16 @@ class JaxDumpSession:
         )
         if plan.backward and not primitive:
             self.step += 1  # a training step (its gradients inside) has run
+
+    def _hold(self, summaries: _CallSummaries) -> None:
+        """Bound the runs whose arguments are kept for a replay: past ``WAITING``, the
+        training thread looks at the oldest itself (its counts are ready by then)."""
+        if not summaries.call.waits:
+            return
+        waiting = self._waiting
+        waiting.append(summaries)
+        while waiting and (not waiting[0].call.waits or len(waiting) > WAITING):
+            waiting.popleft().resolve()
 
     def _write_graph(self, plan: GraphPlan, call_stack: int) -> None:
         """Write ``plan``'s graph and ops; ops with no line of their own (JAX's own
