@@ -288,6 +288,7 @@ def test_a_nan_after_healthy_steps_is_recorded_in_full(donate: bool, tmp_path: P
     assert not any(tr.op_type == "Placeholder" for tr in by_step[2])
     assert any(tr.op_type == "Placeholder" for tr in by_step[3])
     report = _report(tmp_path)
+    assert results[3].first is not None
     _check_event(report["origin"], results[3].first, 3)
     assert report["origin"]["explanation"].startswith("log of zero")
     assert results[3].first_nan is not None
