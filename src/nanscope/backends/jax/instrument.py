@@ -165,6 +165,19 @@ class GraphPlan:
             m, iterations = _spread(m, self.kept, n), _spread(iterations, self.kept, n)
         return m, iterations if iterations.any() else None
 
+    def any_nonfinite(self, counts: np.ndarray) -> bool:
+        """Whether a call's counts (from the program, before :meth:`matrix`) hold an Inf/NaN:
+        the cheap test of a guarded call."""
+        k = COUNTS_PER_VALUE[self.mode]
+        c = counts.reshape(-1, k + 1)
+        ran = c[:, 0] >= 0  # -1: a branch (or loop) that did not run
+        if self.mode == TensorDebugMode.CURT_HEALTH:
+            return bool((c[:, 0] > 0).any())
+        sizes = self.sizes[self.kept] if self.kept is not None else self.sizes
+        if self.mode == TensorDebugMode.CONCISE_HEALTH:
+            return bool((ran & (c[:, 2] < sizes)).any())
+        return bool((ran & ((c[:, 0] > 0) | (c[:, 1] > 0) | (c[:, 2:5].sum(1) < sizes))).any())
+
     def nonfinite(self, m: np.ndarray) -> np.ndarray:
         """Per row of ``m`` (from :meth:`matrix`): whether it held -inf, +inf, NaN (3 columns;
         CURT_HEALTH: any non-finite, in the first)."""

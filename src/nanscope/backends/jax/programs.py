@@ -72,9 +72,9 @@ class Call:
             if self._settled is None:
                 plan = self.plan
                 counts = np.asarray(self.extra[0]) if self.extra else None
-                if self._run is not None and counts is not None:
+                if self._run is not None and counts is not None and plan.any_nonfinite(counts):
                     m, _ = plan.matrix(counts)
-                    if plan.nonfinite(m).any() and replay(plan, m):
+                    if replay(plan, m):
                         plan, counts = _replay(plan, *self._run) or (plan, counts)
                 self._settled = (plan, counts)
                 self._run = None

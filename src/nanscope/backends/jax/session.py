@@ -154,7 +154,7 @@ def _module_path() -> str:
 
 # Runs of a guarded program whose arguments wait for the writer (see _hold), and the
 # replays of each program (see _replay).
-WAITING = 2
+WAITING = 1
 REPLAYS = 16
 
 
@@ -282,7 +282,7 @@ class JaxDumpSession:
         waiting = self._waiting
         waiting.append(summaries)
         while waiting and (not waiting[0].call.waits or len(waiting) > WAITING):
-            waiting.popleft().resolve()
+            waiting.popleft().call.settle(self._replay)
 
     def _write_graph(self, plan: GraphPlan, call_stack: int) -> None:
         """Write ``plan``'s graph and ops; ops with no line of their own (JAX's own
