@@ -316,6 +316,8 @@ class Encoder:
         width = m.shape[1] if m.ndim == 2 else 0
         summary_head = self.summary_proto(np.zeros(width))[: -8 * width] if width else b""
         middle = _TAG[5] + _V(len(summary_head) + 8 * width) + summary_head
+        if self.mode == TensorDebugMode.NO_TENSOR:  # no values: ``matrix`` is (n, 0)
+            middle = wire.len_field(5, _NO_TENSOR_PROTO)
         row_bytes = 8 * width
         blob = m.tobytes()
         head = self._trace_head

@@ -1047,13 +1047,12 @@ class DumpWriter:
             slots = [slots[i] for i in chosen]
             matrix = matrix[chosen]
             iterations = iterations[chosen] if iterations is not None else None
-        if self.mode in (TensorDebugMode.NO_TENSOR, TensorDebugMode.FULL_TENSOR):
-            # No summary matrix: NO_TENSOR records only that each op ran, and
-            # FULL_TENSOR values keep their own dtype and shape.
+        if self.mode == TensorDebugMode.NO_TENSOR:
+            matrix = np.zeros((len(op_names), 0))  # only that each op ran: encoded as a batch
+        elif self.mode == TensorDebugMode.FULL_TENSOR:
+            # No summary matrix: FULL_TENSOR values keep their own dtype and shape.
             for i, name in enumerate(op_names):
-                value = (
-                    None if matrix is None or self.mode == TensorDebugMode.NO_TENSOR else matrix[i]
-                )
+                value = None if matrix is None else matrix[i]
                 trace = TraceEvent(
                     graph_id=graph_id,
                     op_name=name,

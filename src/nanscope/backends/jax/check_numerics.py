@@ -55,13 +55,18 @@ class JaxCheckNumerics:
             # A guarded run whose guards would raise is run again counting every value,
             # which names the equation.
             plan, counts = call.settle(lambda plan, m: _culprit(plan, m) is not None)
+            if counts is None or not plan.any_nonfinite(counts):
+                return self._ran(plan)
             m, iterations = plan.matrix(counts)
             found = _culprit(plan, m)
             if found is not None:
                 row, reason = found
                 iteration = int(iterations[row]) - 1 if iterations is not None else -1
                 raise self._error(plan, m, row, reason, iteration)
-        if call.plan.backward:
+        self._ran(call.plan)
+
+    def _ran(self, plan: GraphPlan) -> None:
+        if plan.backward:
             self.step += 1
 
     def _birth(self, plan: GraphPlan, m: np.ndarray, row: int) -> int:
