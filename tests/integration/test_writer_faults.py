@@ -81,8 +81,12 @@ def test_a_full_disk_that_frees_up_keeps_the_origin_born_while_it_was_full(
         rows = r.index(EXECUTIONS)
         # The NaN born three steps into the outage is in the dump, with its step.
         assert int(rows["step"][rows["nan"] > 0].min()) == FAULT_STEP + 3
-        # Events after the disk freed up were written again.
-        assert int(rows["step"].max()) == STEPS - 1
+        # Events after the disk freed up were written again: to the last step, unless the
+        # writer, catching up with the outage on a loaded machine, shed the newest events
+        # to bound its memory (which it counts as dropped).
+        last = int(rows["step"].max())
+        assert last > FAULT_STEP + 100
+        assert last == STEPS - 1 or result["dropped"] > 0, (last, result)
     if buffer < 0:
         # Keeping everything is impossible while full: the gap is counted exactly.
         assert result["dropped"] > 0

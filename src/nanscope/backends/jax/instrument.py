@@ -414,7 +414,7 @@ class _Build:
                 if not eqn.primitive.multiple_results:
                     outs = [outs]
         outs = list(outs)
-        if self.guards:
+        if self.guards and inner is None:  # an inlined call's equations record their uses
             self.flow.use(eqn, invals, outs)
         # A loop's or branch's results come from its body's last ops: data edges too.
         op.input_names.extend(n for n in self.loop_outputs if n and n not in op.input_names)
