@@ -1,9 +1,11 @@
 """``enable_check_numerics`` for JAX: raise at the first harmful Inf/NaN, naming the equation.
 
 Each compiled program runs instrumented (:mod:`.instrument`) with three counts
-per floating-point value (-inf, +inf, and the finite ones: NaN is the rest),
+per floating-point guard (-inf, +inf, and the finite ones: NaN is the rest;
+the guards are the values no Inf/NaN gets past unseen, :mod:`.programs`),
 computed inside the program and fused by XLA. After each run the counts come
-to the host (one small copy per run, none per equation) and:
+to the host (one small copy per run, none per equation); when they say the run
+would raise, it is run again counting every value, and:
 
 * a NaN anywhere raises :class:`~nanscope.NonFiniteError`, naming the first
   equation that made NaN (its primitive, source line, module path, counts)

@@ -5,7 +5,9 @@ and one ``GraphExecutionTrace`` per summarised value, from the counts that
 the instrumented program computed (:mod:`.instrument`); an eagerly applied
 primitive's run is an ``Execution`` of that primitive with the summaries of
 its inputs and outputs. The counts stay a device array until the writer's
-thread copies them to the host: the training thread never waits for them.
+thread copies them to the host; the training thread looks at a guarded call's
+counts itself one call later (so that its arguments, kept for a replay, are let
+go), by which time they are ready.
 
 Steps: a run of a program that holds backward equations (a jitted training
 step) ends a step; without one (eager training), the first forward run after
@@ -81,7 +83,7 @@ class _ArrayIds:
 
 class _CallSummaries:
     """One run's summaries: its counts copied to the host and laid out once, on the writer
-    thread (or on the training thread, when too many runs wait: see ``JaxDumpSession``)."""
+    thread (the training thread may have looked at them first: ``JaxDumpSession._hold``)."""
 
     __slots__ = ("_matrix", "_replay", "call", "chosen", "counted", "iterations")
 
