@@ -191,20 +191,30 @@ def _primitives(jaxpr: Any) -> set[str]:
     return found
 
 
+def _under_check_numerics(training: Training) -> Any:
+    """Train jitted under ``enable_check_numerics``; the run."""
+    nanscope.enable_check_numerics(framework="jax")
+    try:
+        return training.run(jit=True)
+    finally:
+        nanscope.disable_check_numerics()
+
+
+def _check_numerics_error(training: Training) -> nanscope.NonFiniteError:
+    """What check_numerics raised while training (it must raise)."""
+    with pytest.raises(nanscope.NonFiniteError) as raised:
+        _under_check_numerics(training)
+    return raised.value
+
+
 @pytest.mark.parametrize(
     "name", ["mlp_unscaled_pixels", "scan_nan_at_3", "custom_vjp_fwd", "where_gradient_trap"]
 )
 def test_check_numerics_raises_at_the_oracles_first_nan(name: str) -> None:
     training = PROGRAMS[name].build(steps=1)
-    nanscope.enable_check_numerics(framework="jax")
-    try:
-        with pytest.raises(nanscope.NonFiniteError) as raised:
-            training.run(jit=True)
-    finally:
-        nanscope.disable_check_numerics()
+    error = _check_numerics_error(training)
     truth = evaluate_calls(training.train_step, [training.first_call()])[-1]
     assert truth.first_nan is not None
-    error = raised.value
     assert error.reason == "nan"
     assert error.op_type == truth.first_nan.primitive
     assert error.source is not None and error.source[1] == truth.first_nan.line
@@ -216,24 +226,15 @@ def test_check_numerics_raises_at_the_oracles_first_nan(name: str) -> None:
 
 def test_check_numerics_lets_intended_masks_pass() -> None:
     training = PROGRAMS["transformer"].build(steps=2)
-    nanscope.enable_check_numerics(framework="jax")
-    try:
-        run = training.run(jit=True)
-    finally:
-        nanscope.disable_check_numerics()
+    run = _under_check_numerics(training)
     assert all(loss == loss for loss in run.losses)
 
 
 def test_check_numerics_raises_at_an_inf_a_training_step_returns() -> None:
     training = PROGRAMS["fp16_overflow"].build(steps=1)
-    nanscope.enable_check_numerics(framework="jax")
-    try:
-        with pytest.raises(nanscope.NonFiniteError) as raised:
-            training.run(jit=True)
-    finally:
-        nanscope.disable_check_numerics()
-    assert raised.value.reason == "gradient"
-    assert raised.value.birth is not None and raised.value.birth.op_type == "integer_pow"
+    error = _check_numerics_error(training)
+    assert error.reason == "gradient"
+    assert error.birth is not None and error.birth.op_type == "integer_pow"
 
 
 # -- Guards and replays (docs/JAX.md): counted values at healthy calls, everything at bad ones --
@@ -321,15 +322,9 @@ def test_every_value_is_counted_without_guards(
 def test_check_numerics_raises_at_a_later_step() -> None:
     training = _late_log_of_zero()
     plain = training.run(jit=True)
-    nanscope.enable_check_numerics(framework="jax")
-    try:
-        with pytest.raises(nanscope.NonFiniteError) as raised:
-            training.run(jit=True)
-    finally:
-        nanscope.disable_check_numerics()
+    error = _check_numerics_error(training)
     truth = evaluate_calls(training.train_step, [plain.calls[3]])[-1]
     assert truth.first_nan is not None
-    error = raised.value
     assert error.step == 3
     assert error.op_type == truth.first_nan.primitive
     assert error.source is not None and error.source[1] == truth.first_nan.line

@@ -56,8 +56,10 @@ class JaxCheckNumerics:
         if call.extra:
             # A guarded run whose guards would raise is run again counting every value,
             # which names the equation.
-            plan, counts = call.settle(lambda plan, m: _culprit(plan, m) is not None)
-            if counts is None or not plan.any_nonfinite(counts):
+            plan, counts = call.settle(
+                lambda plan, counts: _culprit(plan, plan.matrix(counts)[0]) is not None
+            )
+            if counts is None or not plan.nonfinite(counts).any():
                 return self._ran(plan)
             m, iterations = plan.matrix(counts)
             found = _culprit(plan, m)

@@ -165,30 +165,12 @@ class GraphPlan:
             m, iterations = _spread(m, self.kept, n), _spread(iterations, self.kept, n)
         return m, iterations if iterations.any() else None
 
-    def any_nonfinite(self, counts: np.ndarray) -> bool:
-        """Whether a call's counts (from the program, before :meth:`matrix`) hold an Inf/NaN:
-        the cheap test of a guarded call."""
-        k = COUNTS_PER_VALUE[self.mode]
-        c = counts.reshape(-1, k + 1)
-        ran = c[:, 0] >= 0  # -1: a branch (or loop) that did not run
-        if self.mode == TensorDebugMode.CURT_HEALTH:
-            return bool((c[:, 0] > 0).any())
+    def nonfinite(self, counts: np.ndarray) -> np.ndarray:
+        """Per row of a call's counts (as the program returned them: a guarded plan's kept
+        rows only), whether it held -inf, +inf, NaN (CURT_HEALTH: any, in the first)."""
+        c = counts.reshape(-1, COUNTS_PER_VALUE[self.mode] + 1)
         sizes = self.sizes[self.kept] if self.kept is not None else self.sizes
-        if self.mode == TensorDebugMode.CONCISE_HEALTH:
-            return bool((ran & (c[:, 2] < sizes)).any())
-        return bool((ran & ((c[:, 0] > 0) | (c[:, 1] > 0) | (c[:, 2:5].sum(1) < sizes))).any())
-
-    def nonfinite(self, m: np.ndarray) -> np.ndarray:
-        """Per row of ``m`` (from :meth:`matrix`): whether it held -inf, +inf, NaN (3 columns;
-        CURT_HEALTH: any non-finite, in the first)."""
-        flags = np.zeros((len(m), 3), dtype=bool)
-        if self.mode == TensorDebugMode.CURT_HEALTH:
-            flags[:, 0] = m[:, 1] > 0
-        elif self.mode == TensorDebugMode.CONCISE_HEALTH:
-            flags[:] = m[:, 2:5] > 0
-        elif self.mode == TensorDebugMode.FULL_HEALTH:
-            flags[:] = m[:, 5:8] > 0
-        return flags
+        return np.stack(_nonfinite(self.mode, c, sizes), axis=1)
 
 
 class Selection:
@@ -667,18 +649,27 @@ def _first_bad(
     """The carry of "the first iteration with a non-finite value, and its counts then"."""
     import jax.numpy as jnp
 
-    k = COUNTS_PER_VALUE[mode]
-    c = counts.reshape(-1, k + 1)
-    ran = c[:, 0] >= 0  # a branch not taken inside the body: -1
-    if mode == TensorDebugMode.CURT_HEALTH:
-        bad = c[:, 0] > 0
-    elif mode == TensorDebugMode.CONCISE_HEALTH:
-        bad = c[:, 2] < jnp.asarray(sizes, jnp.int32)
-    else:
-        finite_or_inf = c[:, 2] + c[:, 3] + c[:, 4]
-        bad = (c[:, 0] > 0) | (c[:, 1] > 0) | (finite_or_inf < jnp.asarray(sizes, jnp.int32))
-    now = (first < 0) & jnp.any(bad & ran)
+    c = counts.reshape(-1, COUNTS_PER_VALUE[mode] + 1)
+    ninf, pinf, nan = _nonfinite(mode, c, jnp.asarray(sizes, jnp.int32))
+    now = (first < 0) & jnp.any(ninf | pinf | nan)
     return jnp.where(now, it, first), jnp.where(now, counts, at_first)
+
+
+def _nonfinite(mode: TensorDebugMode, c: Any, sizes: Any) -> tuple[Any, Any, Any]:
+    """Per row of counts ``c`` (``[rows, k + 1]``, NumPy or traced): whether it held -inf,
+    +inf, NaN; CURT_HEALTH counts only "any", given in the first. A row of -1 (a branch or
+    loop that did not run) holds none."""
+    ran = c[:, 0] >= 0
+    if mode == TensorDebugMode.CURT_HEALTH:
+        some = c[:, 0] > 0
+        return some, some & ~ran, some & ~ran
+    # Counted: CONCISE_HEALTH [-inf, +inf, finite]; FULL_HEALTH [-inf, +inf, <0, ==0, >0],
+    # the infinities inside <0 and >0. NaN is what the counts leave of the size.
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        accounted = c[:, 0] + c[:, 1] + c[:, 2]
+    else:
+        accounted = c[:, 2] + c[:, 3] + c[:, 4]
+    return ran & (c[:, 0] > 0), ran & (c[:, 1] > 0), ran & (accounted < sizes)
 
 
 # Values counted together in one reduction at most.

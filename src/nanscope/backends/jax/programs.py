@@ -65,17 +65,20 @@ class Call:
     ) -> tuple[GraphPlan, np.ndarray | None]:
         """The plan and host counts that stand for this call (waiting for them).
 
-        A guarded call for which ``replay(plan, matrix)`` says so is replayed; its
-        arguments are let go either way.
+        A guarded call whose guards held Inf/NaN and for which ``replay(plan, counts)``
+        says so is replayed; its arguments are let go either way.
         """
         with self._lock:
             if self._settled is None:
                 plan = self.plan
                 counts = np.asarray(self.extra[0]) if self.extra else None
-                if self._run is not None and counts is not None and plan.any_nonfinite(counts):
-                    m, _ = plan.matrix(counts)
-                    if replay(plan, m):
-                        plan, counts = _replay(plan, *self._run) or (plan, counts)
+                if (
+                    self._run is not None
+                    and counts is not None
+                    and plan.nonfinite(counts).any()
+                    and replay(plan, counts)
+                ):
+                    plan, counts = _replay(plan, *self._run) or (plan, counts)
                 self._settled = (plan, counts)
                 self._run = None
                 self.extra = []

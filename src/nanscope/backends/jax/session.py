@@ -216,11 +216,11 @@ class JaxDumpSession:
             self.writer.count_dropped(1)
             print(f"nanscope: could not record a run of {call.plan.name!r}: {exc}")
 
-    def _replay(self, plan: GraphPlan, m: np.ndarray) -> bool:
+    def _replay(self, plan: GraphPlan, counts: np.ndarray) -> bool:
         """Whether a guarded call whose guards held Inf/NaN is replayed: when which guards
         held which kind is new for its program (a mask's -inf, the same at every step,
         is replayed once), for the first ``REPLAYS`` such patterns of each program."""
-        pattern = plan.nonfinite(m).tobytes()
+        pattern = plan.nonfinite(counts).tobytes()
         with self._lock:
             if pattern in plan.patterns or len(plan.patterns) >= REPLAYS:
                 return False
