@@ -57,7 +57,10 @@ time in the same round); its compile ratio the median over rounds of (its
 first call / plain's first call), also shown with each child's median step
 taken off its first call (compilation alone, where a step is long); the
 CPU-time ratio sums ``time.process_time`` (all threads, so nanscope's
-background threads count) over rounds. Peak memory is the ``ru_maxrss`` of one
+background threads count) over rounds; page faults per step are the timed
+steps' minor faults (``ru_minflt``): pages the allocator gave back and took
+again (nanscope keeps glibc's freed memory while recording on the CPU:
+src/nanscope/backends/jax/heap.py). Peak memory is the ``ru_maxrss`` of one
 more, shorter child per variant.
 
 JAX runs on the CPU (``JAX_PLATFORMS=cpu``) with one compute thread. On jax
@@ -92,6 +95,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -394,11 +398,14 @@ def child_run(cfg: dict[str, Any]) -> dict[str, Any]:
             _run(jax, step, state, program.batch)
         walls = []
         c0 = time.process_time()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(cfg["steps"]):
             t0 = time.perf_counter()
             _run(jax, step, state, program.batch)
             walls.append(time.perf_counter() - t0)
         out["cpu_s"] = (time.process_time() - c0) / max(1, cfg["steps"])
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        out["faults"] = faults / max(1, cfg["steps"])
         out["walls"] = walls
         t0 = time.perf_counter()
         variant.off()
@@ -519,6 +526,7 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "compile_only_ratio": statistics.median(compiles),
             "rss_mib": rss,
             "rss_ratio": rss / plain_rss if rss and plain_rss else None,
+            "faults": statistics.median(x.get("faults", 0.0) for x in runs),
             "rounds": len(steps),
         }
     return out
@@ -578,13 +586,15 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
             if s["mem_steps"]
             else "not measured."
         )
+        + " Page faults/step: the minor page faults of a timed step (median over rounds):"
+        " memory the allocator gave back to the kernel and took again."
         + " First-call ratio: the first call (tracing, XLA compilation, one execution) over "
         "plain's, the compile target's measure; less a step: the same with each child's median "
         "step taken off the first call.",
         "",
         *table_head(
             ["variant", "step ms (median)", "step ratio (min-max over rounds)", "CPU ratio",
-             "first call s (median)", "first-call ratio", "less a step", "peak RSS MiB",
+             "page faults/step", "first call s (median)", "first-call ratio", "less a step", "peak RSS MiB",
              "RSS ratio", "targets"],
             numeric=False,
         ),
@@ -598,14 +608,14 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
         else:
             marks = "; ".join(f"{what}: {_verdict(met)}" for what, met in tg)
         if "reason" in m:
-            lines.append(table_row([v, m["reason"], "", "", "", "", "", "", "", marks]))
+            lines.append(table_row([v, m["reason"], "", "", "", "", "", "", "", "", marks]))
             continue
         spread = "" if v == "plain" else f" ({m['step_min']:.2f}-{m['step_max']:.2f})"
         rss = "-" if m["rss_mib"] is None else f"{m['rss_mib']:.0f}"
         lines.append(
             table_row([
                 v, f"{m['step_ms']:.2f}", f"{m['step_ratio']:.2f}x{spread}", _x(m["cpu_ratio"]),
-                f"{m['first_s']:.2f}", _x(m["compile_ratio"]), _x(m["compile_only_ratio"]), rss,
+                f"{m['faults']:.0f}", f"{m['first_s']:.2f}", _x(m["compile_ratio"]), _x(m["compile_only_ratio"]), rss,
                 _x(m["rss_ratio"]), marks,
             ])
         )  # fmt: skip

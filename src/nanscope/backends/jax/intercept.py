@@ -9,7 +9,8 @@ program instead and returns no executable, so that every later call comes
 back through Python, and to the handler. Installing clears JAX's caches
 (functions jitted and called before recording began are caught too);
 uninstalling clears them again, so that the uninstrumented executables
-return.
+return. On the CPU, glibc keeps the memory a run frees while a handler is
+installed (:mod:`.heap`).
 
 One handler at a time (dumping or checking). A handler's own use of JAX
 (tracing the instrumented program) runs uninstrumented.
@@ -20,6 +21,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from nanscope.backends.jax import heap
 
 
 class Handler(Protocol):
@@ -33,6 +36,7 @@ class Handler(Protocol):
 _lock = threading.Lock()
 _handler: Handler | None = None
 _original: Callable[..., Any] | None = None
+_heap_kept = False
 _inside = threading.local()
 
 
@@ -62,7 +66,7 @@ class uninstrumented:
 
 def install(handler: Handler) -> None:
     """Send every compiled program's runs to ``handler``."""
-    global _handler, _original
+    global _handler, _original, _heap_kept
     import jax
     from jax._src import pjit
 
@@ -77,16 +81,20 @@ def install(handler: Handler) -> None:
             _original = pjit._pjit_call_impl_python
             pjit._pjit_call_impl_python = _call_impl
         _handler = handler
+        _heap_kept = jax.default_backend() == "cpu" and heap.keep()
     jax.clear_caches()  # executables compiled before: their next call comes through here
 
 
 def uninstall(handler: Handler) -> None:
     """Stop sending runs to ``handler`` (if it is the one installed)."""
-    global _handler
+    global _handler, _heap_kept
     import jax
 
     with _lock:
         if _handler is not handler:
             return
         _handler = None
+        if _heap_kept:
+            _heap_kept = False
+            heap.release()
     jax.clear_caches()  # the plain executables come back on the next call

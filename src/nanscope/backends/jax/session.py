@@ -56,23 +56,31 @@ def dtype_filter(tensor_dtypes: Any) -> Callable[[Any], bool] | None:
 
 
 class _ArrayIds:
-    """Tensor ids for JAX arrays: a new id for each array a recorded run returns."""
+    """Tensor ids for JAX arrays: a new id for each array a recorded run returns.
+
+    Arrays are held by weak references without callbacks (a callback per array is
+    a closure per output at every call); the entries of arrays that have died are
+    swept out when the table has doubled since the last sweep.
+    """
 
     def __init__(self) -> None:
         self._next = 1
         self._ids: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._sweep_at = 1024
 
     def new(self, array: Any) -> int:
         tid = self._next
         self._next += 1
-        key = id(array)
         # Not weak-referenceable (a Python number): no later lookups.
         with contextlib.suppress(TypeError):
-            self._ids[key] = (weakref.ref(array, self._forget(key)), tid)
+            self._ids[id(array)] = (weakref.ref(array), tid)
+            if len(self._ids) >= self._sweep_at:
+                self._sweep()
         return tid
 
-    def _forget(self, key: int) -> Callable[[Any], object]:
-        return lambda _: self._ids.pop(key, None)
+    def _sweep(self) -> None:
+        self._ids = {k: e for k, e in self._ids.items() if e[0]() is not None}
+        self._sweep_at = max(1024, 2 * len(self._ids))
 
     def get(self, array: Any) -> int:
         entry = self._ids.get(id(array))
