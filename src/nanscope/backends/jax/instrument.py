@@ -692,30 +692,52 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
     of them (a tuple of int32 sums): XLA emits it as one loop that computes the
     values it can fuse in registers and counts them as it goes, rather than a
     pass over memory per value. (Sibling reductions fused the usual way are many
-    times slower on the CPU.)
+    times slower on the CPU.) Scalars are stacked per dtype and counted as one
+    vector, and every sum is stacked once: on XLA:CPU each fused computation
+    costs microseconds to launch, and a training step has dozens of scalars
+    (the loss, an optimizer's step count and its powers).
     """
     import jax.numpy as jnp
 
     k = COUNTS_PER_VALUE[mode]
     groups: dict[tuple[int, ...], list[int]] = {}
+    scalars: dict[Any, list[int]] = {}
     sizes: list[int] = []
     for i, e in enumerate(entries):
         if isinstance(e, _Pending):
-            groups.setdefault(tuple(np.shape(e.value)), []).append(i)
+            if np.ndim(e.value) == 0:
+                scalars.setdefault(np.dtype(_dtype(e.value)), []).append(i)
+            else:
+                groups.setdefault(tuple(np.shape(e.value)), []).append(i)
             sizes.append(1)
         else:
             sizes.append(_block_rows(e, mode))
-    parts: list[Any] = []
-    first_row: dict[int, int] = {}  # entry -> its first row in the concatenated parts
-    n = 0
+    sums: list[Any] = []  # k scalars per value of the large groups
+    counted: list[Any] = []  # [values, k] counts of the scalars
+    row_of: dict[int, int] = {}  # pending entry -> its row among the pending ones' counts
     for group in groups.values():
         # Bounded: one reduction with hundreds of accumulators takes long to compile.
         for start in range(0, len(group), GROUP_LIMIT):
             members = group[start : start + GROUP_LIMIT]
-            parts.append(_counts([entries[i].value for i in members], mode))
-            for j, i in enumerate(members):
-                first_row[i] = n + j
-            n += len(members)
+            sums.extend(_counts([entries[i].value for i in members], mode))
+            row_of.update((i, len(row_of)) for i in members)
+    n_large = len(row_of)
+    for members in scalars.values():
+        vector = jnp.stack([entries[i].value for i in members])
+        counted.append(jnp.stack(_flags(vector, mode), axis=-1).astype(jnp.int32))
+        row_of.update((i, len(row_of)) for i in members)
+    pending: list[Any] = []
+    if sums:
+        pending.append(jnp.stack(sums).reshape(n_large, k))
+    pending.extend(counted)
+    parts: list[Any] = []
+    first_row: dict[int, int] = {}  # entry -> its first row in the concatenated parts
+    if pending:
+        c = jnp.concatenate(pending) if len(pending) > 1 else pending[0]
+        # The iteration column: 0 outside loops (a loop sets its rows' after it ran).
+        parts.append(jnp.concatenate([c, jnp.zeros((len(row_of), 1), jnp.int32)], axis=1))
+        first_row.update(row_of)
+    n = len(row_of)
     for i, e in enumerate(entries):
         if not isinstance(e, _Pending):
             parts.append(e.reshape(-1, k + 1))
@@ -728,26 +750,26 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
     return stacked.reshape(-1)
 
 
-def _counts(values: Sequence[Any], mode: TensorDebugMode) -> Any:
-    """``[len(values), k]`` counts in ``mode`` (nanscope.format.counts) of same-shaped values."""
+def _flags(x: Any, mode: TensorDebugMode) -> tuple[Any, ...]:
+    """What ``mode`` counts of ``x``'s elements (nanscope.format.counts), as booleans."""
+    import jax.numpy as jnp
+
+    if mode == TensorDebugMode.CURT_HEALTH:
+        return (~jnp.isfinite(x),)
+    if mode == TensorDebugMode.CONCISE_HEALTH:
+        return (x == -jnp.inf, x == jnp.inf, jnp.isfinite(x))
+    return (x == -jnp.inf, x == jnp.inf, x < 0, x == 0, x > 0)
+
+
+def _counts(values: Sequence[Any], mode: TensorDebugMode) -> list[Any]:
+    """The ``k`` counts (int32 scalars) of each of same-shaped ``values``, in order."""
     import jax.numpy as jnp
     from jax import lax
 
     i32 = jnp.int32
-    operands: list[Any] = []
-    for x in values:
-        if mode == TensorDebugMode.CURT_HEALTH:
-            flags: tuple[Any, ...] = (~jnp.isfinite(x),)
-        elif mode == TensorDebugMode.CONCISE_HEALTH:
-            flags = (x == -jnp.inf, x == jnp.inf, jnp.isfinite(x))
-        else:
-            flags = (x == -jnp.inf, x == jnp.inf, x < 0, x == 0, x > 0)
-        operands.extend(f.astype(i32) for f in flags)
+    operands = [f.astype(i32) for x in values for f in _flags(x, mode)]
     zeros = (i32(0),) * len(operands)
-    sums = lax.reduce(tuple(operands), zeros, _add, tuple(range(np.ndim(values[0]))))
-    counts = jnp.stack(sums).reshape(len(values), -1)
-    # The iteration column: 0 outside loops (a loop sets its rows' after it ran).
-    return jnp.concatenate([counts, jnp.zeros((len(values), 1), i32)], axis=1)
+    return list(lax.reduce(tuple(operands), zeros, _add, tuple(range(np.ndim(values[0])))))
 
 
 def _add(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
