@@ -34,6 +34,7 @@ DEFAULT_TOP_PAD = 128 << 10  # glibc's default (mallopt(3))
 
 _lock = threading.Lock()
 _users = 0
+_set: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]  # mallopt, while kept
 
 
 def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -52,26 +53,25 @@ def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 def keep() -> bool:
     """Keep freed memory at the top of glibc's heaps (counted: one per ``release``).
     Returns whether the setting is nanscope's now."""
-    global _users
-    mallopt = _mallopt()
-    if mallopt is None:
-        return False
+    global _users, _set
     with _lock:
+        if _users == 0:
+            _set = _mallopt()
+            if _set is None:
+                return False
+            _set(M_TOP_PAD, TOP_PAD)
         _users += 1
-        if _users == 1:
-            mallopt(M_TOP_PAD, TOP_PAD)
     return True
 
 
 def release() -> None:
-    """Undo one :func:`keep`; the last sets glibc's default back."""
-    global _users
-    mallopt = _mallopt()
-    if mallopt is None:
-        return
+    """Undo one :func:`keep` (nothing when none is in force); the last sets glibc's
+    default back."""
+    global _users, _set
     with _lock:
         if _users == 0:
             return
         _users -= 1
-        if _users == 0:
-            mallopt(M_TOP_PAD, DEFAULT_TOP_PAD)
+        if _users == 0 and _set is not None:
+            _set(M_TOP_PAD, DEFAULT_TOP_PAD)
+            _set = None

@@ -36,7 +36,6 @@ class Handler(Protocol):
 _lock = threading.Lock()
 _handler: Handler | None = None
 _original: Callable[..., Any] | None = None
-_heap_kept = False
 _inside = threading.local()
 
 
@@ -66,7 +65,7 @@ class uninstrumented:
 
 def install(handler: Handler) -> None:
     """Send every compiled program's runs to ``handler``."""
-    global _handler, _original, _heap_kept
+    global _handler, _original
     import jax
     from jax._src import pjit
 
@@ -81,20 +80,19 @@ def install(handler: Handler) -> None:
             _original = pjit._pjit_call_impl_python
             pjit._pjit_call_impl_python = _call_impl
         _handler = handler
-        _heap_kept = jax.default_backend() == "cpu" and heap.keep()
+        if jax.default_backend() == "cpu":
+            heap.keep()
     jax.clear_caches()  # executables compiled before: their next call comes through here
 
 
 def uninstall(handler: Handler) -> None:
     """Stop sending runs to ``handler`` (if it is the one installed)."""
-    global _handler, _heap_kept
+    global _handler
     import jax
 
     with _lock:
         if _handler is not handler:
             return
         _handler = None
-        if _heap_kept:
-            _heap_kept = False
-            heap.release()
+        heap.release()  # nothing when install did not keep it
     jax.clear_caches()  # the plain executables come back on the next call
