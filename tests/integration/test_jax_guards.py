@@ -3,7 +3,8 @@ results is still seen, and the call that held it is recorded in full.
 
 Each program below makes an Inf or NaN and hides it from its result, through each kind of
 operation that can: a ``jnp.where`` (``select_n``), ``max``, ``exp(-inf)``, a divisor
-(``x / inf``), a slice, a cast to an integer, a comparison. Each runs jitted, twice on finite
+(``x / inf``), a slice, a cast to an integer, a comparison; and through a value that one use
+hides and another keeps, until a later operation hides it (the value itself is not counted). Each runs jitted, twice on finite
 data and then once on data that makes the hidden value, under a FULL_HEALTH dump. The numpy
 oracle (``tests/jax_oracle.py``) says which call held a non-finite value and which equation
 made it first: the dump must hold Inf/NaN at exactly that call, every value of that call
@@ -56,6 +57,11 @@ def hidden_by_a_comparison(x: Any) -> Any:
     return (jnp.log(x) > -1.0).sum().astype(jnp.float32) + x.sum()
 
 
+def seen_through_a_mixed_use(x: Any) -> Any:
+    v = jnp.log(x)  # -inf: hidden by max, kept by the product (which exp then hides)
+    return jnp.maximum(v, -1.0).sum() + jnp.exp(v * 2.0).sum()
+
+
 PROGRAMS: dict[str, Callable[[Any], Any]] = {
     f.__name__: f
     for f in (
@@ -66,6 +72,7 @@ PROGRAMS: dict[str, Callable[[Any], Any]] = {
         hidden_by_a_slice,
         hidden_by_a_cast,
         hidden_by_a_comparison,
+        seen_through_a_mixed_use,
     )
 }
 
@@ -119,3 +126,71 @@ def test_a_hidden_inf_is_seen_and_its_call_recorded_in_full(name: str, tmp_path:
 def analyze_dump(logdir: Path) -> dict[str, Any]:
     with DumpReader(logdir) as reader:
         return analyze(reader).to_json()
+
+
+def moment_step(w: Any, x: Any) -> Any:
+    """An optimizer-like step whose state (a result) is also used to update the weights:
+    the state's Inf shows in the weights (and only there while the state is not counted)."""
+    loss, g = jax.value_and_grad(lambda w: jnp.sum(w * x))(w)
+    moment = 0.9 * w + 1.0 / g  # +inf where x is 0
+    return w - 0.01 * moment, moment, loss
+
+
+def _moment_batches() -> list[Any]:
+    w = jnp.ones(16, jnp.float32)
+    good = jnp.linspace(0.5, 2.0, 16, dtype=jnp.float32)
+    return [(w, good), (w, good * 2.0), (w, good.at[3].set(0.0))]
+
+
+def _producer(fn: Callable[..., Any], args: Any, output: int) -> str:
+    """The primitive of the equation that makes ``fn``'s flat output ``output``."""
+    closed = jax.make_jaxpr(fn)(*args)
+    var = closed.jaxpr.outvars[output]
+    return str(next(e.primitive.name for e in closed.jaxpr.eqns if var in e.outvars))
+
+
+def test_a_result_used_inside_is_seen_through_what_it_makes(tmp_path: Path) -> None:
+    batches = _moment_batches()
+    truth = [evaluate(moment_step, *b) for b in batches]
+    assert [t.first is not None for t in truth] == [False, False, True]
+    first = truth[2].first
+    assert first is not None and first.primitive == "div"
+    step = jax.jit(moment_step)
+    with nanscope.enable_dump_debug_info(
+        tmp_path, framework="jax", circular_buffer_size=-1, tensor_debug_mode="FULL_HEALTH"
+    ):
+        for b in batches:
+            jax.block_until_ready(step(*b))
+    with DumpReader(tmp_path) as reader:
+        traces = [reader.trace(i) for i in range(reader.num_graph_execution_traces())]
+        runs = [reader.execution(i) for i in range(reader.num_executions())]
+        runs = [e for e in runs if e.graph_id]
+    by_step: dict[int, set[str]] = {}
+    for tr in traces:
+        by_step.setdefault(tr.step, set()).add(tr.op_name)
+    # The moment (output 1) is used to make the weights (output 0): a healthy call counts
+    # the weights only; the bad call is replayed in full and holds the moment's Inf.
+    assert len(runs) == 3
+    healthy, bad = runs[1], runs[2]
+    weights, moment = healthy.output_health[0], healthy.output_health[1]
+    assert weights is not None and weights.size == 16 and not weights.nonfinite
+    assert moment is None  # not counted at a healthy call
+    assert by_step[1] < by_step[2]
+    moment = bad.output_health[1]
+    assert moment is not None and moment.pos_inf == first.counts.pos_inf == 1
+    report = analyze_dump(tmp_path)
+    assert report["origin"]["op_type"] == first.primitive
+    assert report["origin"]["source"]["line"] == first.line
+    # check_numerics raises at the Inf the step returns: its moment, born at the division.
+    nanscope.enable_check_numerics(framework="jax")
+    try:
+        with pytest.raises(nanscope.NonFiniteError) as raised:
+            for b in batches:
+                jax.block_until_ready(step(*b))
+    finally:
+        nanscope.disable_check_numerics()
+    error = raised.value
+    assert error.reason == "gradient"
+    assert error.op_type == _producer(moment_step, batches[2], 1)
+    assert error.birth is not None and error.birth.op_type == first.primitive
+    assert error.birth.source is not None and error.birth.source[1] == first.line

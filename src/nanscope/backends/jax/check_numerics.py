@@ -173,12 +173,16 @@ class JaxCheckNumerics:
 
 def _culprit(plan: GraphPlan, m: np.ndarray) -> tuple[int, str] | None:
     """The row that raises, and why: the first NaN, else (a program computing gradients)
-    the first Inf it returns."""
+    the first Inf it returns (a guarded plan: an Inf where a result's would show, which
+    its replay settles)."""
     nan = np.flatnonzero(m[:, _NAN] > 0)
     if nan.size:
         return int(nan[0]), "nan"
     if plan.backward:
-        inf = [r for r in plan.output_rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
+        rows = plan.output_rows
+        if plan.covering is not None:
+            rows = [*rows, *plan.covering.tolist()]
+        inf = [r for r in rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
         if inf:  # the one computed first (a loss before the updates made from it)
             return min(inf), "gradient"
     return None

@@ -130,6 +130,8 @@ class GraphPlan:
     source: Any = None  # guarded: a weak reference to the closed jaxpr, to make ``full``
     selection: Selection | None = None
     counted: np.ndarray | None = None  # guarded: per row, whether ``kept`` holds it
+    # Guarded: the kept rows where a result's Inf/NaN shows (the results are not all counted).
+    covering: np.ndarray | None = None
     patterns: set[bytes] = field(default_factory=set)  # guarded: non-finite rows replayed
 
     def finish(self) -> None:
@@ -883,6 +885,7 @@ def instrument(
         plan.kept = build.flow.kept
         plan.counted = np.zeros(len(plan.rows), dtype=bool)
         plan.counted[plan.kept] = True
+        plan.covering = plan.kept[build.flow.covering]
     plan.finish()
     # The rows of the arguments and of the outputs: their summaries go into the Execution.
     plan.input_rows = [
@@ -955,30 +958,49 @@ _PROPAGATE: dict[str, tuple[int, ...] | None] = {
 }
 
 
+class _Value:
+    """What :class:`_Flow` knows of one traced value."""
+
+    __slots__ = ("consumers", "propagates", "root", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value  # kept alive, so that ids stay unique
+        self.propagates = False  # some use keeps its non-finite elements (_PROPAGATE)
+        self.root = id(value)  # whose row holds its summary (a reshape's: its producer's)
+        self.consumers: list[_Value] = []  # the results of those uses
+
+
 class _Flow:
     """Where each value of a program goes: which values must be counted so that no Inf/NaN
     anywhere in the program goes unseen (the guards).
 
-    A value whose every use is an operand through which an Inf/NaN always comes out
+    A value with at least one use through which an Inf/NaN always comes out
     (:data:`_PROPAGATE`) need not be counted: a non-finite element in it makes one in
-    each value computed from it, and so on, until a value that is counted. The guards
-    are therefore the program's results, the values that go into an operation that may
-    hide a non-finite element (``select_n``, ``max``, ``exp``, a divisor, a slice, a
-    loop...), and values nothing uses. Nothing in the program is non-finite exactly
-    when no guard is. On the MLP training step this leaves a fifth of the elements
+    the value that use computes, and so on, until a value that is counted (the chain
+    ends: a program has finitely many values). Its other uses, even ones that may hide
+    a non-finite element (``select_n``, ``max``, a divisor), change nothing. The guards
+    are therefore the values with no such use: those that go only into operations that
+    may hide (``exp``, a divisor, a slice, a comparison, a loop...), and those nothing
+    uses (a program's results that nothing else uses, among them). Nothing in the
+    program is non-finite exactly when no guard is. A result used inside the program
+    too is seen through what is computed from it (an optimizer's moments through the
+    updated parameters and the update's divisor), so its summary is written only when
+    the call is replayed. On the MLP training step this leaves a ninth of the elements
     to count (the rest are fused by XLA into the guards' computations).
     """
 
     def __init__(self) -> None:
-        # id(value) -> [value (kept alive, so that ids stay unique), used, must count, root]
-        self.seen: dict[int, list[Any]] = {}
+        self.seen: dict[int, _Value] = {}  # by id(value)
         self.kept: np.ndarray = np.zeros(0, dtype=np.int64)
+        # Per kept row: whether a result's Inf/NaN shows there first (it is a result or a
+        # chain of uses leads to it from a result not counted itself).
+        self.covering: np.ndarray = np.zeros(0, dtype=bool)
 
-    def _entry(self, value: Any) -> list[Any]:
-        e = self.seen.get(id(value))
-        if e is None:
-            e = self.seen[id(value)] = [value, False, False, id(value)]
-        return e
+    def _value(self, value: Any) -> _Value:
+        v = self.seen.get(id(value))
+        if v is None:
+            v = self.seen[id(value)] = _Value(value)
+        return v
 
     def use(self, eqn: Any, invals: Sequence[Any], outs: Sequence[Any]) -> None:
         """Record an equation's uses of its operands (traced values)."""
@@ -992,23 +1014,24 @@ class _Flow:
             positions = ()
         elif prim == "pad" and any(lo < 0 or hi < 0 for lo, hi, _ in eqn.params["padding_config"]):
             positions = ()  # negative padding slices
-        for i, (v, x) in enumerate(zip(eqn.invars, invals, strict=True)):
-            if isinstance(v, core.Literal):
+        results = [self._value(o) for o in outs]
+        for i, (var, x) in enumerate(zip(eqn.invars, invals, strict=True)):
+            if isinstance(var, core.Literal) or (positions is not None and i not in positions):
                 continue
-            e = self._entry(x)
-            e[1] = True
-            if positions is not None and i not in positions:
-                e[2] = True
+            v = self._value(x)
+            v.propagates = True
+            v.consumers.extend(results)
         if _passes_through(eqn) and outs and invals:
             # The output is not counted itself: if it must be, its producer's value is.
-            self._entry(outs[0])[3] = self._entry(invals[0])[3]
+            results[0].root = self._value(invals[0]).root
 
     def guards(self, top: _Level, outs: Sequence[Any]) -> list[Any]:
-        """The entries of ``top.counts`` to count (a loop's block always); sets ``kept``."""
-        for o in outs:
-            self._entry(o)[2] = True
-        must = {e[3] for e in self.seen.values() if e[2] or not e[1]}
+        """The entries of ``top.counts`` to count (a loop's block always); sets ``kept``
+        and ``covering``."""
+        must = {v.root for v in self.seen.values() if not v.propagates}
+        covering = self._covering([self._value(o) for o in outs], must)
         kept: list[int] = []
+        covers: list[bool] = []
         entries: list[Any] = []
         row = 0
         for c in top.counts:
@@ -1016,9 +1039,27 @@ class _Flow:
             if not isinstance(c, _Pending) or id(c.value) in must or id(c.value) not in self.seen:
                 entries.append(c)
                 kept.extend(range(row, row + n))
+                covers.extend([isinstance(c, _Pending) and id(c.value) in covering] * n)
             row += n
         self.kept = np.asarray(kept, dtype=np.int64)
+        self.covering = np.asarray(covers, dtype=bool)
         return entries
+
+    @staticmethod
+    def _covering(results: list[_Value], must: set[int]) -> set[int]:
+        """The counted values (ids) where a non-finite element of a result shows first."""
+        found: set[int] = set()
+        todo, visited = list(results), set()
+        while todo:
+            v = todo.pop()
+            if id(v) in visited:
+                continue
+            visited.add(id(v))
+            if v.root in must:
+                found.add(v.root)
+            else:
+                todo.extend(v.consumers)
+        return found
 
 
 def _block_rows(block: Any, mode: TensorDebugMode) -> int:
