@@ -63,6 +63,19 @@ again (nanscope keeps glibc's freed memory while recording on the CPU:
 src/nanscope/backends/jax/heap.py). Peak memory is the ``ru_maxrss`` of one
 more, shorter child per variant.
 
+The same step runs 10-40% faster or slower from one process to the next on
+this machine (the CPU the VM gave it, where its memory landed), more than the
+differences measured. So each timing child also measures a **paired ratio**:
+after its timed steps it compiles plain's step ahead of time (``jax.jit(step)
+.lower(...).compile()``: an executable nanscope does not instrument, called
+through JAX's C++ path like a plain jitted function; the two time the same
+when nothing is on) and alternates blocks of plain's steps and the variant's
+(``--paired`` pairs, the timed steps split between them); its ratio is the
+median over pairs, and the table's the median over rounds. The step targets
+are judged on it where measured; "below jax_debug_nans/checkify" compares the
+process-to-process ratios, since jax_debug_nans checks every executable of its
+process (the plain one too) and so has no paired ratio.
+
 JAX runs on the CPU (``JAX_PLATFORMS=cpu``) with one compute thread. On jax
 0.10.2 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`` alone still runs a
 2048x2048 matmul on every core (CPU time = 2x wall on 2 cores), and
@@ -139,6 +152,9 @@ STEP_TARGETS = [
 ]
 # The MLP targets' variants must also beat JAX's own checkers in the same run.
 BEAT = ["jax_debug_nans", "checkify"]
+# Not measured paired with plain in its own process: jax_debug_nans checks every executable
+# the process runs, the plain one compiled ahead of time too.
+UNPAIRED = {"plain", "jax_debug_nans"}
 COMPILE_LIMIT = 2.0  # first call, every nanscope variant
 RSS_LIMIT = 1.2  # peak memory, every nanscope variant
 
@@ -407,6 +423,8 @@ def child_run(cfg: dict[str, Any]) -> dict[str, Any]:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         out["faults"] = faults / max(1, cfg["steps"])
         out["walls"] = walls
+        if cfg.get("paired") and variant.name not in UNPAIRED:
+            out["paired"] = _paired(jax, program, step, state, cfg["steps"], cfg["paired"])
         t0 = time.perf_counter()
         variant.off()
         out["off_s"] = time.perf_counter() - t0
@@ -420,6 +438,33 @@ def child_run(cfg: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(logdir, ignore_errors=True)
     out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+def _paired(
+    jax: Any, program: Program, step: Callable[..., Any], state: list[Any], steps: int, blocks: int
+) -> list[float]:
+    """Per block pair: the variant's mean step over plain's, both run in this process.
+
+    Plain is the same train step compiled ahead of time (``jit(...).lower(...).compile()``,
+    which nanscope does not instrument: the plain executable, called through JAX's C++
+    path like a plain ``jax.jit`` function), compiled after the variant's first call so
+    that it warms no cache of the variant's. Blocks of the two alternate, so that what
+    slows this process (the CPU the VM gave it, the memory layout, a neighbour) slows both.
+    """
+    plain = jax.jit(program.train_step).lower(*state, *program.batch).compile()
+    mine = [program.params, program.opt_state]
+    _run(jax, plain, mine, program.batch)  # its buffers allocated once before timing
+    k = max(1, steps // blocks)
+    ratios = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(k):
+            _run(jax, plain, mine, program.batch)
+        t1 = time.perf_counter()
+        for _ in range(k):
+            _run(jax, step, state, program.batch)
+        ratios.append((time.perf_counter() - t1) / (t1 - t0))
+    return ratios
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], Any]] = {"run": child_run}
@@ -469,7 +514,14 @@ def measure(model: str, variants: list[str], s: dict[str, Any]) -> dict[str, Any
             if v in skipped:
                 continue
             res = run_child(
-                {**base, "variant": v, "steps": s["steps"], "warmup": s["warmup"]}, timeout
+                {
+                    **base,
+                    "variant": v,
+                    "steps": s["steps"],
+                    "warmup": s["warmup"],
+                    "paired": s["paired"],
+                },
+                timeout,
             )
             reason = why_not(res)
             if "na" in res:
@@ -515,7 +567,11 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
         # The first call less one step: tracing and compiling without the execution in it.
         compiles = [_compile_s(x) / _compile_s(p) for x, p in both]
         rss = res["memory"].get(v, {}).get("peak_rss_mib")
+        paired = [statistics.median(x["paired"]) for x in runs if x.get("paired")]
         out[v] = {
+            "paired_ratio": statistics.median(paired) if paired else None,
+            "paired_min": min(paired) if paired else None,
+            "paired_max": max(paired) if paired else None,
             "step_ms": statistics.median(statistics.median(x["walls"]) for x in runs) * 1e3,
             "step_ratio": statistics.median(steps),
             "step_min": min(steps),
@@ -549,12 +605,16 @@ def targets(
     out: list[tuple[str, bool | None]] = []
     for m, tv, limit in STEP_TARGETS:
         if m == model and tv == v:
-            r = me.get("step_ratio")
+            # The limit on the paired ratio where measured (plain in the same process).
+            r = me.get("paired_ratio") or me.get("step_ratio")
             out.append((f"step <= {limit}x", None if r is None else r <= limit))
             if model == "mlp":
+                # Against JAX's checkers, process against process: jax_debug_nans has no
+                # paired ratio.
+                mine = me.get("step_ratio")
                 for other in BEAT:
                     o = summary.get(other, {}).get("step_ratio")
-                    met = None if r is None or o is None else r < o
+                    met = None if mine is None or o is None else mine < o
                     out.append((f"below {other}", met))
     if v in NANSCOPE:
         c = me.get("compile_ratio")
@@ -586,6 +646,11 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
             if s["mem_steps"]
             else "not measured."
         )
+        + " Paired ratio: in the same child, after the timed steps, blocks of the variant's"
+        f" steps alternate with blocks of plain's (the step compiled ahead of time, which"
+        f" nanscope leaves alone), {s['paired']} pairs: the median over a child's pairs of"
+        " the variant's time over plain's, then the median over rounds; the step targets are"
+        " judged on it where measured (the noise between processes cancels)."
         + " Page faults/step: the minor page faults of a timed step (median over rounds):"
         " memory the allocator gave back to the kernel and took again."
         + " First-call ratio: the first call (tracing, XLA compilation, one execution) over "
@@ -593,7 +658,8 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
         "step taken off the first call.",
         "",
         *table_head(
-            ["variant", "step ms (median)", "step ratio (min-max over rounds)", "CPU ratio",
+            ["variant", "step ms (median)", "step ratio (min-max over rounds)",
+             "paired ratio (min-max over rounds)", "CPU ratio",
              "page faults/step", "first call s (median)", "first-call ratio", "less a step", "peak RSS MiB",
              "RSS ratio", "targets"],
             numeric=False,
@@ -608,13 +674,17 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
         else:
             marks = "; ".join(f"{what}: {_verdict(met)}" for what, met in tg)
         if "reason" in m:
-            lines.append(table_row([v, m["reason"], "", "", "", "", "", "", "", "", marks]))
+            lines.append(table_row([v, m["reason"], "", "", "", "", "", "", "", "", "", marks]))
             continue
         spread = "" if v == "plain" else f" ({m['step_min']:.2f}-{m['step_max']:.2f})"
         rss = "-" if m["rss_mib"] is None else f"{m['rss_mib']:.0f}"
+        paired = "-"
+        if m["paired_ratio"] is not None:
+            paired = f"{m['paired_ratio']:.2f}x ({m['paired_min']:.2f}-{m['paired_max']:.2f})"
         lines.append(
             table_row([
-                v, f"{m['step_ms']:.2f}", f"{m['step_ratio']:.2f}x{spread}", _x(m["cpu_ratio"]),
+                v, f"{m['step_ms']:.2f}", f"{m['step_ratio']:.2f}x{spread}", paired,
+                _x(m["cpu_ratio"]),
                 f"{m['faults']:.0f}", f"{m['first_s']:.2f}", _x(m["compile_ratio"]), _x(m["compile_only_ratio"]), rss,
                 _x(m["rss_ratio"]), marks,
             ])
@@ -674,6 +744,12 @@ def main() -> None:
         help="a smoke run: MLP 2 rounds of 20 steps; Transformer at batch 8, 1 round of 2 steps, "
         "no memory children; implies --late",
     )
+    ap.add_argument(
+        "--paired",
+        type=int,
+        help="block pairs of the variant and plain in each timing child (default: MLP 10, "
+        "Transformer 3; 0: none)",
+    )
     ap.add_argument("--json", help="also write the raw results here")
     args = ap.parse_args()
 
@@ -702,6 +778,8 @@ def main() -> None:
             "warmup": (3 if args.quick else 10) if mlp else 1,
             "batch": MLP["batch"] if mlp else (8 if args.quick else TRANSFORMER["batch"]),
         }
+        default_pairs = (2 if args.quick else 10) if mlp else (1 if args.quick else 3)
+        s["paired"] = default_pairs if args.paired is None else args.paired
         # Quick: no memory children for the Transformer (checkify's alone compile ~100 s).
         default_mem = (5 if args.quick else 20) if mlp else (0 if args.quick else 2)
         s["mem_steps"] = default_mem if args.mem_steps is None else args.mem_steps
