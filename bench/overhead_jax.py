@@ -647,7 +647,7 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
             else "not measured."
         )
         + " Paired ratio: in the same child, after the timed steps, blocks of the variant's"
-        f" steps alternate with blocks of plain's (the step compiled ahead of time, which"
+        " steps alternate with blocks of plain's (the step compiled ahead of time, which"
         f" nanscope leaves alone), {s['paired']} pairs: the median over a child's pairs of"
         " the variant's time over plain's, then the median over rounds; the step targets are"
         " judged on it where measured (the noise between processes cancels)."

@@ -4,11 +4,11 @@ results is still seen, and the call that held it is recorded in full.
 Each program below makes an Inf or NaN and hides it from its result, through each kind of
 operation that can: a ``jnp.where`` (``select_n``), ``max``, ``exp(-inf)``, a divisor
 (``x / inf``), a slice, a cast to an integer, a comparison; and through a value that one use
-hides and another keeps, until a later operation hides it (the value itself is not counted). Each runs jitted, twice on finite
-data and then once on data that makes the hidden value, under a FULL_HEALTH dump. The numpy
-oracle (``tests/jax_oracle.py``) says which call held a non-finite value and which equation
-made it first: the dump must hold Inf/NaN at exactly that call, every value of that call
-(a replay), and the report's origin must be the oracle's.
+hides and another keeps, until a later operation hides it (the value itself is not counted).
+Each runs jitted, twice on finite data and then once on data that makes the hidden value,
+under a FULL_HEALTH dump. The numpy oracle (``tests/jax_oracle.py``) says which call held a
+non-finite value and which equation made it first: the dump must hold Inf/NaN at exactly that
+call, every value of that call (a replay), and the report's origin must be the oracle's.
 """
 
 from __future__ import annotations
