@@ -25,8 +25,12 @@ from nanscope.examples import data
 INIT_STD = 0.25
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(
+    argv: Sequence[str] | None = None, description: str | None = None
+) -> argparse.Namespace:
+    """The example's flags (the same in every framework's version); ``description``: the
+    version's own first docstring line (default: this module's)."""
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     p.add_argument("--max_steps", type=int, default=10, help="training steps (default 10)")
     p.add_argument("--train_batch_size", type=int, default=100)
     p.add_argument(
