@@ -443,6 +443,7 @@ def test_recording_eager_code_imports_neither_dynamo_nor_inductor(tmp_path: Path
     program.write_text(textwrap.dedent(LAZY_PROGRAM))
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONFAULTHANDLER"] = "1"  # should it abort, every thread's Python stack
     out = subprocess.run(
         [sys.executable, str(program), str(tmp_path / "eager"), str(tmp_path / "compiled")],
         capture_output=True, text=True, timeout=600, env=env,

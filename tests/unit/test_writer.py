@@ -185,6 +185,27 @@ def test_many_threads_write_concurrently(tmp_path: Path) -> None:
     assert len(events_in(fs.path("graph_execution_traces"))) == 2000
 
 
+def test_a_closed_writer_leaves_no_thread_behind(tmp_path: Path) -> None:
+    """Recording switched on and off many times in one process (a notebook, a trainer's
+    callback) must not leave a thread per session; nor may a writer's thread outlive its
+    close, where it could still be running when the interpreter shuts down."""
+
+    def ours() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("nanscope-"))
+
+    before = ours()
+    for i in range(5):
+        with DumpWriter(tmp_path / str(i), "FULL_HEALTH", -1) as w:
+            w.write_execution(ExecutionEvent("op", [1], summaries=[full_health()]))
+            assert ours() == sorted([*before, "nanscope-disk", "nanscope-writer"])
+    for _ in range(100):  # the disk thread returns just after the writer's last wait
+        if ours() == before:
+            break
+        threading.Event().wait(0.02)
+    assert ours() == before
+    assert all(len(events_in(only_set(tmp_path / str(i)).path("execution"))) == 1 for i in range(5))
+
+
 def test_flush_makes_events_readable_while_running(tmp_path: Path) -> None:
     w = DumpWriter(tmp_path, "FULL_HEALTH", 100, flush_interval=3600)
     try:

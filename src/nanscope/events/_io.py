@@ -180,6 +180,7 @@ class DiskWorker:
         self._error: BaseException | None = None
         self._finished = True  # no result waiting to be collected
         self._done_events: list[threading.Event] = []
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="nanscope-disk", daemon=True)
         self._thread.start()
 
@@ -221,12 +222,21 @@ class DiskWorker:
             self._failed, self._error = [], None
             return True, failed, error
 
+    def stop(self) -> None:
+        """End the thread once its running job (if any) returns; nothing may be
+        submitted afterwards. A job stuck on a hung disk keeps its thread until it
+        returns (a daemon thread: it cannot hold up the program's exit)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._job is not None)
+                self._cv.wait_for(lambda: self._job is not None or self._stopping)
+                if self._job is None:
+                    return  # stopped: one thread per writer, not one per writer ever made
                 job, self._job = self._job, None
-                assert job is not None
                 self._running = job
             failed: list[Op] = []
             error: BaseException | None = None

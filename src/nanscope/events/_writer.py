@@ -927,6 +927,7 @@ class DumpWriter:
             self._traces.close()
             with contextlib.suppress(OSError):
                 os.close(self._drops_fd)
+        disk.stop()
 
     def count_dropped(self, executions: int) -> None:
         """Count events a producer let go of before they reached the writer (a
