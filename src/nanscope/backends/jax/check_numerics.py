@@ -59,7 +59,7 @@ class JaxCheckNumerics:
             plan, counts = call.settle(
                 lambda plan, counts: _culprit(plan, plan.matrix(counts)[0]) is not None
             )
-            if counts is None or not plan.nonfinite(counts).any():
+            if counts is None or not plan.troubled(counts):
                 return self._ran(plan)
             m, iterations = plan.matrix(counts)
             found = _culprit(plan, m)

@@ -133,6 +133,9 @@ class GraphPlan:
     # Guarded: the kept rows where a result's Inf/NaN shows (the results are not all counted).
     covering: np.ndarray | None = None
     patterns: set[bytes] = field(default_factory=set)  # guarded: non-finite rows replayed
+    # Guarded: the counts end with one more element, how many kept rows held Inf/NaN
+    # (computed in the program: the host's look at a healthy call is one element).
+    flagged: bool = False
 
     def finish(self) -> None:
         self.op_by_name = {op.op_name: op for op in self.ops}
@@ -153,7 +156,7 @@ class GraphPlan:
         if self.mode == TensorDebugMode.SHAPE or counts is None:
             return self.static, None
         k = COUNTS_PER_VALUE[self.mode]
-        c = counts.reshape(-1, k + 1)  # the counts, then the iteration column
+        c = self._rows_of(counts)  # the counts, then the iteration column
         rows = self.kept if self.kept is not None else slice(None)
         m = summary_matrix(self.mode, c[:, :k], self.static[rows], self.sizes[rows])
         # A branch (or loop) that did not run left -1: an empty summary, not a value.
@@ -170,9 +173,20 @@ class GraphPlan:
     def nonfinite(self, counts: np.ndarray) -> np.ndarray:
         """Per row of a call's counts (as the program returned them: a guarded plan's kept
         rows only), whether it held -inf, +inf, NaN (CURT_HEALTH: any, in the first)."""
-        c = counts.reshape(-1, COUNTS_PER_VALUE[self.mode] + 1)
         sizes = self.sizes[self.kept] if self.kept is not None else self.sizes
-        return np.stack(_nonfinite(self.mode, c, sizes), axis=1)
+        return np.stack(_nonfinite(self.mode, self._rows_of(counts), sizes), axis=1)
+
+    def troubled(self, counts: np.ndarray) -> bool:
+        """Whether any row of a call's counts held Inf/NaN. A guarded plan's program says
+        so in its last element: right after a step, whose run has evicted the host's
+        caches, this look costs a few microseconds where :meth:`nonfinite` took 0.2 ms."""
+        if self.flagged:
+            return bool(counts[-1])
+        return bool(self.nonfinite(counts).any())
+
+    def _rows_of(self, counts: np.ndarray) -> np.ndarray:
+        k = COUNTS_PER_VALUE[self.mode]
+        return (counts[:-1] if self.flagged else counts).reshape(-1, k + 1)
 
 
 class Selection:
@@ -869,7 +883,10 @@ def instrument(
             entries = build.flow.guards(top, outs)
         if entries:
             extra.append(1)
-            return (*outs, _gather(entries, mode))
+            counts = _gather(entries, mode)
+            if build.guards:
+                counts = _with_flag(counts, top, build.flow.kept, mode)
+            return (*outs, counts)
         extra.append(0)
         return tuple(outs)
 
@@ -882,6 +899,7 @@ def instrument(
     plan.graphs = [GraphInfo(graph_id, name, "")]
     plan.ops, plan.rows, plan.backward = build.ops, top.rows, build.backward
     if build.guards:
+        plan.flagged = bool(extra[-1])
         plan.kept = build.flow.kept
         plan.counted = np.zeros(len(plan.rows), dtype=bool)
         plan.counted[plan.kept] = True
@@ -893,6 +911,19 @@ def instrument(
     ]
     plan.output_rows = [_output_row(v, top, plan.row_of) for v in closed.jaxpr.outvars]
     return plan
+
+
+def _with_flag(counts: Any, top: _Level, kept: np.ndarray, mode: TensorDebugMode) -> Any:
+    """``counts`` (the kept rows') and, last, how many of those rows held Inf/NaN."""
+    import jax.numpy as jnp
+
+    c = counts.reshape(-1, COUNTS_PER_VALUE[mode] + 1)
+    sizes = np.array([_numel(top.rows[i].shape) for i in kept], dtype=np.int32)
+    if c.shape[0] != len(sizes):
+        raise AssertionError(f"{c.shape[0]} rows of counts for {len(sizes)} guards")
+    ninf, pinf, nan = _nonfinite(mode, c, jnp.asarray(sizes))
+    flag = jnp.sum((ninf | pinf | nan).astype(jnp.int32), keepdims=True)
+    return jnp.concatenate([counts, flag])
 
 
 def _output_row(var: Any, top: _Level, row_of: dict[tuple[str, int], int]) -> int:

@@ -75,7 +75,7 @@ class Call:
                 if (
                     self._run is not None
                     and counts is not None
-                    and plan.nonfinite(counts).any()
+                    and plan.troubled(counts)
                     and replay(plan, counts)
                 ):
                     plan, counts = _replay(plan, *self._run) or (plan, counts)
