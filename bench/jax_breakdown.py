@@ -229,7 +229,7 @@ def main() -> None:
                     f"{med['step']:.2f}x",
                     f"{med['program']:.2f}x",
                     f"{med['jax_path_s'] * 1e3:.2f} ms = +{path:.2f}x",
-                    f"+{rest:.2f}x",
+                    f"{rest:+.2f}x",
                 ]
             )
         )
