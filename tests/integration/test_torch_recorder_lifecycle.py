@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,64 @@ def test_switching_recording_on_and_off_while_threads_run_ops(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) > 0, proc.stdout  # it did record
+
+
+POOL_AT_EXIT = """
+import concurrent.futures, sys
+import torch, nanscope
+with nanscope.enable_dump_debug_info(sys.argv[1], circular_buffer_size=-1):
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
+    print(sum(pool.map(lambda i: (torch.ones(3) * i).sum().item(), range(128))))
+# The pool is left for concurrent.futures to join at exit, as programs (and torch.compile's
+# own compile pool) do.
+"""
+
+
+def test_threads_started_while_recording_end_cleanly_at_exit(tmp_path: Path, recorder: str) -> None:
+    """A thread started while recording holds the Python recorder's dispatch mode; when the
+    program joins it at exit, the mode must not be let go of after the interpreter began
+    finalising (that aborted about one exit in three: "terminate called without an active
+    exception"). The workers' ops are recorded."""
+    for run in range(3):
+        logdir = tmp_path / str(run)
+        proc = subprocess.run(
+            [sys.executable, "-c", POOL_AT_EXIT, str(logdir)],
+            env=child_env(recorder),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert float(proc.stdout.split()[-1]) == 3 * sum(range(128))
+        with nanscope.open_dump(logdir) as dump:
+            muls = [e for e in dump.executions() if e.op_type == "aten.mul.Tensor"]
+        assert len(muls) == 128
+
+
+def test_a_thread_lets_go_of_the_mode_before_it_ends(tmp_path: Path, recorder: str) -> None:
+    """Deterministically, what the exit test shows by chance: by the time a thread started
+    while recording ends, its dispatch mode stack is empty again (the C++ thread-local state
+    that holds it is destroyed after ``join()`` has returned)."""
+    seen: list[int] = []
+
+    class Probe:  # made after the mode was pushed, so let go of after it was popped
+        def __del__(self) -> None:
+            seen.append(torch._C._len_torch_dispatch_stack())
+
+    local = threading.local()
+
+    def work() -> None:
+        seen.append(torch._C._len_torch_dispatch_stack())
+        torch.ones(2).mul(3)
+        local.probe = Probe()
+
+    with nanscope.enable_dump_debug_info(tmp_path, circular_buffer_size=-1):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert seen == [1 if recorder == "python" else 0, 0]
+    with nanscope.open_dump(tmp_path) as dump:
+        assert [e.op_type for e in dump.executions()] == ["aten.ones.default", "aten.mul.Tensor"]
 
 
 def test_ops_registered_and_removed_keep_their_own_names(tmp_path: Path, recorder: str) -> None:

@@ -9,7 +9,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode,
+    _push_mode,
+)
 
 _WITHOUT_DYNAMO: dict[Callable[..., Any], Callable[..., Any]] = {}
 
@@ -79,9 +84,46 @@ def on_new_threads(start_thread: Callable[[], None]) -> Callable[[], None]:
     return undo
 
 
+class _PopAtThreadEnd:
+    """Pops a mode off its thread's dispatch stack when the thread's Python part ends.
+
+    A dispatch mode pushed on a thread is held by PyTorch's C++ thread-local
+    state, which lets go of it (a Py_DECREF, under the GIL) only as the OS thread
+    exits: after ``Thread.join()`` has returned. A thread that a program joins at
+    exit (a ``ThreadPoolExecutor``'s, joined by ``concurrent.futures`` at
+    shutdown) then takes the GIL while the interpreter is finalising, which ends
+    the thread from inside a C++ destructor, and the process aborts ("terminate
+    called without an active exception"). Popped here (``threading.local``'s
+    per-thread values go while the thread is still Python's, GIL held), the C++
+    state holds nothing by then.
+    """
+
+    __slots__ = ("mode",)
+
+    def __init__(self, mode: TorchDispatchMode) -> None:
+        self.mode = mode
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a mode the thread pushed over ours stays
+            if _get_current_dispatch_mode() is self.mode:
+                _pop_mode()
+
+
+_thread_end = threading.local()
+
+
 def follow_new_threads(mode: TorchDispatchMode) -> Callable[[], None]:
-    """Push ``mode`` (dispatch modes are per thread) in every thread started from now on."""
-    return on_new_threads(lambda: _push_mode(mode))
+    """Push ``mode`` (dispatch modes are per thread) in every thread started from now on,
+    popped again when that thread ends (see :class:`_PopAtThreadEnd`)."""
+
+    def start() -> None:
+        _push_mode(mode)
+        pops = getattr(_thread_end, "pops", None)
+        if pops is None:
+            pops = _thread_end.pops = []
+        pops.append(_PopAtThreadEnd(mode))  # a list goes last item first: the last pushed
+
+    return on_new_threads(start)
 
 
 class InstalledMode:
