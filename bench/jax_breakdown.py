@@ -50,24 +50,10 @@ from harness import (
     table_head,
     table_row,
 )
-from overhead_jax import JAX_ENV, PROGRAMS, Variant, pin_jax_threads
+from overhead_jax import JAX_ENV, PROGRAMS, Variant, _run, alternate, pin_jax_threads
 from overhead_models import MLP, TRANSFORMER
 
 VARIANTS = ["NO_TENSOR", "FULL_HEALTH", "check_numerics"]
-
-
-def _alternate(a: Any, b: Any, blocks: int, k: int) -> list[float]:
-    """Per block pair: ``b``'s mean call over ``a``'s (each a no-argument callable)."""
-    ratios = []
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(k):
-            a()
-        t1 = time.perf_counter()
-        for _ in range(k):
-            b()
-        ratios.append((time.perf_counter() - t1) / (t1 - t0))
-    return ratios
 
 
 def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -115,9 +101,7 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
         paths: list[float] = []
 
         def run_plain() -> None:
-            p, o, loss = plain(plain_state[0], plain_state[1], *batch)
-            jax.block_until_ready((p, o, loss))
-            plain_state[0], plain_state[1] = p, o
+            _run(jax, plain, plain_state, batch)
 
         def run_variant() -> None:
             del marks[:]
@@ -135,8 +119,8 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
             jax.block_until_ready(bare(*flat))
             jax.block_until_ready(counted(*flat))
         k, blocks = cfg["steps"], cfg["blocks"]
-        step_ratios = _alternate(run_plain, run_variant, blocks, k)
-        program_ratios = _alternate(
+        step_ratios = alternate(run_plain, run_variant, blocks, k)
+        program_ratios = alternate(
             lambda: jax.block_until_ready(bare(*flat)),
             lambda: jax.block_until_ready(counted(*flat)),
             blocks,

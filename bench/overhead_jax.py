@@ -454,15 +454,24 @@ def _paired(
     plain = jax.jit(program.train_step).lower(*state, *program.batch).compile()
     mine = [program.params, program.opt_state]
     _run(jax, plain, mine, program.batch)  # its buffers allocated once before timing
-    k = max(1, steps // blocks)
+    return alternate(
+        lambda: _run(jax, plain, mine, program.batch),
+        lambda: _run(jax, step, state, program.batch),
+        blocks,
+        max(1, steps // blocks),
+    )
+
+
+def alternate(a: Callable[[], Any], b: Callable[[], Any], blocks: int, k: int) -> list[float]:
+    """Per block pair (``k`` calls of ``a``, then ``k`` of ``b``): ``b``'s time over ``a``'s."""
     ratios = []
     for _ in range(blocks):
         t0 = time.perf_counter()
         for _ in range(k):
-            _run(jax, plain, mine, program.batch)
+            a()
         t1 = time.perf_counter()
         for _ in range(k):
-            _run(jax, step, state, program.batch)
+            b()
         ratios.append((time.perf_counter() - t1) / (t1 - t0))
     return ratios
 

@@ -133,9 +133,6 @@ class GraphPlan:
     # Guarded: the kept rows where a result's Inf/NaN shows (the results are not all counted).
     covering: np.ndarray | None = None
     patterns: set[bytes] = field(default_factory=set)  # guarded: non-finite rows replayed
-    # Guarded: the counts end with one more element, how many kept rows held Inf/NaN
-    # (computed in the program: the host's look at a healthy call is one element).
-    flagged: bool = False
 
     def finish(self) -> None:
         self.op_by_name = {op.op_name: op for op in self.ops}
@@ -175,6 +172,13 @@ class GraphPlan:
         rows only), whether it held -inf, +inf, NaN (CURT_HEALTH: any, in the first)."""
         sizes = self.sizes[self.kept] if self.kept is not None else self.sizes
         return np.stack(_nonfinite(self.mode, self._rows_of(counts), sizes), axis=1)
+
+    @property
+    def flagged(self) -> bool:
+        """Whether the counts end with one more element, how many kept rows held Inf/NaN
+        (a guarded plan's: computed in the program, the host's look at a healthy call is
+        one element)."""
+        return self.kept is not None
 
     def troubled(self, counts: np.ndarray) -> bool:
         """Whether any row of a call's counts held Inf/NaN. A guarded plan's program says
@@ -899,7 +903,6 @@ def instrument(
     plan.graphs = [GraphInfo(graph_id, name, "")]
     plan.ops, plan.rows, plan.backward = build.ops, top.rows, build.backward
     if build.guards:
-        plan.flagged = bool(extra[-1])
         plan.kept = build.flow.kept
         plan.counted = np.zeros(len(plan.rows), dtype=bool)
         plan.counted[plan.kept] = True
