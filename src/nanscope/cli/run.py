@@ -4,7 +4,8 @@ Like ``python script.py args`` or ``python -m module args``: the program sees
 the same ``sys.argv``, ``sys.path[0]`` and ``__main__``, and the exit status
 is the program's. Recording starts when the program imports its framework
 (PyTorch: nanscope's recorder; TensorFlow: TensorFlow's own dumping into the
-same logdir).
+same logdir), and ends where Python would exit: after the program's non-daemon
+threads. An exception that escapes the program goes to its own sys.excepthook.
 """
 
 from __future__ import annotations
@@ -12,18 +13,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import runpy
-import shutil
+import stat
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 from nanscope._imports import AfterImport
 from nanscope.backends import RECORDED
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import PREFIX
 from nanscope.format.modes import parse_mode
+
+if TYPE_CHECKING:
+    from nanscope.api import DebugSession
 
 HELP = "run a Python program (script.py or -m module) with nanscope recording"
 
@@ -52,17 +60,56 @@ def _default_logdir(args: argparse.Namespace) -> Path:
 
 
 def _prepare_logdir(logdir: Path, force: bool) -> None:
+    """Refuse a logdir that holds a dump, or with ``force`` remove the dump's entries.
+
+    ``--force`` removes only what a dump is made of: regular files, and symbolic
+    links, which are unlinked themselves and never followed (a link to another
+    directory must not empty that directory). Anything else (a directory, a FIFO,
+    a socket, a device) is not nanscope's to delete: a one-line error, and every
+    entry is checked before any is removed, so that a refusal leaves the old dump whole.
+    """
     existing = sorted(logdir.glob(f"{PREFIX}.*")) if logdir.is_dir() else []
     if existing and not force:
         raise CommandError(
             f"{logdir} already holds a dump; pass --force to replace it or choose another --logdir"
         )
     for p in existing:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+        try:
+            mode = p.lstat().st_mode
+        except FileNotFoundError:  # gone since the listing: nothing to remove
+            continue
+        except OSError as exc:
+            raise CommandError(
+                f"cannot replace the dump in {logdir}: {p}: {exc.strerror or exc}"
+            ) from None
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise CommandError(
+                f"{p} is {_kind(mode)}, not a file of a dump, so --force will not delete it; "
+                "move it away or choose another --logdir"
+            )
+    for p in existing:
+        try:
+            p.unlink()  # a symbolic link goes itself; what it points to stays
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise CommandError(
+                f"cannot replace the dump in {logdir}: {p}: {exc.strerror or exc}"
+            ) from None
     _check_writable(logdir)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is neither a regular file nor a symbolic link is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 def _check_writable(logdir: Path) -> None:
@@ -86,18 +133,32 @@ def _check_writable(logdir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the command line and the logdir, run the program recorded; its exit status.
+
+    Bad input (no such script or module, an unknown mode, a bad --op-regex, a logdir
+    that cannot hold the dump) is a :class:`CommandError` before the program runs.
+    """
     if not args.module and not args.target:
         raise CommandError("nothing to run: give script.py [args] or -m module [args]")
     if not args.module and args.target[0] == "-m":
         if len(args.target) < 2:
             raise CommandError("-m needs a module name")
         args.module, args.target = args.target[1], args.target[2:]
-    if not args.module and not Path(args.target[0]).is_file():
-        raise CommandError(f"{args.target[0]}: no such file")
+    if not args.module:
+        _check_script(args.target[0])
     try:
         mode = parse_mode(args.mode)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    if args.op_regex is not None:
+        # The recorder compiles it once the program imports its framework: a bad one
+        # found then would leave the whole run unrecorded. Say so before it starts.
+        try:
+            re.compile(args.op_regex)
+        except re.error as exc:
+            raise CommandError(
+                f"--op-regex {args.op_regex!r} is not a regular expression: {exc}"
+            ) from None
     logdir = Path(args.logdir) if args.logdir else _default_logdir(args)
     if not args.check_numerics:
         _prepare_logdir(logdir, args.force)
@@ -106,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     started: list[str] = []
     failed: list[str] = []
+    sessions: list[DebugSession] = []
 
     def start(framework: str) -> None:
         if started:
@@ -119,8 +181,10 @@ def run(args: argparse.Namespace) -> int:
             if args.check_numerics:
                 nanscope.enable_check_numerics(framework=framework)
             else:
-                nanscope.enable_dump_debug_info(
-                    logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
+                sessions.append(
+                    nanscope.enable_dump_debug_info(
+                        logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
+                    )
                 )
         except Exception as exc:  # the program runs on, unrecorded: never take it down
             failed.append(str(exc) or type(exc).__name__)
@@ -131,53 +195,194 @@ def run(args: argparse.Namespace) -> int:
     if already:
         start(already[0])
     hook = AfterImport(RECORDED, start)
-    code = _run_program(args)
-    hook.remove()
+    uncaught: BaseException | None = None
+    finished = False
+    try:
+        code, uncaught = _run_program(args)
+        if uncaught is not None:
+            # What was recorded reaches the disk before the program's own hook runs: a
+            # hook may end the process (os._exit) or hang. Recording goes on: Python
+            # still waits for the program's other threads after the hook.
+            for session in sessions:
+                with contextlib.suppress(Exception):
+                    session.flush()
+            _report_uncaught(uncaught)
+        code = _wait_for_threads(code)
+        finished = True
+    finally:
+        hook.remove()
+        unread = _stop_recording(args.check_numerics, failed=not finished or uncaught is not None)
     if args.check_numerics:
-        nanscope.disable_check_numerics()
+        if unread is not None:
+            print("".join(traceback.format_exception_only(unread)), end="", file=sys.stderr)
+            return code or 1
+    elif failed:
+        print(f"\nnanscope: no dump was written: {failed[0]}", file=sys.stderr)
+    elif started:
+        print(f"\nnanscope: dump written to {logdir}", file=sys.stderr)
+        print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
     else:
-        nanscope.disable_dump_debug_info()
-        if failed:
-            print(f"\nnanscope: no dump was written: {failed[0]}", file=sys.stderr)
-        elif started:
-            print(f"\nnanscope: dump written to {logdir}", file=sys.stderr)
-            print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
-        else:
-            print(
-                "nanscope: the program imported none of PyTorch, JAX and TensorFlow; nothing was recorded",
-                file=sys.stderr,
-            )
+        print(
+            "nanscope: the program imported none of PyTorch, JAX and TensorFlow; nothing was recorded",
+            file=sys.stderr,
+        )
     return code
 
 
-def _run_program(args: argparse.Namespace) -> int:
-    """Run the target like the python launcher does; returns its exit status."""
+def _stop_recording(check_numerics: bool, *, failed: bool) -> BaseException | None:
+    """Stop recording (or checking); returns the Inf/NaN that checking found unread at the end.
+
+    ``failed``: the program died of an exception (or nanscope stopped it). Then, as in a
+    program's own ``finally`` block, Inf/NaN left unread are not reported: the run did not
+    reach its end, and its own exception is what it has to say.
+    """
+    import nanscope
+
+    if not check_numerics:
+        nanscope.disable_dump_debug_info()  # never raises: write errors go to stderr
+        return None
+    try:
+        nanscope.disable_check_numerics()
+    except nanscope.NonFiniteError as exc:
+        return None if failed else exc
+    return None
+
+
+def _check_script(target: str) -> None:
+    """A one-line error, before anything runs, for a script that cannot be run."""
+    path = Path(target)
+    if path.is_dir():
+        raise CommandError(f"{target}: is a directory; give script.py [args] or -m module [args]")
+    if not path.is_file():
+        raise CommandError(f"{target}: no such file")
+    if not os.access(path, os.R_OK):
+        raise CommandError(f"{target}: cannot read it (permission denied)")
+
+
+class _NotRunnable(ImportError):
+    """What runpy raises when ``python -m`` would say it cannot run a module."""
+
+
+def _module_problem(name: str) -> str | None:
+    """Why ``python -m name`` could not run the module (none of that name, a package
+    without ``__main__``, ...), or ``None``; told apart from an ImportError of the program.
+
+    Uses runpy's own resolution, the one ``python -m`` uses (it imports the parent
+    packages, as running the module does anyway); :func:`runpy.run_module` then finds
+    the same module again. Where that private helper is missing, nothing is checked
+    here and such a module shows as the program's ImportError.
+    """
+    details = getattr(runpy, "_get_module_details", None)
+    if details is None:
+        return None
+    try:
+        details(name, _NotRunnable)
+    except _NotRunnable as exc:
+        return f"-m {name}: {exc}"
+    return None
+
+
+def _run_program(args: argparse.Namespace) -> tuple[int, BaseException | None]:
+    """Run the target like the python launcher does.
+
+    Returns its exit status, and the exception that escaped it (``None`` when it ended
+    or called ``sys.exit``). Raises :class:`CommandError` for a module that cannot run.
+    """
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    problem: str | None = None
     try:
         if args.module:
             sys.argv = [args.module, *args.target]
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
         else:
             script = args.target[0]
             sys.argv = [script, *args.target[1:]]
             sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]
-            runpy.run_path(script, run_name="__main__")
-        return 0
-    except SystemExit as exc:
-        if exc.code is None:
-            return 0
-        if isinstance(exc.code, int):
-            return exc.code
-        print(exc.code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        return 130
-    except BaseException:
-        traceback.print_exc()
-        return 1
+        try:
+            # Finding the module runs its parent packages' code: the program's, so
+            # what that raises is the program's too.
+            if args.module:
+                problem = _module_problem(args.module)
+                if problem is None:
+                    runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code is None:
+                return 0, None
+            if isinstance(exc.code, int):
+                return exc.code, None
+            print(exc.code, file=sys.stderr)
+            return 1, None
+        except BaseException as exc:
+            return (130 if isinstance(exc, KeyboardInterrupt) else 1), exc
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
             del sys.path[0]
+    if problem is not None:
+        raise CommandError(problem)
+    return 0, None
+
+
+def _report_uncaught(exc: BaseException) -> None:
+    """Hand an exception that escaped the program to ``sys.excepthook``, as Python does.
+
+    The program's own hook (a logger, a crash reporter, a debugger) is called as it
+    would be without nanscope, with a traceback that begins at the program's first
+    frame: the launcher's frames (this module, runpy) are not the program's.
+    """
+    tb = _program_traceback(exc.__traceback__)
+    exc = exc.with_traceback(tb)
+    # As Python's own top level does: pdb.pm() and friends look here.
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    hook = getattr(sys, "excepthook", None)
+    if hook is None:
+        print("sys.excepthook is missing", file=sys.stderr)
+        traceback.print_exception(exc)
+        return
+    try:
+        hook(type(exc), exc, tb)
+    except Exception as hook_exc:  # a broken hook: show both, as Python does
+        print("Error in sys.excepthook:", file=sys.stderr)
+        traceback.print_exception(
+            hook_exc.with_traceback(_program_traceback(hook_exc.__traceback__))
+        )
+        print("\nOriginal exception was:", file=sys.stderr)
+        traceback.print_exception(exc)
+
+
+def _program_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its leading frames of the launcher (this module and runpy).
+
+    For a script that does not compile, none is left: the error shows as
+    ``python script.py`` shows it, the file and line that did not parse.
+    """
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+        tb = tb.tb_next
+    return tb
+
+
+def _wait_for_threads(code: int) -> int:
+    """Wait for the program's non-daemon threads before recording stops.
+
+    Python does, after the main module ends and before the process exits: what those
+    threads compute is part of the run, and a dump closed before they end would miss
+    it (and call the run clean). Daemon threads are not waited for, as in Python.
+    Ctrl+C stops the wait (exit status 130 unless the program chose one).
+    """
+    current = threading.current_thread()
+    try:
+        while True:
+            alive = [
+                t for t in threading.enumerate()
+                if t is not current and not t.daemon and t.is_alive()
+            ]  # fmt: skip
+            if not alive:
+                return code
+            for t in alive:  # again after: a thread may start others
+                t.join()
+    except KeyboardInterrupt:
+        return code or 130
