@@ -268,6 +268,46 @@ def test_cli_beyond_loopback_prints_the_token_url(tmp_path: Path) -> None:
     assert "needs the token in the URL" in err
 
 
+def test_cli_on_another_loopback_address_prints_a_url_that_answers(tmp_path: Path) -> None:
+    """127.0.0.0/8 is loopback (on Linux every address of it is bound to ``lo``): the URL
+    that ``nanscope serve --host 127.0.0.2`` prints must pass the server's Host check."""
+    write_small_dump(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", "0",
+         "--host", "127.0.0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        url = lines[1].split("open ", 1)[1].split()[0]
+        parts = urlsplit(url)
+        assert parts.hostname == "127.0.0.2" and not parts.query  # loopback: no token
+        for path in (parts.path or "/", "/api/runs", "/static/app.js"):
+            # As a browser opening the URL sends it: Host is the URL's host and port.
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            assert resp.status == 200, (path, resp.status, body[:200])
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/api/runs")
+        assert json.loads(conn.getresponse().read())["runs"][0]["num_executions"] == 10
+        # A name is still refused (DNS rebinding).
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/api/runs", headers={"Host": f"evil.example:{parts.port}"})
+        assert conn.getresponse().status == 403
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_static_names_too_long_or_odd_are_404_over_http(server: Server) -> None:
+    for name in ("a" * 300, "%C3%A9" * 200, "a%00b", ".hidden"):
+        status, body = get_json(server, f"/static/{name}")
+        assert status == 404 and "no such file" in body["error"], (name, status)
+
+
 # -- connections ------------------------------------------------------------------------------
 
 

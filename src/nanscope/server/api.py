@@ -31,7 +31,8 @@ from nanscope.format.modes import TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import Run, RunNotFound, RunSet
-from nanscope.server.source import tokenize
+from nanscope.server.source import HIGHLIGHTER
+from nanscope.server.verdict import reader_damage, with_verdict
 
 MAX_BUCKETS = 4000
 MAX_TENSOR_VALUES = 100_000
@@ -96,7 +97,8 @@ def _filtered(run: Run, reader: DumpReader, kind: str, q: Query) -> np.ndarray |
             mask &= names == sid
         return np.flatnonzero(mask)
 
-    return run.cached(("filter", kind, process, only_bad, op_type), compute)
+    # The op type is the client's choice: bounded, so that ever new ones cannot grow memory.
+    return run.cached(("filter", kind, process, only_bad, op_type), compute, bounded=True)
 
 
 def _stack_json(
@@ -121,7 +123,8 @@ def _run_entry(run: Run) -> dict[str, Any]:
     entry: dict[str, Any] = {"run": run.name, "run_id": "", "framework": "",
                              "tensor_debug_mode": None, "num_executions": 0,
                              "num_graph_execution_traces": 0, "generation": 0, "steps_known": False,
-                             "processes": [], "problems": [], "error": None}  # fmt: skip
+                             "processes": [], "problems": [], "incomplete": True,
+                             "num_incomplete": 0, "error": None}  # fmt: skip
     try:
         with run.reading() as r:
             mode = r.tensor_debug_mode
@@ -137,8 +140,12 @@ def _run_entry(run: Run) -> dict[str, Any]:
                 processes=[p.to_json() for p in r.processes],
                 problems=[p.to_json() for p in r.problems],
             )
+            # Whether events may be missing (the run list marks it; no all-clear is given).
+            damage = reader_damage(r)
+            entry.update(incomplete=bool(damage), num_incomplete=len(damage))
     except DumpNotFoundError as exc:
-        entry["error"] = str(exc)
+        # Nothing read: no verdict either (the error is its one problem).
+        entry.update(error=str(exc), num_incomplete=1)
     return entry
 
 
@@ -178,7 +185,8 @@ def _analysis(run: Run, reader: DumpReader) -> dict[str, Any]:
 
     def compute() -> dict[str, Any]:
         a = _analysis_of(run, reader)
-        return {**a.to_json(), "headline": a.headline}
+        # With "verdict" and "incomplete" always: the page gives no all-clear without them.
+        return {**with_verdict(a.to_json(), reader), "headline": a.headline}
 
     return run.cached("analysis", compute)
 
@@ -221,7 +229,7 @@ def ranks_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any])
             "around": [around(c) for c in spread.get("copies", [])],
         }  # fmt: skip
 
-    return run.cached(("ranks", window), compute)
+    return run.cached(("ranks", window), compute, bounded=True)
 
 
 def _row(reader: DumpReader, kind: str, i: int) -> dict[str, Any]:
@@ -388,8 +396,23 @@ def timeline_route(
     }
 
 
-@_reading
-def source_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+def source_route(runs: RunSet, q: Query, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded source file, highlighted. The text is read under the run's lock, and
+    highlighted after it is released: a file slow to highlight (they come from the dump,
+    so may be crafted) then delays only its own request, never a refresh of the run that
+    every other request would queue behind."""
+    run = _run(runs, q)
+    try:
+        with run.reading() as reader:
+            found = _source_text(run, reader, q)
+    except DumpNotFoundError as exc:
+        raise ApiError(404, str(exc)) from None
+    text = HIGHLIGHTER(found["path"], found["lines"])
+    return {**found, "lines": text.lines, "highlighted": text.highlighted}
+
+
+def _source_text(run: Run, reader: DumpReader, q: Query) -> dict[str, Any]:
+    """/api/source's answer with the file's raw lines (under the run's lock)."""
     process = q.process(reader) or 0
     recorded = reader.source_files(process)
     file_index = q.optional_int("file", lo=0)
@@ -417,8 +440,7 @@ def source_route(run: Run, reader: DumpReader, q: Query, args: Mapping[str, Any]
         if not lines:
             raise ApiError(404, f"the dump did not record the text of {info.file_path}")
         return {"process": process, "file_index": info.index, "path": info.file_path,
-                "host": info.host_name, "num_lines": len(lines),
-                "lines": tokenize(info.file_path, lines)}  # fmt: skip
+                "host": info.host_name, "num_lines": len(lines), "lines": list(lines)}  # fmt: skip
 
     return run.cached(("source", process, info.index), compute)
 
@@ -490,7 +512,7 @@ def headroom_route(
         return {**series, "recorded": headroom is not None, "warnings": warnings,
                 "before_step": before}  # fmt: skip
 
-    return run.cached(("headroom", target, process, top), compute)
+    return run.cached(("headroom", target, process, top), compute, bounded=True)
 
 
 # Path (werkzeug rule syntax) -> handler; the server serves exactly these, read-only.

@@ -12,13 +12,14 @@ import ipaddress
 import json
 import logging
 import mimetypes
+import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
-from werkzeug.security import safe_join
 from werkzeug.wrappers import Request, Response
 
 from nanscope.server.api import ROUTES
@@ -26,6 +27,10 @@ from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import RunSet
 
 STATIC_DIR = Path(__file__).parent / "static"
+# What a file of the page may be called: a plain name, no folder, not hidden, not long.
+# Anything else is no file of the page, so 404 without asking the file system (which
+# answers a 300-character name with an error, not with "no such file").
+_STATIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 # The page's scripts and styles come from this server only; nothing is loaded from elsewhere.
 CSP = (
@@ -50,8 +55,9 @@ class App:
 
     ``allowed_hosts``: the ``Host`` header values (without port) accepted; ``None``
     accepts any; with ``any_ip``, any IP address is accepted too (a page whose origin
-    is an IP address is this server's own page). A server bound to loopback accepts
-    only loopback names, so a web page elsewhere cannot reach it through DNS rebinding.
+    is an IP address is this server's own page), and a loopback address always is. A
+    server bound to loopback accepts only loopback names and addresses, so a web page
+    elsewhere cannot reach it through DNS rebinding.
 
     ``token``: when set, every request must carry it, as the ``token`` query parameter,
     the ``cookie_name`` cookie or an ``Authorization: token <token>`` header. The page
@@ -95,13 +101,13 @@ class App:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
         if name in self.allowed_hosts:
             return True
-        if self.any_ip:
-            try:
-                ipaddress.ip_address(name.strip("[]"))
-            except ValueError:
-                return False
-            return True
-        return False
+        try:
+            ip = ipaddress.ip_address(name.strip("[]"))
+        except ValueError:
+            return False  # a name not allowed: a page elsewhere may have rebound it to us
+        # An address is no DNS name, so no rebinding: a loopback one is this machine, which
+        # is how a server bound to 127.0.0.2 (any of 127.0.0.0/8) is opened.
+        return self.any_ip or ip.is_loopback
 
     def _token_ok(self, request: Request) -> bool:
         if self.token is None:
@@ -123,7 +129,7 @@ class App:
             if self.any_ip:
                 how = "by this machine's address or name, or start the server with --allow-host"
             else:
-                how = "via 127.0.0.1"
+                how = "via 127.0.0.1 or the loopback address that nanscope serve printed"
             return _json_response(
                 {"error": f"host {request.host!r} is not served here; open the page {how}"}, 403
             )
@@ -146,7 +152,7 @@ class App:
         except MethodNotAllowed:
             return _json_response({"error": "the API is read-only: use GET"}, 405)
         except NotFound:
-            return _json_response({"error": f"no such route: {request.path}"}, 404)
+            return _json_response({"error": f"no such route: {_clip(request.path)}"}, 404)
         except HTTPException as exc:  # e.g. a redirect for a trailing slash
             return exc.get_response(request.environ)
         if endpoint == "index":
@@ -165,14 +171,33 @@ class App:
         return _json_response(body)
 
     def _static(self, name: str) -> Response:
-        path = safe_join(str(STATIC_DIR), name)
-        if path is None or not Path(path).is_file():
-            return _json_response({"error": f"no such file: /static/{name}"}, 404)
-        mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
-        if path.endswith((".js", ".mjs")):
+        """A file of the page: only a plain name of a file in :data:`STATIC_DIR` (404 else)."""
+        if not _static_exists(name):
+            return _json_response({"error": f"no such file: /static/{_clip(name)}"}, 404)
+        path = STATIC_DIR / name
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if name.endswith((".js", ".mjs")):
             mime = "text/javascript"
-        resp = Response(Path(path).read_bytes(), mimetype=mime)
+        resp = Response(path.read_bytes(), mimetype=mime)
         resp.headers["Content-Security-Policy"] = CSP
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Cache-Control"] = "no-cache"
         return resp
+
+
+def _static_exists(name: str) -> bool:
+    """Whether ``name`` is a plain name of a regular file directly in :data:`STATIC_DIR`."""
+    if not _STATIC_NAME.fullmatch(name):
+        return False
+    try:
+        # The listing, not the name, is what is looked up: no name reaches open() unless it
+        # is one of the page's files.
+        with os.scandir(STATIC_DIR) as entries:
+            return any(e.name == name and e.is_file() for e in entries)
+    except OSError:
+        return False
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters for an error message (a path may be 64 KB)."""
+    return text if len(text) <= limit else text[:limit] + "..."

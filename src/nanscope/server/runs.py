@@ -25,6 +25,7 @@ import fnmatch
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,10 @@ _METADATA_GLOB = f"{files.PREFIX}.*.{files.METADATA}"
 _RACY_NS = 2_000_000_000
 # The watcher spends at most about this share of a core walking the logdir.
 _WATCH_DUTY = 0.1
+# Values of keys that clients choose freely (a list filter's op type, process, ...) kept per
+# run, the least recently used dropped first: a client asking for ever new filters must
+# not grow the server's memory without end.
+MAX_BOUNDED = 16
 
 
 class RunNotFound(LookupError):
@@ -216,6 +221,9 @@ class Run:
         self.error: str | None = None
         self._last_refresh = 0.0
         self._cache: dict[Any, Any] = {}
+        # cached(bounded=True): at most MAX_BOUNDED values, least recently used first.
+        self._bounded: OrderedDict[Any, Any] = OrderedDict()
+        self._bounded_lock = threading.Lock()
         self._cache_key: tuple[int, int, int] | None = None
         self._key_locks: dict[Any, threading.Lock] = {}
         self._key_locks_lock = threading.Lock()
@@ -293,6 +301,7 @@ class Run:
         key = (r.generation, r.num_executions(), r.num_graph_execution_traces())
         if key != self._cache_key:
             self._cache.clear()
+            self._bounded.clear()
             self._key_locks.clear()  # nobody computes while the exclusive side is held
             self._cache_key = key
             # Op types of traces are resolved lazily and interned into the reader's string
@@ -300,21 +309,61 @@ class Run:
             if r.num(TRACES):
                 r.trace_op_types()
 
-    def cached(self, key: Any, compute: Callable[[], T]) -> T:
+    def cached(self, key: Any, compute: Callable[[], T], *, bounded: bool = False) -> T:
         """``compute()``, remembered until the dump changes; computed once when many ask at
-        once. Call inside :meth:`reading`."""
-        try:
-            hit: T = self._cache[key]
+        once. Call inside :meth:`reading`.
+
+        ``bounded``: for keys a client chooses freely (a filter): only the last
+        :data:`MAX_BOUNDED` of them are remembered, the least recently used dropped first.
+        """
+        found, value = self._lookup(key, bounded)
+        if found:
+            hit: T = value
             return hit
-        except KeyError:
-            pass
         with self._key_locks_lock:
             lock = self._key_locks.setdefault(key, threading.Lock())
-        with lock:
-            if key not in self._cache:
-                self._cache[key] = compute()
-            value: T = self._cache[key]
-            return value
+        try:
+            with lock:
+                found, value = self._lookup(key, bounded)
+                if not found:
+                    value = compute()
+                    self._store(key, value, bounded)
+                result: T = value
+                return result
+        finally:
+            # A key's lock lives while its value is computed, not after: else every key
+            # ever asked for (each filter) would keep one.
+            with self._key_locks_lock:
+                if self._key_locks.get(key) is lock:
+                    del self._key_locks[key]
+
+    def _lookup(self, key: Any, bounded: bool) -> tuple[bool, Any]:
+        if not bounded:
+            try:
+                return True, self._cache[key]
+            except KeyError:
+                return False, None
+        with self._bounded_lock:
+            try:
+                self._bounded.move_to_end(key)
+            except KeyError:
+                return False, None
+            return True, self._bounded[key]
+
+    def _store(self, key: Any, value: Any, bounded: bool) -> None:
+        if not bounded:
+            self._cache[key] = value
+            return
+        with self._bounded_lock:
+            self._bounded[key] = value
+            self._bounded.move_to_end(key)
+            while len(self._bounded) > MAX_BOUNDED:
+                self._bounded.popitem(last=False)
+
+    def cache_size(self) -> int:
+        """Values remembered, and keys being computed (for tests and diagnostics)."""
+        with self._bounded_lock, self._key_locks_lock:
+            return len(self._cache) + len(self._bounded) + len(self._key_locks)
 
     def close(self) -> None:
         with self._rw.exclusive():

@@ -194,7 +194,8 @@ def _is_ip(host: str) -> bool:
 class Server:
     """A running ``nanscope serve``: its URL, and :meth:`close` to stop it.
 
-    Bound to loopback (the default), it answers only to loopback host names and asks
+    Bound to loopback (the default), it answers only to loopback names and addresses
+    (any of 127.0.0.0/8, so the URL of a server bound to 127.0.0.2 works) and asks
     for no token. Bound beyond loopback, every request must carry ``token`` (random
     unless given; :attr:`url` holds it): as ``?token=`` (opening the page with it sets
     a cookie, so the page's own requests carry it), in that cookie, or as an

@@ -62,20 +62,80 @@ function scopeTag(app) {
   return el("span", { className: "rc-scope", text: "whole run", title: "the root cause is of the whole run (all processes); the counts below are of the selected process" });
 }
 
+/**
+ * The run's verdict: "harmful", "incomplete", "absorbed" or "clean" (the server always sends
+ * one). Without it, or when events are missing, never "clean": no all-clear is given unless
+ * the analysis says so of a whole dump.
+ */
+export function verdictOf(a, runInfo) {
+  const damaged = (a.incomplete || []).length > 0 || Boolean(runInfo && runInfo.incomplete);
+  const v = a.verdict;
+  if (v === "harmful" || (v === undefined && a.found_harmful)) return "harmful";
+  if (damaged || v === "incomplete" || !["absorbed", "clean"].includes(v)) return "incomplete";
+  return v;
+}
+
+/** What is missing from the dump: one item per problem, with its file and byte offset. */
+function damageList(a, runInfo) {
+  const items = a.incomplete || [];
+  const n = items.length || (runInfo && runInfo.num_incomplete) || 0;
+  const list = el(
+    "ul",
+    { className: "dmg-list" },
+    items.map((d) =>
+      el(
+        "li",
+        { className: `dmg-item sev-${d.severity === "warning" ? "warning" : "error"}`, dataset: { file: d.file || "", offset: d.offset === null || d.offset === undefined ? "" : String(d.offset) } },
+        el("span", { className: "dmg-msg", text: d.message }),
+        d.file || (d.offset !== null && d.offset !== undefined)
+          ? el("span", { className: "dmg-where muted", text: ` (${d.file ? d.file : "file not known"}${d.offset !== null && d.offset !== undefined ? `, byte offset ${d.offset}` : ""})` })
+          : null,
+      ),
+    ),
+  );
+  if (!items.length) list.appendChild(el("li", { className: "dmg-item", text: "the run list reports problems: events may be missing (see the ⚠ problems)" }));
+  return el(
+    "div",
+    { className: "damage" },
+    el("div", { className: "dmg-head", text: `${n} problem${n === 1 ? "" : "s"}: events may be missing, so no all-clear is given` }),
+    list,
+  );
+}
+
 export function renderRootCause(host, a, app) {
   if (!a) {
+    host.classList.remove("ok", "bad", "incomplete");
     setChildren(host, el("div", { className: "muted", text: "root cause: analysing…" }));
     return;
   }
+  const runInfo = app ? app.runInfo : null;
+  const verdict = verdictOf(a, runInfo);
+  host.dataset.verdict = verdict;
   const origin = a.origin;
-  if (!origin) {
-    host.classList.remove("bad");
-    host.classList.toggle("ok", !a.found_nonfinite);
+  if (verdict === "incomplete") {
+    // Damage first: what was read holds no harmful Inf/NaN, but what is missing may.
+    host.classList.remove("ok", "bad");
+    host.classList.add("incomplete");
     setChildren(
       host,
-      el("div", { className: "rc-title" }, a.found_nonfinite ? "Root cause not found" : "No Inf or NaN recorded", scopeTag(app)),
+      el("div", { className: "rc-title" }, "Incomplete dump: no verdict", scopeTag(app)),
+      a.headline ? el("div", { className: "rc-headline", text: a.headline }) : null,
+      damageList(a, runInfo),
+      ...(a.notes || []).map((n) => el("div", { className: "rc-note", text: n })),
+    );
+    return;
+  }
+  host.classList.remove("incomplete");
+  const damage = (a.incomplete || []).length ? damageList(a, runInfo) : null;
+  if (!origin) {
+    host.classList.remove("bad");
+    host.classList.toggle("ok", verdict === "clean");
+    setChildren(
+      host,
+      el("div", { className: "rc-title" }, verdict === "clean" ? "No Inf or NaN recorded" : verdict === "absorbed" ? "No harmful Inf or NaN" : "Root cause not found", scopeTag(app)),
       a.headline ? el("div", { className: "rc-headline", text: a.headline }) : null,
       ...(a.notes || []).map((n) => el("div", { className: "rc-note", text: n })),
+      damage,
     );
     return;
   }
@@ -112,6 +172,7 @@ export function renderRootCause(host, a, app) {
     rows.push(rcLine("chain", ...parts));
   }
   for (const n of a.notes || []) rows.push(el("div", { className: "rc-note", text: n }));
+  if (damage) rows.push(damage);
   setChildren(host, ...rows);
 }
 
@@ -127,7 +188,8 @@ function rankLine(ranks) {
 }
 
 export function renderRootCauseError(host, message) {
-  host.classList.remove("bad", "ok");
+  host.classList.remove("bad", "ok", "incomplete");
+  delete host.dataset.verdict;
   setChildren(host, el("div", { className: "rc-title", text: "Root cause" }), el("div", { className: "error", text: message }));
 }
 
@@ -148,14 +210,18 @@ function alertRow(app, { label, cls, count, ref, title, dataset }) {
 
 /** The alert counts; `scope` names the process they are of ("" for the whole run). */
 export function renderAlerts(host, totalEl, a, app, scope = "") {
-  totalEl.textContent = a.total ? `${fmtInt(a.total)} NaN/∞` : "none";
+  // A dump with events missing gets no green "none": what is missing may hold the Inf/NaN.
+  const incomplete = Boolean(app && app.runInfo && app.runInfo.incomplete);
+  totalEl.textContent = a.total ? `${fmtInt(a.total)} NaN/∞` : incomplete ? "none read" : "none";
   totalEl.classList.toggle("bad", a.total > 0);
-  totalEl.classList.toggle("ok", a.total === 0);
-  totalEl.title = scope ? `alerts of ${scope}` : "alerts of the whole run";
+  totalEl.classList.toggle("ok", a.total === 0 && !incomplete);
+  totalEl.classList.toggle("partial", a.total === 0 && incomplete);
+  totalEl.title = (scope ? `alerts of ${scope}` : "alerts of the whole run") + (incomplete ? " (the dump is incomplete)" : "");
   const out = [];
   if (scope) out.push(el("div", { className: "a-scope", dataset: { scope } }, el("span", { className: "muted", text: "alerts of " }), el("b", { text: scope })));
   if (!a.total) {
-    out.push(el("div", { className: "empty-state", text: scope ? `No event of ${scope} holds Inf or NaN.` : "No event holds Inf or NaN." }));
+    const who = scope ? `of ${scope} ` : "";
+    out.push(el("div", { className: "empty-state", text: incomplete ? `No event ${who}that could be read holds Inf or NaN, but the dump is incomplete: events are missing.` : `No event ${who}holds Inf or NaN.` }));
     setChildren(host, ...out);
     return;
   }

@@ -20,7 +20,10 @@
 //   the counts are that process's (.a-scope names it) and the root cause, always of the whole
 //   run, carries .rc-scope "whole run". Links to events: a.evlink[data-kind][data-index].
 //   The root cause: #rootcause (.rc-headline, a.evlink links; .rc-rank: how the origin's rank
-//   was told, for several processes). Ranks (several processes with Inf/NaN): #ranks (hidden
+//   was told, for several processes; data-verdict = harmful / incomplete / absorbed / clean,
+//   .ok only for clean, .incomplete with the damage panel .damage > .dmg-list >
+//   li.dmg-item[data-file][data-offset] first). Incomplete runs: #run-select options carry
+//   data-incomplete="1" and "⚠ incomplete"; #alert-total says "none read" (.partial). Ranks (several processes with Inf/NaN): #ranks (hidden
 //   otherwise; <body class="has-ranks"> while shown), #ranks-sub; table .rk-table with
 //   tr.rk-row[data-process][data-role][data-kind][data-index] (.rk-role, .rk-first, .rk-time,
 //   .rk-clock); side by side .rk-side > .rk-col[data-process] (one per rank), rows
@@ -83,6 +86,7 @@ class App {
     this.runInfo = null;
     this.alerts = null;
     this.analysis = null;
+    this.staleAnalysis = null; // an analysis being asked again after the dump changed
     this.detail = null; // {kind, index, ev}
     this.selSeq = 0;
     this.placeSeq = 0;
@@ -254,15 +258,16 @@ class App {
     const select = $("#run-select");
     const current = select.value;
     // Rebuild only when the runs change (an open dropdown would close otherwise).
-    const sig = JSON.stringify(this.runs.map((r) => [r.run, r.error, r.framework, r.tensor_debug_mode]));
+    const sig = JSON.stringify(this.runs.map((r) => [r.run, r.error, r.framework, r.tensor_debug_mode, r.incomplete, r.num_incomplete]));
     if (sig === this.runsSig) return;
     this.runsSig = sig;
-    setChildren(
-      select,
-      ...this.runs.map((r) => el("option", { value: r.run, text: r.run === "." ? "(logdir)" : r.run, title: r.error ? r.error : `${r.framework || ""} ${r.tensor_debug_mode || ""}` })),
-    );
+    // An incomplete run (events missing: no all-clear for it) is marked in the list.
+    const label = (r) => `${r.run === "." ? "(logdir)" : r.run}${r.incomplete ? " ⚠ incomplete" : ""}`;
+    const title = (r) => (r.error ? r.error : `${r.framework || ""} ${r.tensor_debug_mode || ""}`) + (r.incomplete && !r.error ? ` · incomplete: ${r.num_incomplete} problem${r.num_incomplete === 1 ? "" : "s"}` : "");
+    setChildren(select, ...this.runs.map((r) => el("option", { value: r.run, text: label(r), title: title(r), dataset: { incomplete: r.incomplete ? "1" : "0" } })));
     select.value = this.state.run !== null && this.runs.some((r) => r.run === this.state.run) ? this.state.run : current;
-    $("#run-select").closest(".field").hidden = this.runs.length < 2 && this.runs.length > 0 && this.runs[0].run === ".";
+    // One run in the logdir itself: no list, unless it must say the run is incomplete.
+    $("#run-select").closest(".field").hidden = this.runs.length < 2 && this.runs.length > 0 && this.runs[0].run === "." && !this.runs[0].incomplete;
   }
 
   showBanner(message, isError = false) {
@@ -306,6 +311,7 @@ class App {
     this.api.setRun(info.run, info.generation);
     this.alerts = null;
     this.analysis = null;
+    this.staleAnalysis = null;
     this.detail = null;
     this.listPos = null;
     hideRanks($("#ranks"));
@@ -445,11 +451,15 @@ class App {
       else this.api.dropTailPages();
       this.updateMeta();
       await this.refreshTotals();
+      this.dropStaleVerdict();
       this.loadAlerts();
       this.loadSourceFiles();
       if (genChanged && this.state.sel) this.select(this.state.sel, { from: "refresh", src: this.state.src });
-    } else if (JSON.stringify(info.problems) !== JSON.stringify(before.problems)) {
+    } else if (JSON.stringify(info.problems) !== JSON.stringify(before.problems) || info.incomplete !== before.incomplete || info.num_incomplete !== before.num_incomplete) {
       this.updateMeta();
+      // Damage found since the analysis: its verdict is asked again (never a stale all-clear).
+      this.dropStaleVerdict();
+      this.loadAlerts();
     }
     this.setLive();
   }
@@ -554,6 +564,18 @@ class App {
 
   // ---- alerts ----------------------------------------------------------------------------
 
+  /**
+   * The dump changed: an analysis that found no harm is asked again, since what was written
+   * or damaged since may change its verdict (a harmful one stands: later events do not undo
+   * the first harm, and re-analysing a growing dump on every poll would cost the server).
+   */
+  dropStaleVerdict() {
+    if (this.analysis && this.analysis.verdict !== "harmful") {
+      this.staleAnalysis = this.analysis;
+      this.analysis = null;
+    }
+  }
+
   /** The alert counts of the process in view (/api/alerts), then the whole run's root cause. */
   async loadAlerts() {
     const seq = ++this.alertSeq;
@@ -578,7 +600,10 @@ class App {
       renderRootCause($("#rootcause"), this.analysis, this);
       return;
     }
-    renderRootCause($("#rootcause"), null, this);
+    // Asked again after a change: the old verdict stays meanwhile unless it was the all-clear.
+    const stale = this.staleAnalysis;
+    this.staleAnalysis = null;
+    renderRootCause($("#rootcause"), stale && stale.verdict !== "clean" ? stale : null, this);
     try {
       const an = await this.api.analysis();
       if (seq !== this.alertSeq || run !== this.state.run) return;

@@ -121,7 +121,8 @@ export class SourceView {
 
   render(src) {
     this.pathEl.textContent = `${src.path}${src.host ? " @ " + src.host : ""}`;
-    this.pathEl.title = src.path;
+    // Plain text when the server did not highlight it (not Python, too long or too slow).
+    this.pathEl.title = src.highlighted === false ? `${src.path} (shown as plain text)` : src.path;
     this.section.dataset.path = src.path;
     const frag = document.createDocumentFragment();
     this.lineEls = [];
