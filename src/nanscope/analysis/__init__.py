@@ -9,6 +9,10 @@ from nanscope.analysis._explain import explain, op_family
 from nanscope.analysis._headroom import Headroom, HeadroomWarning, analyze_headroom, headroom_series
 from nanscope.analysis._ranks import OpCopy, RankState, RankVerdict, analyze_ranks
 from nanscope.analysis._rootcause import (
+    ABSORBED,
+    CLEAN,
+    HARMFUL,
+    INCOMPLETE,
     SCHEMA,
     Alerts,
     Analysis,
@@ -20,6 +24,10 @@ from nanscope.analysis._tensors import values_json
 from nanscope.analysis._views import EventView, InputView, Producer, Source, ViewBuilder
 
 __all__ = [
+    "ABSORBED",
+    "CLEAN",
+    "HARMFUL",
+    "INCOMPLETE",
     "SCHEMA",
     "Alerts",
     "Analysis",

@@ -19,6 +19,13 @@ from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 SCHEMA = "nanscope.report/2"
 CHAIN_LIMIT = 50
 
+# The verdicts, and the exit status of ``nanscope report`` for each (docs/REPORT_JSON.md).
+HARMFUL = "harmful"  # a harmful Inf/NaN was found: exit 1
+INCOMPLETE = "incomplete"  # none found, but events are missing: no all-clear, exit 2
+ABSORBED = "absorbed"  # Inf/NaN recorded, every lineage absorbed or handled: exit 0
+CLEAN = "clean"  # no Inf/NaN recorded in a whole dump: exit 0
+EXIT_STATUS = {HARMFUL: 1, INCOMPLETE: 2, ABSORBED: 0, CLEAN: 0}
+
 
 @dataclass
 class Alerts:
@@ -82,6 +89,10 @@ class Analysis:
     logdirs: list[str] = field(default_factory=list)  # every dump root read (logdir: the first)
     # How close values came to their format's limits (None: the dump records no ranges).
     headroom: Headroom | None = None
+    # What may be missing from the recording (a damaged, cut or missing event file, events
+    # the writer lost, a writer that never closed): each a problem's JSON. A dump with any
+    # is never called clean.
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def found(self) -> bool:
@@ -89,11 +100,36 @@ class Analysis:
         return self.alerts.total > 0
 
     @property
+    def verdict(self) -> str:
+        """:data:`HARMFUL`, :data:`INCOMPLETE`, :data:`ABSORBED` or :data:`CLEAN`.
+
+        Harm found is harm whatever else is missing; without it, a dump that lost events
+        gets no all-clear, since what is missing may be the Inf/NaN."""
+        if self.found_harmful:
+            return HARMFUL
+        if self.incomplete:
+            return INCOMPLETE
+        return ABSORBED if self.found else CLEAN
+
+    @property
+    def exit_status(self) -> int:
+        """``nanscope report``'s exit status: 1 harmful, 2 incomplete, 0 otherwise."""
+        return EXIT_STATUS[self.verdict]
+
+    @property
     def headline(self) -> str | None:
         """One sentence on the cause: ``aten.log.default produced -inf at step 3: log of zero...``;
-        for a run whose Inf/NaN were all benign or handled, says so."""
+        for a run whose Inf/NaN were all benign or handled, says so; for an incomplete dump
+        with no harm found, says that no verdict can be given."""
         o = self.cause
         if o is None:
+            if self.verdict == INCOMPLETE:
+                n = len(self.incomplete)
+                seen = "only absorbed or handled Inf/NaN" if self.found else "no Inf/NaN"
+                return (
+                    f"no verdict: the dump is incomplete ({n} problem{'s' if n != 1 else ''}); "
+                    f"{seen} in the events that could be read"
+                )
             if not self.found or self.found_harmful:
                 return None
             kinds = Counter(g.kind for g in self.lineages for _ in range(g.count))
@@ -140,6 +176,10 @@ class Analysis:
 
         return {
             "schema": SCHEMA,
+            "verdict": self.verdict,
+            "exit_status": self.exit_status,
+            "headline": self.headline,
+            "incomplete": self.incomplete,
             "logdir": self.logdir,
             "logdirs": self.logdirs or [self.logdir],
             "run_id": self.run_id,
@@ -171,6 +211,16 @@ class Analysis:
             "notes": self.notes,
             "problems": self.problems,
         }
+
+
+NOTHING_HARMFUL = (
+    "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
+    "(see the lineages): nothing harmful."
+)
+NOTHING_HARMFUL_READ = (
+    "Every Inf/NaN in the events that could be read was absorbed by a later op or handled by "
+    "the program (see the lineages); the dump is incomplete, so this is no all-clear."
+)
 
 
 def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
@@ -251,6 +301,10 @@ def analyze(
     result.headroom = analyze_headroom(reader, headroom_format, result.first_harm)
     # Again at the end: decoding the events found damage that indexing from a sidecar did not.
     result.problems = [p.to_json() for p in reader.problems]
+    result.incomplete = [p.to_json() for p in reader.incomplete]
+    if result.incomplete and result.found and not result.found_harmful:
+        # Said of what was read; what is missing may hold what it would change.
+        result.notes = [n.replace(NOTHING_HARMFUL, NOTHING_HARMFUL_READ) for n in result.notes]
     return result
 
 
@@ -405,10 +459,7 @@ def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
                 f"#{cause.birth}, born separately."
             )
     elif result.found:
-        result.notes.append(
-            "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
-            "(see the lineages): nothing harmful."
-        )
+        result.notes.append(NOTHING_HARMFUL)
 
 
 def _eviction(reader: DumpReader, result: Analysis) -> None:

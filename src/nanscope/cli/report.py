@@ -1,8 +1,13 @@
 """Where the first Inf/NaN was born, and why: the report of a dump.
 
-Exit status: 1 when a harmful Inf/NaN was recorded (so the command can gate a CI
-job), 0 when none was or every one was benign (an absorbed mask) or handled (an
-overflow GradScaler skipped), 2 when the dump cannot be read.
+Exit status (so the command can gate a CI job):
+
+- 0: the dump is whole, and no Inf/NaN was recorded or every one was benign (an
+  absorbed mask) or handled (an overflow GradScaler skipped);
+- 1: a harmful Inf/NaN was recorded (whatever else is missing);
+- 2: no harmful Inf/NaN was found but the dump is incomplete (an event file missing,
+  unreadable, damaged or cut short, events the writer lost, a writer that never
+  closed), or it cannot be read at all: no all-clear can be given.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from nanscope.format.headroom import TARGET_FORMATS
 from nanscope.reader import DumpReader
 from nanscope.report import console_for, render_text
 
-HELP = "report where the harmful Inf/NaN was born, and why (exit 1 if one was found)"
+HELP = (
+    "report where the harmful Inf/NaN was born, and why (exit 1 if one was found, 2 if the "
+    "dump is incomplete and none was)"
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,4 +49,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(analysis.to_json(), indent=2, allow_nan=False, default=str))
     else:
         render_text(analysis, console_for())
-    return 1 if analysis.found_harmful else 0
+    return analysis.exit_status

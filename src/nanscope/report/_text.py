@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
 from nanscope.analysis import (
+    INCOMPLETE,
     Analysis,
     EventView,
     Headroom,
@@ -23,6 +27,9 @@ from nanscope.analysis import (
     Source,
 )
 from nanscope.format.health import Health
+from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+
+_HEALTH_MODE_NAMES = {m.name for m in HEALTH_MODES} | {TensorDebugMode.FULL_TENSOR.name}
 
 
 def _counts(c: Health | None) -> str:
@@ -222,6 +229,27 @@ def _headroom_section(h: Headroom, console: Console) -> None:
         console.print(table)
 
 
+def _incomplete_panel(a: Analysis) -> Panel:
+    """What is missing from the dump, first: no verdict below may be read without it."""
+    lines: list[object] = []
+    for p in a.incomplete:
+        lines.append(Text(f"✗ {p['message']}"))
+    if a.found_harmful:
+        tail = "The harmful Inf/NaN below was found in the events that could be read."
+    else:
+        tail = (
+            "No harmful Inf/NaN in the events that could be read, but what is missing may "
+            "hold one: this is no all-clear (exit status 2)."
+        )
+    lines.append(Text(tail, style="bold"))
+    return Panel(
+        Group(*lines),  # type: ignore[arg-type]
+        title="Incomplete dump: events are missing",
+        title_align="left",
+        border_style="red",
+    )
+
+
 def render_text(a: Analysis, console: Console) -> None:
     """Print the report for ``a``."""
     console.print(Text(f"nanscope report: {', '.join(a.logdirs or [a.logdir])}", style="bold"))
@@ -235,10 +263,18 @@ def render_text(a: Analysis, console: Console) -> None:
     console.print(
         f"{a.num_executions:,} executions · {a.num_graph_execution_traces:,} graph execution traces"
     )
+    if a.incomplete:
+        console.print(_incomplete_panel(a))
     for note in a.notes:
         console.print(Text(f"note: {note}", style="yellow"))
-    if not a.found:
-        console.print(Text("✓ no Inf/NaN recorded", style="bold green"))
+    if a.verdict == INCOMPLETE:
+        console.print(Text(f"? {a.headline}", style="bold red"))
+    elif not a.found:
+        health = a.tensor_debug_mode is None or a.tensor_debug_mode in _HEALTH_MODE_NAMES
+        if health:
+            console.print(Text("✓ no Inf/NaN recorded", style="bold green"))
+        else:
+            console.print(Text(f"? {a.tensor_debug_mode} records no health: see the note above"))
     elif not a.found_harmful:
         console.print(Text(f"✓ {a.headline}", style="bold green"))
     if a.found:
@@ -299,11 +335,47 @@ def render_text(a: Analysis, console: Console) -> None:
     if any(a.evicted.values()):
         dropped = ", ".join(f"{n:,} {k.replace('_', ' ')}s" for k, n in a.evicted.items() if n)
         console.print(Text(f"note: the circular buffer dropped {dropped}", style="yellow"))
+    said = {p["message"] for p in a.incomplete}
     for p in a.problems:
-        console.print(Text(f"{p['severity']}: {p['message']}", style="yellow"))
+        if p["message"] not in said:
+            console.print(Text(f"{p['severity']}: {p['message']}", style="yellow"))
+
+
+# Characters a terminal acts on rather than shows: C0 controls but tab and newline, DEL,
+# C1 controls, and the bidirectional overrides that reorder what is shown.
+_ACTIVE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every character a terminal would act on shown as an escape
+    (``\\x1b``): strings from a dump are data, never commands to the terminal."""
+    return _ACTIVE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _DataConsole(Console):
+    """A console whose content cannot drive the terminal.
+
+    Every string a dump holds (op names, run ids, paths, source lines) reaches the
+    terminal through here: markup and emoji codes are not interpreted, and control
+    characters in the content are escaped; the colours rich itself emits are kept
+    (they are rendered from styles, outside the text).
+    """
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(terminal_safe(seg.text), seg.style)
+            for seg in buffer
+        )
 
 
 def console_for(stream: object = None) -> Console:
-    """A console that keeps colours off when output is not a terminal."""
+    """A console that keeps colours off when output is not a terminal, and that shows
+    the dump's strings as text (no markup, no terminal escapes)."""
     width = None if os.environ.get("COLUMNS") else 110
-    return Console(file=stream, width=width, soft_wrap=False)  # type: ignore[arg-type]
+    return _DataConsole(
+        file=stream,  # type: ignore[arg-type]
+        width=width,
+        soft_wrap=False,
+        markup=False,
+        emoji=False,
+    )
