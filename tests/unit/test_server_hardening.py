@@ -26,7 +26,6 @@ from nanscope.format.records import frame, scan
 from nanscope.server.app import App
 from nanscope.server.runs import MAX_BOUNDED, RunSet
 from nanscope.server.source import HIGHLIGHT_SECONDS, Highlighter
-from nanscope.server.verdict import damage_entry, with_verdict
 from tests import crafted
 from tests.helpers import call, full_health, write_small_dump
 
@@ -201,7 +200,7 @@ def test_damaged_dump_is_incomplete_with_file_and_offset(tmp_path: Path) -> None
     assert not a["found_harmful"]
     cut = [d for d in a["incomplete"] if d["file"] == str(execution)]
     assert cut and cut[0]["offset"] is not None
-    assert set(cut[0]) == {"message", "file", "offset", "severity"}
+    assert {"message", "file", "offset", "severity"} <= set(cut[0])
 
 
 def test_whole_dump_is_clean_or_harmful_and_not_incomplete(tmp_path: Path) -> None:
@@ -222,34 +221,3 @@ def test_an_unreadable_run_is_incomplete(tmp_path: Path) -> None:
         p.unlink()
     (entry,) = call(runs, "/api/runs")["runs"]
     assert entry["error"] and entry["incomplete"] is True
-
-
-def test_verdict_is_completed_from_an_analysis_without_one(tmp_path: Path) -> None:
-    """An analysis from before it carried ``verdict``/``incomplete``: the server derives them
-    and never gives an all-clear over problems the reader reported."""
-    execution = damaged_dump(tmp_path)
-    runs = RunSet(tmp_path)
-    with runs.get(None).reading() as reader:
-        old = {"found_nonfinite": False, "found_harmful": False}
-        derived = with_verdict(old, reader)
-        assert derived["verdict"] == "incomplete"
-        assert any(d["file"] == str(execution) for d in derived["incomplete"])
-        assert with_verdict({**old, "incomplete": []}, reader)["verdict"] == "clean"
-        # A verdict of all-clear beside a list of damage is not believed.
-        listed = with_verdict({**old, "verdict": "clean", "incomplete": [{"message": "x"}]}, reader)
-        assert listed["verdict"] == "incomplete"
-        harmful = with_verdict({"found_harmful": True, "incomplete": [{"message": "x"}]}, reader)
-        assert harmful["verdict"] == "harmful"
-
-
-def test_damage_entries_name_file_and_offset() -> None:
-    e = damage_entry(
-        {"severity": "warning", "message": "/d/x.execution: ends in an incomplete record at "
-         "byte offset 8112 (the writer was interrupted)"}
-    )  # fmt: skip
-    assert e == {"message": e["message"], "file": "/d/x.execution", "offset": 8112,
-                 "severity": "warning"}  # fmt: skip
-    e = damage_entry({"severity": "error", "message": "file set is incomplete: missing x"})
-    assert (e["file"], e["offset"]) == (None, None)
-    given = damage_entry({"message": "m", "file": "/f", "offset": 3, "severity": "bogus"})
-    assert (given["file"], given["offset"], given["severity"]) == ("/f", 3, "error")

@@ -32,7 +32,6 @@ from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import Run, RunNotFound, RunSet
 from nanscope.server.source import HIGHLIGHTER
-from nanscope.server.verdict import reader_damage, with_verdict
 
 MAX_BUCKETS = 4000
 MAX_TENSOR_VALUES = 100_000
@@ -141,8 +140,8 @@ def _run_entry(run: Run) -> dict[str, Any]:
                 problems=[p.to_json() for p in r.problems],
             )
             # Whether events may be missing (the run list marks it; no all-clear is given).
-            damage = reader_damage(r)
-            entry.update(incomplete=bool(damage), num_incomplete=len(damage))
+            missing = r.incomplete
+            entry.update(incomplete=bool(missing), num_incomplete=len(missing))
     except DumpNotFoundError as exc:
         # Nothing read: no verdict either (the error is its one problem).
         entry.update(error=str(exc), num_incomplete=1)
@@ -184,9 +183,8 @@ def _analysis(run: Run, reader: DumpReader) -> dict[str, Any]:
     """The run's analysis as JSON (/api/analysis, /api/ranks, /api/headroom)."""
 
     def compute() -> dict[str, Any]:
-        a = _analysis_of(run, reader)
-        # With "verdict" and "incomplete" always: the page gives no all-clear without them.
-        return {**with_verdict(a.to_json(), reader), "headline": a.headline}
+        # Its "verdict" and "incomplete" decide what the page leads with.
+        return _analysis_of(run, reader).to_json()
 
     return run.cached("analysis", compute)
 
