@@ -28,10 +28,15 @@ _CRC = struct.Struct("<I")
 MAX_RECORD_SIZE = 1 << 31
 
 
+def mask(crc: int) -> int:
+    """A CRC32C masked the way TFRecord stores it."""
+    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+
+
 def masked_crc32c(data: bytes) -> int:
     """The CRC32C of ``data``, masked the way TFRecord stores it."""
     crc: int = google_crc32c.value(data)
-    return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
+    return mask(crc)
 
 
 _HEADERS: dict[int, bytes] = {}
@@ -45,6 +50,11 @@ def _header(n: int) -> bytes:
         if len(_HEADERS) < 65536:  # record sizes repeat: cache their headers
             _HEADERS[n] = header
     return header
+
+
+def header(length: int) -> bytes:
+    """The 12 bytes that start a record holding a payload of ``length`` bytes."""
+    return _header(length)
 
 
 def frame(payload: bytes) -> bytes:

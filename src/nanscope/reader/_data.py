@@ -344,13 +344,27 @@ class SourceFileInfo:
 
 @dataclass(frozen=True)
 class Problem:
-    """Something wrong with the dump that the reader worked around."""
+    """Something wrong with the dump that the reader worked around.
+
+    ``incomplete`` is True when, because of it, events of an event file (``.execution``
+    or ``.graph_execution_traces``) may be missing from the index or unreadable: the
+    file is missing or cannot be read, a record was skipped (damaged, undecodable), the
+    file ends in a torn record, a resync skipped bytes. Problems that lose no event (a
+    sidecar index that was ignored, a newer format version, damaged stack frames or
+    source files) leave it False. ``file`` is the file concerned (for a file set that
+    lacks both event files, the set's prefix, which both names start with) and
+    ``offset`` the byte offset in it, where known.
+    """
 
     severity: str  # "warning" or "error"
     message: str
+    incomplete: bool = False
+    file: str | None = None
+    offset: int | None = None
 
     def __str__(self) -> str:
         return self.message
 
-    def to_json(self) -> dict[str, str]:
-        return {"severity": self.severity, "message": self.message}
+    def to_json(self) -> dict[str, Any]:
+        return {"severity": self.severity, "message": self.message,
+                "incomplete": self.incomplete, "file": self.file, "offset": self.offset}  # fmt: skip

@@ -28,6 +28,27 @@ class WriterDrops:
     io_errors: int
     last_write: float  # wall time of the writer's last successful write
     faults: tuple[dict[str, Any], ...]  # each outage: reason, error, since, until (None: never)
+    # Events holding Inf/NaN among ``dropped`` (None: a writer too old to count them, so any
+    # drop may have been one).
+    nonfinite_dropped: int | None = None
+    # Events producers shed because the writer fell behind (part of ``dropped``), by kind.
+    shed_executions: int = 0
+    shed_traces: int = 0
+    # True when the writer's close() wrote the report, False when the process never got
+    # there (killed, still running), None when the writer predates the field.
+    closed: bool | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the writer failed to write anything (events, records or a write)."""
+        return bool(self.dropped or self.records or self.faults)
+
+    @property
+    def nonfinite_lost(self) -> bool:
+        """Whether an event holding Inf/NaN may be among the dropped ones."""
+        if self.nonfinite_dropped is None:
+            return self.dropped > 0
+        return self.nonfinite_dropped > 0
 
     def summary(self) -> str:
         """``"1234 events dropped: disk full at 12:03:14"`` (or the fault alone)."""
@@ -41,12 +62,21 @@ class WriterDrops:
         else:
             why = "the writer fell behind the program"
         head = f"{self.dropped} events dropped: " if self.dropped else "writing failed: "
-        return f"{head}{why}; the files hold what was written until {_clock(self.last_write)}"
+        text = f"{head}{why}; the files hold what was written until {_clock(self.last_write)}"
+        shed = self.shed_executions + self.shed_traces
+        if shed:
+            text += f" ({shed} shed because the writer fell behind)"
+        if self.dropped and self.nonfinite_dropped == 0:
+            text += "; every event holding Inf/NaN was kept"
+        elif self.nonfinite_dropped:
+            text += f"; {self.nonfinite_dropped} of them held Inf/NaN"
+        return text
 
 
 def read_drops(file_set: files.FileSet) -> WriterDrops | str | None:
-    """The set's drop report: ``None`` when there is none or nothing was dropped,
-    a message when the file is damaged."""
+    """The set's drop report: ``None`` when there is none, a message when the file is
+    damaged. A report that lost nothing is returned too: it says whether the writer
+    closed (:attr:`WriterDrops.closed`)."""
     path = file_set.path(files.DROPS)
     try:
         with open(path, "rb") as fh:
@@ -58,6 +88,7 @@ def read_drops(file_set: files.FileSet) -> WriterDrops | str | None:
     try:
         raw = json.loads(data.decode("utf-8"))
         faults = tuple(f for f in raw.get("faults", []) if isinstance(f, dict))
+        shed = raw.get("shed") if isinstance(raw.get("shed"), dict) else {}
         drops = WriterDrops(
             dropped=int(raw.get("dropped", 0)),
             executions=int(raw.get("executions", 0)),
@@ -66,12 +97,18 @@ def read_drops(file_set: files.FileSet) -> WriterDrops | str | None:
             io_errors=int(raw.get("io_errors", 0)),
             last_write=float(raw.get("last_write", 0.0)),
             faults=faults,
+            nonfinite_dropped=_count(raw.get("nonfinite_dropped")),
+            shed_executions=int(shed.get("executions", 0)),
+            shed_traces=int(shed.get("traces", 0)),
+            closed=closed if isinstance(closed := raw.get("closed"), bool) else None,
         )
     except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
         return f"{path}: not a drop report (damaged JSON); ignored"
-    if not drops.dropped and not drops.records and not drops.faults:
-        return None
     return drops
+
+
+def _count(value: object) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _clock(wall: object) -> str:

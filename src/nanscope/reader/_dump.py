@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 from nanscope.format import files, headroom, health
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import RecordError, scan
+from nanscope.format.records import scan
 from nanscope.format.strings import StringTable
 from nanscope.format.tensors import ValueView, view_of
 from nanscope.reader._data import (
@@ -47,14 +48,16 @@ from nanscope.reader._decode import (
     wall_time,
 )
 from nanscope.reader._drops import WriterDrops, read_drops
-from nanscope.reader._eventfile import INDEX_DTYPE, EventFile
-from nanscope.reader._logs import RecordLog
+from nanscope.reader._eventfile import INDEX_DTYPE, EventFile, FileReplaced
+from nanscope.reader._logs import RecordLog, describe
 
 SUPPORTED_FILE_VERSION = 1
 # One dump root, or several roots read as one dump (one per host, say).
 DumpRoots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 EXECUTIONS = "execution"
 TRACES = "graph_execution_trace"
+# The event file of each kind.
+_SUFFIX_OF = {EXECUTIONS: files.EXECUTION, TRACES: files.GRAPH_EXECUTION_TRACES}
 
 
 # The largest range history read: a writer's holds at most 1024 points per module and phase
@@ -66,6 +69,17 @@ HISTORY_DTYPE = np.dtype([("process", "<i4"), *headroom.POINT_DTYPE.descr])
 
 class DumpError(Exception):
     """A dump that cannot be read at all (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One event's record as :meth:`DumpReader._event_at` read it."""
+
+    proc: _Process
+    event: pb.DebugEvent | None  # None: it cannot be read now (why: ``where``)
+    where: str  # "<file>: record at byte offset N", or why it cannot be read
+    file: str
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -99,7 +113,8 @@ class _Process:
         self.frames: dict[str, tuple[int, int, str]] = {}
         self.graphs: dict[str, GraphInfo] = {}
         self.devices: dict[int, str] = {}
-        self.drops: WriterDrops | None = None
+        self.drops: WriterDrops | None = None  # the writer's report, when it lost anything
+        self.report: WriterDrops | None = None  # the writer's report, whatever it says
 
     def close(self) -> None:
         self.executions.close()
@@ -166,8 +181,24 @@ class DumpReader:
         """What is wrong with the dump (each problem once), oldest first."""
         return list(self._problems.values())
 
-    def _problem(self, severity: str, message: str) -> None:
-        self._problems.setdefault(message, Problem(severity, message))
+    @property
+    def incomplete(self) -> list[Problem]:
+        """The problems that leave some event file's history incomplete (events missing
+        from the index, or indexed but unreadable): :attr:`Problem.incomplete`, in
+        :attr:`problems` order. Empty: every event each file holds was read."""
+        return [p for p in self._problems.values() if p.incomplete]
+
+    def incomplete_events(self, process: int, kind: str | None = None) -> list[Problem]:
+        """The :attr:`incomplete` problems of one process's event files: its ``.execution``
+        file (``kind`` :data:`EXECUTIONS`), its ``.graph_execution_traces`` file
+        (:data:`TRACES`), or either (None). Empty: that history is whole."""
+        fs = self._processes[process].file_set
+        kinds = (EXECUTIONS, TRACES) if kind is None else (kind,)
+        names = {str(fs.path(_SUFFIX_OF[k])) for k in kinds} | {str(fs.prefix)}
+        return [p for p in self.incomplete if p.file in names]
+
+    def _problem(self, severity: str, message: str, **where: Any) -> None:
+        self._problems.setdefault(message, Problem(severity, message, **where))
 
     def update(self) -> bool:
         """Read what was written since the last call; True when anything changed."""
@@ -187,12 +218,24 @@ class DumpReader:
             exec_changed |= room["executions"].update(proc.executions, problems)
             trace_changed |= room["traces"].update(proc.traces, problems)
             for log, name in ((proc.executions, "execution"), (proc.traces, "trace")):
-                if log.torn_at is not None:
-                    self._problem(
-                        "warning",
-                        f"{log.path}: ends in an incomplete record at byte offset {log.torn_at} "
-                        f"(the writer was interrupted or is still writing); the {name} records "
-                        "before it were read",
+                # A record that could not be read because its file had been replaced since
+                # the last update: the index now says what the file holds.
+                self._problems.pop(f"stale {log.path}", None)
+                # Keyed by file: the tail a live writer was writing is read by a later
+                # update, and then the file is whole again.
+                key = f"torn {log.path}"
+                if log.torn_at is None:
+                    self._problems.pop(key, None)
+                    continue
+                message = (
+                    f"{log.path}: ends in an incomplete record at byte offset {log.torn_at} "
+                    f"(the writer was interrupted or is still writing); the {name} records "
+                    "before it were read"
+                )
+                if getattr(self._problems.get(key), "message", None) != message:
+                    self._problems.pop(key, None)
+                    self._problems[key] = Problem(
+                        "warning", message, incomplete=True, file=str(log.path), offset=log.torn_at
                     )
         reindexed, self._reindexed = self._reindexed, False
         if exec_changed or reindexed:
@@ -209,20 +252,62 @@ class DumpReader:
             # Indices of earlier events may have moved: tell live viewers to reload.
             self.generation += 1
         for proc in self._processes:
-            # The writer rewrites its report in place: read it again each time (4 KiB).
-            drops = read_drops(proc.file_set)
-            proc.drops = drops if isinstance(drops, WriterDrops) else None
-            if drops is not None:
-                message = (
-                    drops
-                    if isinstance(drops, str)
-                    else f"{proc.file_set.prefix}: {drops.summary()}"
-                )
-                # Keyed by file set: a live writer's counts grow, one warning stays.
-                self._problems[f"drops {proc.file_set.prefix}"] = Problem("warning", message)
+            self._writer_report(proc)
         for p in problems:
-            self._problem(p.severity, p.message)
+            self._problems.setdefault(p.message, p)
         return changed or exec_changed or trace_changed
+
+    def _writer_report(self, proc: _Process) -> None:
+        """What the process's writer says of its dump (``.nsdrops``), as problems: events it
+        lost (incomplete when one may have held Inf/NaN), and whether it ever closed."""
+        # The writer rewrites its report in place: read it again each time (4 KiB).
+        report = read_drops(proc.file_set)
+        proc.report = report if isinstance(report, WriterDrops) else None
+        proc.drops = proc.report if proc.report is not None and proc.report.lost else None
+        prefix = proc.file_set.prefix
+        # Keyed by file set: a live writer's counts grow, one problem stays.
+        if isinstance(report, str):
+            self._problems[f"drops {prefix}"] = Problem("warning", report, file=str(prefix))
+        elif proc.drops is not None:
+            self._problems[f"drops {prefix}"] = Problem(
+                "error" if proc.drops.nonfinite_lost else "warning",
+                f"{prefix}: {proc.drops.summary()}",
+                incomplete=proc.drops.nonfinite_lost,
+                file=str(prefix),
+            )
+        unclosed = f"unclosed {prefix}"
+        if proc.report is not None and proc.report.closed is False:
+            self._problems[unclosed] = Problem(
+                "warning",
+                f"{prefix}: {self._not_closed(proc)}",
+                incomplete=True,
+                file=str(prefix),
+            )
+        else:
+            self._problems.pop(unclosed, None)  # the live writer has closed since
+
+    @staticmethod
+    def _not_closed(proc: _Process) -> str:
+        """Why a writer that never closed left an incomplete dump."""
+        info = proc.info
+        alive = False
+        if info is not None and info.pid and info.host == socket.gethostname():
+            try:
+                os.kill(info.pid, 0)  # no signal sent: only asks whether the pid exists
+                alive = True
+            except PermissionError:
+                alive = True
+            except OSError:
+                pass
+        if alive:
+            return (
+                "the writer has not closed: the program is still running (or its pid was "
+                "reused); events after its last flush are not in the dump yet"
+            )
+        return (
+            "the writer never closed: the program was killed (SIGKILL, the OOM killer, "
+            "os._exit) or died in a hard crash; events after its last flush are lost"
+        )
 
     def writer_drops(self) -> dict[int, WriterDrops]:
         """What each process's writer could not write (a full disk, ...), by process index;
@@ -284,12 +369,19 @@ class DumpReader:
         for s in new:
             missing = s.missing()
             if missing:
+                # Without an event file, its events are missing: the problem names that
+                # file (the set's prefix when both are missing, which both names start with).
+                lost = [m for m in missing if m in files.CIRCULAR_SUFFIXES]
                 problems.append(
                     Problem(
                         "warning",
                         f"{s.prefix}: file set is incomplete, missing "
                         + ", ".join("." + m for m in missing)
                         + " (copied partially? events of those files are not shown)",
+                        incomplete=bool(lost),
+                        file=(str(s.path(lost[0])) if len(lost) == 1 else str(s.prefix))
+                        if lost
+                        else None,
                     )
                 )
             self._known_sets.add(s.prefix)
@@ -487,11 +579,11 @@ class DumpReader:
                 return p.tensor_debug_mode
         for kind in (TRACES, EXECUTIONS):
             for i in range(min(self.num(kind), 16)):  # the first that decodes
-                try:
-                    ev = self.trace(i) if kind == TRACES else self.execution(i)
-                except (RecordError, DecodeError):
+                event = self._event_at(kind, i).event
+                if event is None:
                     continue
-                return ev.tensor_debug_mode
+                what = event.graph_execution_trace if kind == TRACES else event.execution
+                return mode_of(what.tensor_debug_mode)
         return None
 
     @property
@@ -753,39 +845,125 @@ class DumpReader:
 
     # -- decoding single events --------------------------------------------------------------
 
-    def _event_at(self, kind: str, index: int) -> tuple[_Process, pb.DebugEvent, str]:
-        """The process and decoded event at ``index``, and ``"<file>: record at byte offset N"``."""
+    def _event_at(self, kind: str, index: int) -> _Record:
+        """The record of event ``index``, decoded (``event`` None where it cannot be read
+        now: why is reported among the problems, and in ``where``)."""
         n = self.num(kind)
         if not 0 <= index < n:
             raise IndexError(f"{kind} index {index} out of range (0..{n - 1})")
         row = self.index(kind)[index]
         proc = self._processes[int(self.processes_of(kind)[index])]
         efile = proc.executions if kind == EXECUTIONS else proc.traces
+        path = str(efile.path)
         offset, length = int(row["offset"]), int(row["length"])
-        blob = efile.read(offset, length)
-        result = scan(blob, str(efile.path), base=offset, limit=1, resync_limit=0)
+        where = f"{path}: record at byte offset {offset}"
+        try:
+            blob = efile.read(offset, length)
+        except FileReplaced as err:
+            # The index is older than the file: not damage, and the next update() reads
+            # the new file (which clears this warning).
+            return self._stale(proc, path, offset, f"{where}: not read, the file was {err.reason}")
+        except OSError as exc:  # an I/O error: the record is unreadable, whatever it holds
+            return self._unreadable(proc, path, offset, f"{where}: {exc.strerror or exc}")
+        result = scan(blob, path, base=offset, limit=1, resync_limit=0)
         if not result.records:
-            err = (
-                result.errors[0]
-                if result.errors
-                else RecordError(
-                    str(efile.path), offset, "record missing (file changed; call update())"
-                )
-            )
-            raise err
-        where = f"{efile.path}: record at byte offset {offset}"
-        return proc, parse_event(result.records[0].payload), where
+            if not result.errors:  # cut short: the file was truncated since it was indexed
+                return self._stale(proc, path, offset, f"{where}: record missing (file changed)")
+            # Sound when it was indexed, damaged since (or damage in several records that
+            # the bulk check of a sidecar's rows missed, 2^-32 odds).
+            return self._unreadable(proc, path, offset, describe(result.errors[0]))
+        try:
+            event = parse_event(result.records[0].payload)
+        except DecodeError as exc:
+            return self._unreadable(proc, path, offset, f"{where}: {exc}")
+        return _Record(proc, event, where, path, offset)
 
-    def _damage(self, where: str, found: list[str]) -> tuple[str, ...]:
+    def _stale(self, proc: _Process, path: str, offset: int, why: str) -> _Record:
+        """An indexed record that its file no longer holds, which the next :meth:`update`
+        sets right: one warning per file (not a loss: that update reads the file as it is
+        now, and drops the warning), its event shown as not read."""
+        message = f"{why}; call update() to read the file as it is now"
+        self._problems[f"stale {path}"] = Problem("warning", message, file=path, offset=offset)
+        return _Record(proc, None, message, path, offset)
+
+    def _unreadable(self, proc: _Process, path: str, offset: int, why: str) -> _Record:
+        """An indexed record that cannot be decoded: reported, its event shown as lost."""
+        message = f"{why}; the event is not shown"
+        self._problem("error", message, incomplete=True, file=path, offset=offset)
+        return _Record(proc, None, message, path, offset)
+
+    def _damage(self, record: _Record, found: list[str]) -> tuple[str, ...]:
         """Report what decoding one record found wrong (once each); the messages, as they read."""
-        messages = tuple(f"{where}: {what}" for what in found)
+        messages = tuple(f"{record.where}: {what}" for what in found)
         for m in messages:
-            self._problem("error", m)
+            self._problem("error", m, file=record.file, offset=record.offset)
         return messages
 
+    def _lost_execution(self, index: int, record: _Record) -> Execution:
+        """Execution ``index`` whose record cannot be read: what the index says of it, no
+        output recorded, and why in its ``problems``."""
+        row = self._exec_rows[index]
+        proc = record.proc
+        mode = proc.info.tensor_debug_mode if proc.info else None
+        return Execution(
+            index=index,
+            process=proc.index,
+            wall_time=float(row["wall_time"]),
+            step=int(row["step"]),
+            sequence=int(row["sequence"]),
+            op_type=self.string(int(row["name"])),
+            num_outputs=int(row["slot"]),
+            graph_id=self.string(int(row["graph"])),
+            input_tensor_ids=(),
+            output_tensor_ids=(),
+            output_tensor_device_ids=(),
+            tensor_debug_mode=mode or TensorDebugMode.UNSPECIFIED,
+            debug_tensor_values=None,
+            host_name="",
+            stack_frame_ids=(),
+            health=health.UNKNOWN,
+            phase=int(row["phase"]),
+            problems=(record.where,),
+        )
+
+    def _lost_trace(self, index: int, record: _Record) -> GraphExecutionTrace:
+        """Trace ``index`` whose record cannot be read (see :meth:`_lost_execution`)."""
+        row = self._trace_rows[index]
+        proc = record.proc
+        mode = proc.info.tensor_debug_mode if proc.info else None
+        graph_id, op_name = self.string(int(row["graph"])), self.string(int(row["name"]))
+        graph = proc.graphs.get(graph_id)
+        op = graph.ops.get(op_name) if graph else None
+        return GraphExecutionTrace(
+            index=index,
+            process=proc.index,
+            wall_time=float(row["wall_time"]),
+            step=int(row["step"]),
+            sequence=int(row["sequence"]),
+            op_name=op_name,
+            op_type=op.op_type if op else "",
+            output_slot=int(row["slot"]),
+            graph_id=graph_id,
+            graph_ids=tuple(self._graph_chain(proc, graph_id)),
+            tensor_debug_mode=mode or TensorDebugMode.UNSPECIFIED,
+            debug_tensor_value=None,
+            device_name="",
+            health=health.UNKNOWN,
+            graph_name=graph.name if graph else "",
+            problems=(record.where,),
+        )
+
     def execution(self, index: int) -> Execution:
-        """Execution ``index`` (0-based over all processes), decoded."""
-        proc, event, where = self._event_at(EXECUTIONS, index)
+        """Execution ``index`` (0-based over all processes), decoded.
+
+        A record that cannot be read (damaged since it was indexed, or its file replaced
+        since the last :meth:`update`) raises nothing: the execution holds what the index
+        says of it, no output, and why in its ``problems`` (also among the reader's).
+        """
+        record = self._event_at(EXECUTIONS, index)
+        if record.event is None:
+            return self._lost_execution(index, record)
+        proc, event = record.proc, record.event
         ex = event.execution
         mode = mode_of(ex.tensor_debug_mode)
         found: list[str] = []
@@ -835,7 +1013,7 @@ class DumpReader:
             collective=_collective(ex),
             tensor_values=full,
             output_ranges=_output_ranges(ex, mode, values),
-            problems=self._damage(where, found),
+            problems=self._damage(record, found),
         )
 
     def _view_values(
@@ -854,10 +1032,9 @@ class DumpReader:
             at = self._execution_of(proc.index, view.sequence, index)
             if at is None:
                 continue
-            try:
-                _, event, _ = self._event_at(EXECUTIONS, at)
-            except (RecordError, DecodeError, OSError):
-                continue  # that record's own problem, reported when it is read
+            event = self._event_at(EXECUTIONS, at).event
+            if event is None:
+                continue  # that record's own problem, reported as it was read
             protos = event.execution.tensor_protos
             if view.slot >= len(protos):
                 continue
@@ -888,8 +1065,12 @@ class DumpReader:
         return [self.execution(i) for i in range(max(0, begin), end)]
 
     def trace(self, index: int) -> GraphExecutionTrace:
-        """Graph execution trace ``index`` (0-based over all processes), decoded."""
-        proc, event, where = self._event_at(TRACES, index)
+        """Graph execution trace ``index`` (0-based over all processes), decoded (a record
+        that cannot be read raises nothing: see :meth:`execution`)."""
+        record = self._event_at(TRACES, index)
+        if record.event is None:
+            return self._lost_trace(index, record)
+        proc, event = record.proc, record.event
         tr = event.graph_execution_trace
         mode = mode_of(tr.tensor_debug_mode)
         found: list[str] = []
@@ -919,7 +1100,7 @@ class DumpReader:
             health=health.of_summary(mode, value),
             tensor_value=value if mode == TensorDebugMode.FULL_TENSOR else None,
             graph_name=graph.name if graph else "",
-            problems=self._damage(where, found),
+            problems=self._damage(record, found),
             iteration=tr.iteration - 1,
         )
 

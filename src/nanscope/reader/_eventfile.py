@@ -12,6 +12,12 @@ next open reads none.
 ``update()`` is incremental: an appended file is read from where the last
 call stopped; a file that was replaced (a circular buffer's periodic rewrite)
 is indexed again from scratch.
+
+Every record the index holds had a sound CRC when it was indexed: rows that the
+sidecar serves are checked against the data file in bulk
+(:func:`._fastscan.verify_tiled`), and a damaged record is skipped and reported,
+as the scan does. Records are read through a :class:`._handles.Handle`, which
+the reader's descriptor budget may close and reopen.
 """
 
 from __future__ import annotations
@@ -25,19 +31,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+import google_crc32c
 import numpy as np
 
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import HEADER_SIZE, OVERHEAD, RecordError, frame, read_one, scan
+from nanscope.format.records import (
+    HEADER_SIZE,
+    OVERHEAD,
+    RecordError,
+    frame,
+    header,
+    mask,
+    read_one,
+    scan,
+)
 from nanscope.format.strings import StringTable
 from nanscope.reader import _fastscan
 from nanscope.reader._data import Problem
 from nanscope.reader._decode import DecodeError, RowData, parse_event
-from nanscope.reader._logs import describe, open_regular, unreadable
+from nanscope.reader._handles import FileChanged, Handle
+from nanscope.reader._logs import open_regular, record_problem, unreadable
 
 CHUNK = 32 << 20
+# The blocks in which the records a sidecar points at are checked (:meth:`EventFile._verify`):
+# small enough to add little to the peak memory, large enough that numpy's calls pay.
+VERIFY_CHUNK = 8 << 20
+_VERIFY_ROWS = 1 << 16
 # A file not modified for this long is taken as finished: its sidecar may be written.
 SETTLED_S = 5.0
 
@@ -101,9 +122,12 @@ def sidecar_rows(src: np.ndarray) -> np.ndarray:
     return out
 
 
-# Record headers compared with sampled sidecar rows (decoding an event checks its own).
-_SAMPLES = 16
 _SLICE = 1 << 20
+
+
+class FileReplaced(RecordError):
+    """An indexed record that cannot be read because its file is no longer the one
+    indexed (replaced or deleted since its handle was closed): call ``update()``."""
 
 
 class EventFile:
@@ -129,7 +153,9 @@ class EventFile:
         self._field = field  # "execution" or "graph_execution_trace"
         self._intern = strings.intern
         self._strings = strings
-        self._fh: BinaryIO | None = None
+        # Opened at the first update() and kept (the cache may close it and reopen the
+        # same file): records are read from the file that was indexed.
+        self._handle = Handle(path)
         self.reset_count = -1
         self.decoded = 0  # records decoded to build the index (0 when the sidecar served)
         self.fast_decoded = 0  # of those, records the fast path (:mod:`._fastscan`) read
@@ -149,19 +175,20 @@ class EventFile:
         self.rows = np.zeros(0, dtype=INDEX_DTYPE)
         self.reset_count += 1
         self.join_sidecar()
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._handle.close()
 
     def read(self, offset: int, length: int) -> bytes:
         """The bytes of one indexed record, from the very file that was indexed.
 
-        The handle stays open, so a circular file replaced since the last
-        ``update()`` still yields the records its index points at.
+        Its handle stays open (or is reopened only if the path still names that file),
+        so a circular file replaced since the last ``update()`` still yields the records
+        its index points at; where that can no longer be (the handle was closed to stay
+        within the descriptor limit, and the file replaced since), :class:`FileReplaced`.
         """
-        if self._fh is None:
-            raise RecordError(str(self.path), offset, "file not indexed yet; call update()")
-        return os.pread(self._fh.fileno(), length, offset)
+        try:
+            return self._handle.pread(length, offset)
+        except FileChanged as exc:
+            raise FileReplaced(str(self.path), offset, str(exc.strerror)) from None
 
     def adopt(self, rows: np.ndarray) -> None:
         """Hold ``rows`` (equal to :attr:`rows`, a view of a merged index) instead of a copy."""
@@ -178,9 +205,7 @@ class EventFile:
 
     def close(self) -> None:
         self.join_sidecar()
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._handle.close()
 
     def sidecar_capacity(self) -> int | None:
         """At most how many rows a first :meth:`update` reads, when the sidecar alone will
@@ -192,7 +217,9 @@ class EventFile:
         except OSError:
             return None
 
-    def update(self, problems: list[Problem], into: np.ndarray | None = None) -> bool:
+    def update(
+        self, problems: list[Problem], into: np.ndarray | None = None, retry: bool = True
+    ) -> bool:
         """Catch up with the file; True when rows changed (False: nothing new).
 
         ``into``: room for the rows that the sidecar holds (at least
@@ -204,7 +231,7 @@ class EventFile:
         except FileNotFoundError:
             return False
         except OSError as exc:  # a looping symlink, no access
-            problems.append(unreadable(self.path, exc))
+            problems.append(unreadable(self.path, exc, events=True))
             return False
         identity = (st.st_ino, st.st_dev)
         if self._identity is not None and (
@@ -214,21 +241,36 @@ class EventFile:
         first = self._identity is None
         if first:
             try:
-                self._fh = open_regular(self.path)  # kept open for read()
+                st = self._handle.open()  # the file read() reads from, until the next reset
             except FileNotFoundError:
                 return False
             except OSError as exc:  # a directory, FIFO or device in the dump's name
-                problems.append(unreadable(self.path, exc))
+                problems.append(unreadable(self.path, exc, events=True))
                 return False
-            identity = (os.fstat(self._fh.fileno()).st_ino, os.fstat(self._fh.fileno()).st_dev)
-            size = os.fstat(self._fh.fileno()).st_size
-        else:
-            size = st.st_size
+            identity = (st.st_ino, st.st_dev)
         self._identity = identity
+        said = len(problems)
+        try:
+            with self._handle.held():  # not closed by the cache while it is read
+                return self._catch_up(first, st.st_size, problems, into)
+        except FileReplaced:
+            # Replaced between the stat above and a read (its handle had been closed to stay
+            # within the descriptor limit): what was read of it is void; read the new file.
+            del problems[said:]
+            self._reset()
+            return self.update(problems, into, retry=False) if retry else True
+        except OSError as exc:  # an I/O error: what the file holds from here on is unknown
+            problems.append(unreadable(self.path, exc, events=True))
+            return False
+
+    def _catch_up(
+        self, first: bool, size: int, problems: list[Problem], into: np.ndarray | None
+    ) -> bool:
+        """:meth:`update`'s reading, the file's handle held."""
         before = len(self.rows)
         before_end = self._confirmed_end + self._tail.size
         if self._sidecar_ok and self.index_path.exists():
-            self._read_sidecar(size, into if first else None)
+            self._read_sidecar(size, problems, into if first else None)
         if self._confirmed_end < size:
             no_sidecar = not self.index_path.exists()
             said = len(problems)
@@ -321,7 +363,9 @@ class EventFile:
 
     # -- the sidecar path ------------------------------------------------------------------
 
-    def _read_sidecar(self, data_size: int, into: np.ndarray | None = None) -> None:
+    def _read_sidecar(
+        self, data_size: int, problems: list[Problem], into: np.ndarray | None = None
+    ) -> None:
         try:
             with open_regular(self.index_path) as fh:
                 found = self._sidecar_rows(fh, into)
@@ -340,13 +384,32 @@ class EventFile:
             # A sidecar that disagrees with its data file is ignored from now on.
             self._sidecar_ok = False
             return
+        end_of_rows = int(rows["offset"][-1]) + int(rows["length"][-1])
+        damaged = self._verify(rows)
+        if damaged is None:  # a record header that is not what the sidecar says
+            self._sidecar_ok = False
+            return
+        if len(damaged):
+            # Skipped, as the scan skips them; the rows after them close up in place (so
+            # that rows read into a merged index stay where they are).
+            for i in damaged.tolist():
+                err = RecordError(
+                    str(self.path), int(rows["offset"][i]), "bad payload CRC; record skipped"
+                )
+                problems.append(record_problem(err, incomplete=True))
+            keep = np.ones(len(rows), dtype=bool)
+            keep[damaged] = False
+            kept = int(keep.sum())
+            rows[:kept] = rows[keep]
+            rows = rows[:kept]
         times = rows["wall_time"]
         times[~np.isfinite(times)] = 0.0  # as for decoded records: JSON has no NaN
         remap = np.array([self._intern(s) for s in strings], dtype=np.uint32)
         rows["name"] = remap[rows["name"]]
         rows["graph"] = remap[rows["graph"]]
-        self._confirmed.append(rows)
-        self._confirmed_end = int(rows["offset"][-1]) + int(rows["length"][-1])
+        if len(rows):
+            self._confirmed.append(rows)
+        self._confirmed_end = end_of_rows
         self._sidecar_offset = end
         self._sidecar_strings = strings
 
@@ -403,7 +466,8 @@ class EventFile:
         return rows[:n], strings, offset
 
     def _consistent(self, rows: np.ndarray, data_size: int, n_strings: int) -> bool:
-        """Rows must tile the data file from where we are, and agree with sampled headers."""
+        """Rows must tile the data file from where we are (their headers are compared
+        with the records by :meth:`_verify`)."""
         offsets, lengths = rows["offset"], rows["length"]
         if int(offsets[0]) != self._confirmed_end:
             return False
@@ -415,17 +479,78 @@ class EventFile:
                 return False
         if int(offsets[-1]) + int(lengths[-1]) > data_size:
             return False
-        if rows["name"].max(initial=0) >= n_strings or rows["graph"].max(initial=0) >= n_strings:
-            return False
-        picks = np.unique(np.linspace(0, len(rows) - 1, min(_SAMPLES, len(rows))).astype(np.int64))
-        try:
-            for i in picks:
-                header = self.read(int(offsets[i]), 8)
-                if int.from_bytes(header, "little") != int(lengths[i]) - HEADER_SIZE - 4:
-                    return False
-        except OSError:
-            return False
-        return True
+        return not (
+            rows["name"].max(initial=0) >= n_strings or rows["graph"].max(initial=0) >= n_strings
+        )
+
+    def _verify(self, rows: np.ndarray) -> np.ndarray | None:
+        """The rows (indices) whose records fail their payload CRC; None when a record's
+        header disagrees with its row, or the file ends before the rows do.
+
+        Reads the records the rows tile, a block of at most :data:`VERIFY_CHUNK` bytes at
+        a time into one buffer, each block checked at once
+        (:func:`._fastscan.verify_tiled`); a record larger than a block is checked in
+        pieces. Rows are taken :data:`_VERIFY_ROWS` at a time: int64 copies of a 10M-row
+        index's columns would cost more memory than the blocks.
+        """
+        bad: list[np.ndarray] = []
+        buf: np.ndarray | None = None
+        for lo in range(0, len(rows), _VERIFY_ROWS):
+            part = rows[lo : lo + _VERIFY_ROWS]
+            offsets = part["offset"].astype(np.int64)
+            lengths = part["length"].astype(np.int64)
+            ends = offsets + lengths
+            i, n = 0, len(part)
+            while i < n:
+                start = int(offsets[i])
+                if lengths[i] > VERIFY_CHUNK:
+                    found = self._verify_large(start, int(lengths[i]))
+                    if found is None:
+                        return None
+                    if not found:
+                        bad.append(np.array([lo + i], dtype=np.int64))
+                    i += 1
+                    continue
+                # Whole records only, up to VERIFY_CHUNK bytes (a larger one ends the block).
+                j = max(i + 1, int(np.searchsorted(ends, start + VERIFY_CHUNK, side="right")))
+                span = int(ends[j - 1]) - start
+                if buf is None:
+                    room = min(VERIFY_CHUNK, int(rows["offset"][-1]) + int(rows["length"][-1]))
+                    buf = np.empty(_fastscan.BEFORE + room + _fastscan.AFTER, dtype=np.uint8)
+                block = buf[: _fastscan.BEFORE + span + _fastscan.AFTER]
+                body = block[_fastscan.BEFORE : _fastscan.BEFORE + span]
+                try:
+                    got = self._handle.readinto(body.data, start)
+                except FileChanged:
+                    raise FileReplaced(str(self.path), start, "replaced while read") from None
+                if got != span:
+                    return None  # shorter than when it was stat'ed: truncated meanwhile
+                found_bad = _fastscan.verify_tiled(
+                    block, offsets[i:j] - start, lengths[i:j] - OVERHEAD
+                )
+                if found_bad is None:
+                    return None
+                if len(found_bad):
+                    bad.append(found_bad + lo + i)
+                i = j
+        return np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
+
+    def _verify_large(self, offset: int, length: int) -> bool | None:
+        """Whether the record of ``length`` bytes at ``offset`` is intact (its CRC read in
+        pieces); None when its header does not say that length."""
+        payload = length - OVERHEAD
+        if self.read(offset, HEADER_SIZE) != header(payload):
+            return None
+        crc = 0
+        at, stop = offset + HEADER_SIZE, offset + HEADER_SIZE + payload
+        while at < stop:
+            piece = self.read(at, min(VERIFY_CHUNK, stop - at))
+            if not piece:
+                return None
+            crc = google_crc32c.extend(crc, piece)
+            at += len(piece)
+        footer = self.read(stop, 4)
+        return len(footer) == 4 and mask(crc) == int.from_bytes(footer, "little")
 
     # -- the scanning path -----------------------------------------------------------------
 
@@ -457,7 +582,8 @@ class EventFile:
             else:
                 result = scan(blob, str(self.path), base=offset)
                 for err in result.errors:
-                    problems.append(Problem("error", describe(err)))
+                    # A record skipped, or bytes skipped to find the next: events lost.
+                    problems.append(record_problem(err, incomplete=True))
                 out: list[tuple[int, int, RowData]] = []
                 for rec in result.records:
                     row = self._careful_record(rec.payload, rec.offset, problems)
@@ -491,7 +617,13 @@ class EventFile:
             event = parse_event(payload)
         except DecodeError as exc:
             problems.append(
-                Problem("error", f"{self.path}: record at byte offset {offset}: {exc}; skipped")
+                Problem(
+                    "error",
+                    f"{self.path}: record at byte offset {offset}: {exc}; skipped",
+                    incomplete=True,
+                    file=str(self.path),
+                    offset=offset,
+                )
             )
             return None
         if event.WhichOneof("what") != self._field:
@@ -500,10 +632,16 @@ class EventFile:
         damage: list[str] = []
         row = self._row_of(event, damage)
         for what in damage:  # the row is kept: only that output's health is unknown
-            problems.append(
-                Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
-            )
+            problems.append(self._damage(offset, what))
         return row
+
+    def _damage(self, offset: int, what: str) -> Problem:
+        """What decoding a record's outputs found wrong: the event is kept (only that
+        output's health is unknown), so no event is missing."""
+        return Problem(
+            "error", f"{self.path}: record at byte offset {offset}: {what}",
+            file=str(self.path), offset=offset,
+        )  # fmt: skip
 
     def _fast_chunk(
         self,
@@ -548,9 +686,7 @@ class EventFile:
                     keep[i] = True
             else:
                 for what in fr.damage[which_of[i]]:
-                    problems.append(
-                        Problem("error", f"{self.path}: record at byte offset {offset}: {what}")
-                    )
+                    problems.append(self._damage(offset, what))
         rows["offset"] = offsets
         rows["length"] = framed.lengths + OVERHEAD
         kept: np.ndarray = rows if keep is None else rows[keep]

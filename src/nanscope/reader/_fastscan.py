@@ -29,7 +29,13 @@ import google_crc32c
 import numpy as np
 
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import HEADER_SIZE, MAX_RECORD_SIZE, OVERHEAD, masked_crc32c
+from nanscope.format.records import (
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    MAX_RECORD_SIZE,
+    OVERHEAD,
+    masked_crc32c,
+)
 from nanscope.reader._decode import DecodeError, RowData, parse_event
 
 _HEADER = struct.Struct("<QI")
@@ -322,4 +328,152 @@ def top_level(
     )
 
 
-__all__ = ["FIELD_TAGS", "FastRows", "Framed", "frame", "parse_event", "top_level"]
+# -- checking the records that a sidecar index points at -------------------------------------
+#
+# A sidecar's rows say where each record is, so its CRCs can be checked without walking the
+# framing; but each record has a CRC of its own, and one call of google-crc32c per record
+# (with the slice it needs) costs as much as reading the index. CRC-32C is affine over
+# GF(2), which lets one call over a whole block check every record in it (verify_tiled).
+
+_POLY = 0x82F63B78  # CRC-32C's polynomial, reflected
+_X0 = 1 << 31  # the polynomial 1 in the reflected representation
+
+
+def _multmodp(a: int, b: int) -> int:
+    """``a * b`` modulo CRC-32C's polynomial, reflected (zlib's ``multmodp``)."""
+    if not a:
+        return 0
+    m, p = _X0, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+    table = [_X0 >> 1]  # x^1
+    for _ in range(31):
+        table.append(_multmodp(table[-1], table[-1]))
+    return table
+
+
+_X2N = _x2n_table()  # x^(2^k) modulo the polynomial
+_ZEROS_CRCS: dict[int, int] = {}
+
+
+def zeros_crc(n: int) -> int:
+    """The CRC-32C of ``n`` zero bytes (``google_crc32c.value(bytes(n))``), in a few
+    microseconds whatever ``n``: the register ``0xFFFFFFFF`` times ``x^(8n)``, inverted."""
+    crc = _ZEROS_CRCS.get(n)
+    if crc is None:
+        p, k, e = _X0, 3, n  # x^(8n) = x^(n * 2^3)
+        while e:
+            if e & 1:
+                p = _multmodp(_X2N[k & 31], p)
+            e >>= 1
+            k += 1
+        crc = _multmodp(p, 0xFFFFFFFF) ^ 0xFFFFFFFF
+        if len(_ZEROS_CRCS) < 65536:
+            _ZEROS_CRCS[n] = crc
+    return crc
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for non-negative integers; for small
+    ones (record lengths) a table instead of a sort."""
+    top = int(values.max(initial=0))
+    if top >= 1 << 20 or len(values) < 64:
+        sizes, which = np.unique(values, return_inverse=True)
+        return sizes, which.reshape(-1)
+    present = np.zeros(top + 1, dtype=bool)
+    present[values] = True
+    sizes = np.flatnonzero(present)
+    lookup = np.zeros(top + 1, dtype=np.int64)
+    lookup[sizes] = np.arange(len(sizes))
+    return sizes, lookup[values]
+
+
+# verify_tiled's buffer: room for a footer before the first record and a header after the
+# last, so that each record boundary is one 16-byte window (a footer, then a header).
+BEFORE = FOOTER_SIZE
+AFTER = HEADER_SIZE
+_WINDOW = np.dtype("V16")  # gathered and scattered whole, read as four uint32 words
+
+
+def verify_tiled(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """Which records of ``buf`` fail their payload CRC (indices into ``starts``, in order);
+    None when a record's header does not say the length ``lengths`` gives it.
+
+    ``buf`` (writable uint8, changed here) holds records back to back from
+    :data:`BEFORE` on, and :data:`AFTER` more bytes after them: record ``i`` starts at
+    ``BEFORE + starts[i]`` and holds a payload of ``lengths[i]`` bytes.
+
+    The length fields and their CRCs are compared with numpy. The payloads are checked
+    with one CRC over the whole of ``buf``: with ``F(s, d)`` the CRC register after the
+    bytes ``d`` from the state ``s``, an intact ``payload + its CRC`` (unmasked) takes
+    any ``s`` to ``A(s) ^ C``, where ``A`` depends on the length alone and ``C`` is the
+    CRC's constant residue. So the records, footers unmasked, end in the same register
+    as records whose payloads are zeros followed by the CRC of that many zeros; by
+    linearity, the two XORed (the headers zeroed, each payload as it is, each footer its
+    CRC XOR the zeros' CRC) have the CRC of as many zero bytes. Damage confined to one
+    record changes that CRC exactly when it changes the record's own check (``x`` is
+    invertible modulo the polynomial); damage in several records could cancel out with
+    odds of 2^-32 (decoding an event checks its record again). A block that fails is
+    checked record by record, which tells which records are damaged.
+    """
+    n = len(starts)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    width = len(buf)
+    windows = np.ndarray((width - _WINDOW.itemsize + 1,), dtype=_WINDOW, buffer=buf, strides=(1,))
+    # Window i: the footer of record i - 1 (of the room before, for i = 0) and the header of
+    # record i (of the room after, for i = n); as words: footer, length (two), length CRC.
+    at = np.empty(n + 1, dtype=np.int64)
+    at[:n] = starts
+    at[n] = starts[-1] + OVERHEAD + lengths[-1]
+    old = windows[at]
+    words = old.view("<u4").reshape(n + 1, 4)
+    stated = words[:n, 1].astype(np.uint64) | (words[:n, 2].astype(np.uint64) << np.uint64(32))
+    if np.any(stated != lengths.astype(np.uint64)):
+        return None
+    sizes, which = _distinct(lengths)
+    length_crcs = np.array([_length_crc(int(k)) for k in sizes.tolist()], dtype=np.uint32)
+    if np.any(words[:n, 3] != length_crcs[which]):
+        return None
+    r = words[1:, 0] - _MASK_DELTA
+    crcs = (r << np.uint32(15)) | (r >> np.uint32(17))  # the payload CRCs, unmasked
+    zeros = np.array([zeros_crc(int(k)) for k in sizes.tolist()], dtype=np.uint32)
+    new = np.zeros((n + 1, 4), dtype="<u4")
+    new[1:, 0] = crcs ^ zeros[which]
+    windows[at] = new.view(_WINDOW).reshape(n + 1)
+    if google_crc32c.value(buf) == zeros_crc(width):
+        return np.zeros(0, dtype=np.int64)
+    # Some record is damaged: put the bytes back and find which.
+    windows[at] = old
+    value = google_crc32c.value
+    first = BEFORE + starts + HEADER_SIZE
+    bad = [
+        i
+        for i, (a, b, c) in enumerate(
+            zip(first.tolist(), (first + lengths).tolist(), crcs.tolist(), strict=True)
+        )
+        if value(buf[a:b]) != c
+    ]
+    return np.asarray(bad, dtype=np.int64)
+
+
+__all__ = [
+    "AFTER",
+    "BEFORE",
+    "FIELD_TAGS",
+    "FastRows",
+    "Framed",
+    "frame",
+    "parse_event",
+    "top_level",
+    "verify_tiled",
+    "zeros_crc",
+]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -13,33 +12,49 @@ from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import RecordError, scan
 from nanscope.reader._data import Problem
 from nanscope.reader._decode import DecodeError, parse_event
+from nanscope.reader._handles import NotARegularFile, open_fd, out_of_descriptors, shed
 
-
-class NotARegularFile(OSError):
-    """A dump file that is a directory, a FIFO, a device or a socket: never read from."""
+__all__ = [
+    "NotARegularFile",
+    "RecordLog",
+    "describe",
+    "open_regular",
+    "read_run_id",
+    "record_problem",
+    "unreadable",
+]
 
 
 def open_regular(path: Path) -> BinaryIO:
     """Open ``path`` for reading only if it is a regular file (following symlinks).
 
-    ``O_NONBLOCK`` keeps a FIFO planted in a dump from blocking the open; the
-    check after it refuses FIFOs, devices (``/dev/zero`` would never end) and
-    directories. Raises ``OSError`` (``NotARegularFile`` for those).
+    See :func:`._handles.open_fd`; raises ``OSError`` (``NotARegularFile`` for a FIFO,
+    device or directory). When the process has no descriptor left, the event files'
+    cached handles give half of theirs back and the open is tried once more.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile(f"{path}: not a regular file (a directory, FIFO or device)")
+        fd = open_fd(path)
+    except OSError as exc:
+        if not out_of_descriptors(exc) or not shed():
+            raise
+        fd = open_fd(path)
+    try:
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
 
 
-def unreadable(path: Path, exc: OSError) -> Problem:
-    """The problem to report for a dump file that cannot be opened or read."""
+def unreadable(path: Path, exc: OSError, events: bool = False) -> Problem:
+    """The problem to report for a dump file that cannot be opened or read (``events``: an
+    event file, whose events are then missing: the problem says the history is incomplete)."""
     why = str(exc) if isinstance(exc, NotARegularFile) else f"{path}: {exc.strerror or exc}"
-    return Problem("error", f"{why}; its events are not shown")
+    return Problem("error", f"{why}; its events are not shown", incomplete=events, file=str(path))
+
+
+def record_problem(err: RecordError, incomplete: bool) -> Problem:
+    """The problem to report for a damaged record (``incomplete``: of an event file)."""
+    return Problem("error", describe(err), incomplete=incomplete, file=err.path, offset=err.offset)
 
 
 class RecordLog:
@@ -64,6 +79,7 @@ class RecordLog:
                         Problem(
                             "warning",
                             f"{self.path}: file was replaced or truncated while being read",
+                            file=str(self.path),
                         )
                     )
                     self.offset = 0
@@ -79,7 +95,7 @@ class RecordLog:
             return
         result = scan(blob, str(self.path), base=self.offset)
         for err in result.errors:
-            problems.append(Problem("error", describe(err)))
+            problems.append(record_problem(err, incomplete=False))
         self.torn_at = result.end if result.torn else None
         self.offset = result.end
         for rec in result.records:
@@ -88,7 +104,10 @@ class RecordLog:
             except DecodeError as exc:
                 problems.append(
                     Problem(
-                        "error", f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped"
+                        "error",
+                        f"{self.path}: record at byte offset {rec.offset}: {exc}; skipped",
+                        file=str(self.path),
+                        offset=rec.offset,
                     )
                 )
 

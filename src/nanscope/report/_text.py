@@ -363,8 +363,7 @@ class _DataConsole(Console):
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(
-            seg if seg.control else Segment(terminal_safe(seg.text), seg.style)
-            for seg in buffer
+            seg if seg.control else Segment(terminal_safe(seg.text), seg.style) for seg in buffer
         )
 
 
