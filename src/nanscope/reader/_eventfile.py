@@ -123,6 +123,8 @@ def sidecar_rows(src: np.ndarray) -> np.ndarray:
 
 
 _SLICE = 1 << 20
+# Record headers compared with a sidecar's rows before saying its data file was cut short.
+_CUT_SAMPLES = 16
 
 
 class FileReplaced(RecordError):
@@ -383,6 +385,7 @@ class EventFile:
         if not self._consistent(rows, data_size, len(strings)):
             # A sidecar that disagrees with its data file is ignored from now on.
             self._sidecar_ok = False
+            self._cut_short(rows, problems)
             return
         end_of_rows = int(rows["offset"][-1]) + int(rows["length"][-1])
         damaged = self._verify(rows)
@@ -464,6 +467,44 @@ class EventFile:
                 break  # a torn tail: the writer is still writing it
             offset = result.end
         return rows[:n], strings, offset
+
+    def _cut_short(self, rows: np.ndarray, problems: list[Problem]) -> None:
+        """Say so when the data file ends before records its sidecar indexed.
+
+        The writer appends records before it indexes them, so a sidecar reaching past
+        the data file's end (as measured now, not when the update began: a live
+        writer may have appended both since) means the file lost its tail: a copy
+        cut short, a truncation. The scan then reads what is left.
+        """
+        end = int(rows["offset"][-1]) + int(rows["length"][-1])
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return
+        if end <= size:
+            return
+        offsets = rows["offset"].astype(np.int64)
+        within = np.flatnonzero(offsets + rows["length"] <= size)
+        picks = within[
+            np.linspace(0, len(within) - 1, min(_CUT_SAMPLES, len(within))).astype(np.int64)
+        ]
+        try:
+            for i in picks.tolist():
+                header = self.read(int(offsets[i]), 8)
+                if int.from_bytes(header, "little") != int(rows["length"][i]) - HEADER_SIZE - 4:
+                    # Other records where the index says: not this file's index (a circular
+                    # file replaced between the two reads), so no claim on its tail.
+                    return
+        except OSError:
+            return
+        lost = int(np.count_nonzero(offsets >= size))
+        err = RecordError(
+            str(self.path),
+            size,
+            f"the file ends here, but its index ({self.index_path.name}) lists records up to "
+            f"byte offset {end} ({lost} records or more are lost: the file was cut short)",
+        )
+        problems.append(record_problem(err, incomplete=True))
 
     def _consistent(self, rows: np.ndarray, data_size: int, n_strings: int) -> bool:
         """Rows must tile the data file from where we are (their headers are compared
