@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +75,16 @@ def test_exit_paths_flush_everything(tmp_path: Path, how: str, code: int) -> Non
     if how == "raise":
         assert "training crashed" in err  # the program's own traceback is still shown
     check_dump(tmp_path)
+    with nanscope.open_dump(tmp_path / "dump") as r:
+        assert r.incomplete == []  # the writer closed: nothing is missing
+
+
+def _report(tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "nanscope", "report", str(tmp_path / "dump"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return out.returncode, json.loads(out.stdout)
 
 
 def test_sigterm_flushes_and_still_dies_of_sigterm(tmp_path: Path) -> None:
@@ -121,3 +133,19 @@ def test_sigkill_before_any_flush_loses_the_buffer_but_leaves_a_readable_dump(
     with nanscope.open_dump(tmp_path / "dump") as r:
         assert r.num_executions() == 0  # the documented bound: one flush interval
         assert r.processes and r.processes[0].tensor_debug_mode is not None
+    # The NaN made before the kill is lost with the buffer: never an all-clear.
+    status, data = _report(tmp_path)
+    assert status == 2 and data["verdict"] == "incomplete", data
+    assert any("never closed" in p["message"] for p in data["incomplete"])
+
+
+def test_os_exit_after_a_flush_reads_what_was_flushed_and_gives_no_all_clear(
+    tmp_path: Path,
+) -> None:
+    proc = run(tmp_path, "os_exit", interval=0.2)
+    proc.communicate(timeout=60)
+    status, data = _report(tmp_path)
+    # What was flushed is read (the NaN among it); what came after may be lost: no all-clear.
+    assert data["found_nonfinite"] and data["origin"]["index"] == 10
+    assert status == 2 and data["verdict"] == "incomplete", data["verdict"]
+    assert any("never closed" in p["message"] for p in data["incomplete"])
