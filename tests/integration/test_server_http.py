@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import pytest
 
@@ -242,19 +242,21 @@ def test_loopback_with_a_given_token(tmp_path: Path) -> None:
         assert s.token is None and request(s, "/api/runs")[0] == 200
 
 
+def _serve_cli(logdir: Path, host: str, **env: str) -> tuple[subprocess.Popen[str], SplitResult]:
+    """A real ``nanscope serve`` on ``host`` and a free port, and the URL it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanscope", "serve", str(logdir), "--port", "0", "--host", host],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]
+    return proc, urlsplit(lines[1].split("open ", 1)[1].split()[0])
+
+
 def test_cli_beyond_loopback_prints_the_token_url(tmp_path: Path) -> None:
     write_small_dump(tmp_path)
-    env = {**os.environ, "NANSCOPE_TOKEN": "fixed-token-for-the-test"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", "0",
-         "--host", "0.0.0.0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    proc, parts = _serve_cli(tmp_path, "0.0.0.0", NANSCOPE_TOKEN="fixed-token-for-the-test")
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline(), proc.stdout.readline()]
-        url = lines[1].split("open ", 1)[1].split()[0]
-        parts = urlsplit(url)
         assert parts.query == "token=fixed-token-for-the-test"
         conn = http.client.HTTPConnection("127.0.0.1", parts.port, timeout=10)
         conn.request("GET", "/api/runs")
@@ -272,16 +274,8 @@ def test_cli_on_another_loopback_address_prints_a_url_that_answers(tmp_path: Pat
     """127.0.0.0/8 is loopback (on Linux every address of it is bound to ``lo``): the URL
     that ``nanscope serve --host 127.0.0.2`` prints must pass the server's Host check."""
     write_small_dump(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nanscope", "serve", str(tmp_path), "--port", "0",
-         "--host", "127.0.0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, parts = _serve_cli(tmp_path, "127.0.0.2")
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline(), proc.stdout.readline()]
-        url = lines[1].split("open ", 1)[1].split()[0]
-        parts = urlsplit(url)
         assert parts.hostname == "127.0.0.2" and not parts.query  # loopback: no token
         for path in (parts.path or "/", "/api/runs", "/static/app.js"):
             # As a browser opening the URL sends it: Host is the URL's host and port.
