@@ -306,7 +306,9 @@ def test_a_full_buffer_drops_events_but_keeps_the_nonfinite_one(
 ) -> None:
     # (The Python recorder has no buffer of its own: it hands events to the writer.)
     x = torch.ones(4)
-    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1) as s:
+    with nanscope.enable_dump_debug_info(
+        tmp_path, "FULL_HEALTH", circular_buffer_size=-1, origin_window=5
+    ) as s:
         session: Any = s._session
         eager = session.eager  # the native recorder
         eager.lib.set_capacity(50)
@@ -317,13 +319,17 @@ def test_a_full_buffer_drops_events_but_keeps_the_nonfinite_one(
                 torch.add(x, 1)
             born = torch.log(x - 1)  # -inf, in an over-full buffer
             dropped = eager.lib.dropped()
-    assert dropped == 11  # adds 51 to 60 and the subtraction; the -inf log was kept
-    assert "11 events dropped" in capfd.readouterr().err
+    # Of the 11 events past the capacity (adds 51 to 60 and the subtraction), the -inf log's
+    # window of 5 before it (4 adds and the subtraction) is kept with it: 6 are dropped.
+    assert dropped == 6
+    assert "6 events dropped" in capfd.readouterr().err
     reader = nanscope.open_dump(tmp_path)
     (drops,) = reader.writer_drops().values()
-    assert drops.executions == 11
+    assert drops.executions == 6
     executions = reader.executions()
-    assert [e.op_type for e in executions].count("aten.add.Tensor") == 50
+    ops = [e.op_type for e in executions]
+    assert ops.count("aten.add.Tensor") == 54
+    assert ops[-2:] == ["aten.sub.Tensor", "aten.log.default"]
     log = [e for e in executions if e.op_type == "aten.log.default"]
     assert len(log) == 1 and summary_of(log[0])[5] == 4  # its four -inf
     assert torch.isinf(born).all()

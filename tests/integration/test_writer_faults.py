@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,85 @@ def test_a_hung_disk_neither_stalls_nor_ends_the_program(tmp_path: Path, buffer:
     with nanscope.open_dump(logdir) as r:
         steps = r.index(EXECUTIONS)["step"]
         assert int(np.max(steps, initial=-1)) < FAULT_STEP + 5
+
+
+# FULL_TENSOR: each event holds whole tensors (a 512-wide MLP: values of 128 KiB to 1 MiB),
+# about 2.7 MiB a step. The disk fills up for good at step 20; a NaN is born at step 23.
+FULL_TENSOR_PROGRAM = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    import torch
+    import nanscope
+
+    logdir, steps, fault_step = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+    def status(field):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise KeyError(field)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 512)
+    y = torch.nn.functional.one_hot(torch.arange(64) % 8, 8).float()
+    session = nanscope.enable_dump_debug_info(
+        logdir, tensor_debug_mode="FULL_TENSOR", circular_buffer_size=-1, flush_interval=0.2,
+        **json.loads(os.environ["WRITER_OPTIONS"]),
+    )
+    rss_at_fault = 0
+    for step in range(steps):
+        if step == fault_step:
+            session.flush()
+            rss_at_fault = status("VmRSS")
+            with open(logdir.parent / "filler", "wb") as fh:
+                try:
+                    while True:
+                        fh.write(b"\\0" * (1 << 20))
+                        fh.flush()
+                except OSError:
+                    pass  # ENOSPC: full
+        probs = torch.softmax(model(x), dim=1)
+        sign = -1.0 if step == fault_step + 3 else 1.0
+        loss = -(y * torch.log(sign * probs)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    growth = status("VmHWM") - rss_at_fault
+    nanscope.disable_dump_debug_info()
+    st = session.writer.stats
+    print(json.dumps({"growth_kb": growth, "dropped": st.dropped, "failing": session.writer.failing}))
+    """
+)
+
+
+def test_full_tensor_on_a_full_disk_holds_bounded_bytes(tmp_path: Path) -> None:
+    """FULL_TENSOR on a disk that stays full: the events held are bounded in bytes
+    (``hold_limit_bytes``), and so is the queue (``max_queue_bytes``), whatever
+    ``hold_limit`` allows in events. 580 steps past the fault would hold about 1.5 GiB
+    of tensors; memory grows as in a healthy run (about 250 MiB here, the writer's
+    pipeline at this rate), and the report says that the NaN born meanwhile was lost.
+
+    glibc's heap, whose threshold for mapping large blocks rises as they are freed,
+    keeps freed 1 MiB buffers as fragments and grows the RSS of both a healthy and a
+    failing run step after step; a fixed threshold makes the RSS say what is held.
+    """
+    program = tmp_path / "program.py"
+    program.write_text(FULL_TENSOR_PROGRAM)
+    with tmpfs(tmp_path / "fs", "128m") as mount:
+        logdir = mount / "dump"
+        options = {"hold_limit_bytes": 32 << 20, "max_queue_bytes": 32 << 20}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+               "WRITER_OPTIONS": json.dumps(options), "MALLOC_MMAP_THRESHOLD_": "131072"}  # fmt: skip
+        out = subprocess.run([sys.executable, str(program), str(logdir), "600", "20"],
+                             capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["failing"] and result["dropped"] > 0
+        assert result["growth_kb"] < 600 << 10, result  # before the bounds in bytes: 1.4 GiB
+        with nanscope.open_dump(logdir) as r:
+            (drops,) = r.writer_drops().values()
+            assert drops.closed is True and drops.dropped == result["dropped"]
+            assert drops.nonfinite_dropped is not None and drops.nonfinite_dropped >= 1

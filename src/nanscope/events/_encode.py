@@ -20,7 +20,7 @@ from nanscope.format.headroom import (
     UNKNOWN_RANGES,
     RangeRow,
 )
-from nanscope.format.health import IndexRow, index_row
+from nanscope.format.health import IndexRow, index_row, of_array
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.tensors import ValueView, array_to_proto
@@ -30,6 +30,57 @@ _TAG = {f: wire.tag(f, wire.LEN) for f in (4, 5, 7, 8, 9, 10, 1004, 1006)}
 _TAG_VARINT = {f: wire.tag(f, wire.VARINT) for f in (1003, 1005, 1006)}
 # TensorFlow's NO_TENSOR graph trace: an empty float32 tensor of shape [0].
 _NO_TENSOR_PROTO = b"\x08\x01" + wire.len_field(2, wire.len_field(2, b""))
+
+MAX_VALUE_BYTES = 1 << 30
+"""FULL_TENSOR: the values one record holds at most, by default (see :func:`cap_values`)."""
+
+
+def omitted(value: np.ndarray) -> ValueView:
+    """A FULL_TENSOR value written without its elements: a view entry (``output_views``)
+    naming no record (sequence 0, which no execution has), with the value's shape, C-order
+    strides and health counts (``size``, then ``-inf, +inf, nan, negative, zero, positive``
+    for a float type)."""
+    shape = tuple(int(d) for d in value.shape)
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    counts: tuple[int, ...]
+    if value.dtype.kind == "c":
+        # No signs to count; its Inf and NaN in the slots a reader looks at.
+        flat = value.reshape(-1)
+        nan = inf = 0
+        for lo in range(0, flat.size, 1 << 21):
+            part = flat[lo : lo + (1 << 21)]
+            bad_nan = np.isnan(part)
+            nan += int(np.count_nonzero(bad_nan))
+            inf += int(np.count_nonzero(np.isinf(part) & ~bad_nan))
+        counts = (int(value.size), 0, inf, nan, 0, 0, 0)
+    else:
+        h = of_array(value)
+        if h.neg is None:  # not a float type: the size alone
+            counts = (int(value.size),)
+        else:
+            counts = (h.size, h.neg_inf, h.pos_inf, h.nan, h.neg, h.zero, h.pos)  # type: ignore[assignment]
+    return ValueView(0, 0, 0, shape, tuple(strides), counts)
+
+
+def cap_values(
+    values: Sequence[np.ndarray | ValueView | None], budget: int, views: bool = True
+) -> tuple[list[np.ndarray | ValueView | None], int, int]:
+    """FULL_TENSOR values with those past ``budget`` bytes (in order) written without their
+    elements: as :func:`omitted` views (``views``, outputs), or as nothing (inputs, which
+    have no view entries). Returns the values, the budget left and how many were omitted."""
+    out: list[np.ndarray | ValueView | None] = []
+    dropped = 0
+    for v in values:
+        if isinstance(v, np.ndarray):
+            if v.nbytes > budget:
+                out.append(omitted(v) if views else None)
+                dropped += 1
+                continue
+            budget -= v.nbytes
+        out.append(v)
+    return out, budget, dropped
 
 
 def collective_field(tag: CollectiveTag) -> bytes:
@@ -62,9 +113,16 @@ class Encoder:
     """Turns events into ``DebugEvent`` payloads, caching every constant part."""
 
     def __init__(
-        self, mode: TensorDebugMode, host_name: str, stacks: list[tuple[str, ...]]
+        self,
+        mode: TensorDebugMode,
+        host_name: str,
+        stacks: list[tuple[str, ...]],
+        max_value_bytes: int = MAX_VALUE_BYTES,
     ) -> None:
         self.mode = mode
+        # FULL_TENSOR: the values one record holds at most (see cap_values).
+        self.max_value_bytes = max_value_bytes
+        self.values_omitted = 0  # values written without their elements (past the bound)
         self.host_name = host_name
         self._stacks = stacks
         self._mode_exec = wire.int_field(6, int(mode))
@@ -107,6 +165,33 @@ class Encoder:
         if self.mode == TensorDebugMode.FULL_TENSOR:
             return bytes(array_to_proto(np.asarray(value)).SerializeToString())
         return self.summary_proto(value)
+
+    def cap_trace(self, value: np.ndarray | None) -> np.ndarray | None:
+        """FULL_TENSOR: a trace's value, or ``None`` when it is past :attr:`max_value_bytes`
+        (a trace has no view entries: its record then holds no value, and only the
+        sidecar index its health)."""
+        if (
+            self.mode == TensorDebugMode.FULL_TENSOR
+            and isinstance(value, np.ndarray)
+            and value.nbytes > self.max_value_bytes
+        ):
+            self.values_omitted += 1
+            return None
+        return value
+
+    def cap_outputs(
+        self, summaries: Sequence[np.ndarray | None]
+    ) -> tuple[Sequence[np.ndarray | None], int]:
+        """FULL_TENSOR: an execution's output values with those past the record's bound
+        (:attr:`max_value_bytes`) as :func:`omitted` views; returns them and the bytes of
+        values left for the inputs. Other modes: unchanged."""
+        if self.mode != TensorDebugMode.FULL_TENSOR:
+            return summaries, 0
+        capped, left, dropped = cap_values(summaries, self.max_value_bytes)
+        if not dropped:
+            return summaries, left
+        self.values_omitted += dropped
+        return capped, left  # type: ignore[return-value]
 
     # -- executions ------------------------------------------------------------------------
 
@@ -168,6 +253,10 @@ class Encoder:
             summaries = ()
         elif summaries is None:
             summaries = resolve(ev.summaries)
+        original = summaries
+        # FULL_TENSOR: at most max_value_bytes of values per record (the reader refuses
+        # records from 2 GiB); outputs first, then the inputs with what is left.
+        summaries, left = self.cap_outputs(summaries)
         parts = [head]
         ids = ev.input_tensor_ids
         if ids:
@@ -218,7 +307,12 @@ class Encoder:
         if sequence:
             parts += (_TAG_VARINT[1005], _V(sequence))
         if not no_tensor and ev.input_summaries:
-            for s in resolve(ev.input_summaries):
+            inputs = resolve(ev.input_summaries)
+            if self.mode == TensorDebugMode.FULL_TENSOR:
+                capped, _, dropped = cap_values(inputs, left, views=False)
+                self.values_omitted += dropped
+                inputs = capped  # type: ignore[assignment]
+            for s in inputs:
                 if s is not None and ranges is not None:
                     s = s[:TFDBG_WIDTH]
                 parts.append(field(1006, s))
@@ -237,7 +331,9 @@ class Encoder:
                 body,
             )
         )
-        return payload, index_row(self.mode, summaries), summaries
+        # The health from the capped values (an omitted value's counts were taken once);
+        # the values returned as they came (their ranges are still wanted).
+        return payload, index_row(self.mode, summaries), original
 
     def ranges(self, summaries: Sequence[np.ndarray | None]) -> RangeRow:
         """An execution's ranges for the range history, from its summaries (or FULL_TENSOR values)."""
@@ -273,7 +369,7 @@ class Encoder:
         if self.mode == TensorDebugMode.NO_TENSOR:
             value = _NO_TENSOR_PROTO
         else:
-            value = self.value_proto(ev.summary)
+            value = self.value_proto(self.cap_trace(ev.summary))
         body = (
             self._trace_head(ev.graph_id, ev.op_name, ev.output_slot)
             + wire.len_field(5, value)

@@ -17,16 +17,41 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+CHUNK = 16 << 20
+"""Bytes handed to one :func:`write` call at most: a long write reports its progress
+between chunks, so that a slow disk (a 1 GiB FULL_TENSOR record at 50 MB/s) is told
+apart from one that stopped responding."""
+
+# The progress callback of the disk thread running the operation (see DiskWorker).
+_local = threading.local()
+
+
+def _progressed() -> None:
+    note: Callable[[], None] | None = getattr(_local, "progress", None)
+    if note is not None:
+        note()
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd``, a chunk at a time (see :data:`CHUNK`)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += write(fd, view[done : done + CHUNK])
+        _progressed()
 
 
 class Op:
     """One resumable file operation; :meth:`run` raises ``OSError`` on failure."""
 
-    __slots__ = ("events", "of")
+    __slots__ = ("events", "nonfinite", "of")
 
     def __init__(self) -> None:
         self.events = 0  # the events whose records it writes (lost if it never runs)
+        self.nonfinite = 0  # how many of them hold Inf/NaN
         self.of = ""  # their file's suffix (files.EXECUTION, ...)
 
     def run(self) -> None:
@@ -48,7 +73,9 @@ class Append(Op):
         check_linked(self.fd)
         view = memoryview(self.data)
         while self.done < len(view):
-            self.done += write(self.fd, view[self.done :])
+            # A chunk at a time (see CHUNK); `done` survives a failure, so a retry resumes.
+            self.done += write(self.fd, view[self.done : self.done + CHUNK])
+            _progressed()
         # Free the bytes of a long job as soon as they are on disk.
         self.data = b""
         self.done = 0
@@ -69,11 +96,17 @@ class Sync(Op):
 
 
 class Replace(Op):
-    """Atomically replace a file with ``data`` (readers see the old or the new file whole)."""
+    """Atomically replace a file with ``data`` (readers see the old or the new file whole).
+
+    ``data`` may be a list of pieces, written one after the other: a circular
+    buffer's kept records are then never joined into one more copy of them.
+    """
 
     __slots__ = ("data", "path", "sync")
 
-    def __init__(self, path: Path, data: bytes, sync: bool) -> None:
+    def __init__(
+        self, path: Path, data: bytes | list[bytes | memoryview], sync: bool
+    ) -> None:  # fmt: skip
         super().__init__()
         self.path = path
         self.data = data
@@ -83,10 +116,8 @@ class Replace(Op):
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(self.data)
-            done = 0
-            while done < len(view):
-                done += write(fd, view[done:])
+            for piece in self.data if isinstance(self.data, list) else (self.data,):
+                write_all(fd, piece)
             if self.sync:
                 os.fsync(fd)
         except BaseException:
@@ -154,14 +185,21 @@ _REASONS = {
 def reason(exc: BaseException) -> str:
     """A few words for a person: ``disk full``, ``dump directory deleted``, ..."""
     if isinstance(exc, StalledError):
-        return "disk not responding"
+        return "disk too slow" if exc.slow else "disk not responding"
     if isinstance(exc, OSError) and exc.errno in _REASONS:
         return _REASONS[exc.errno]
     return type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
 
 
 class StalledError(OSError):
-    """A write has not returned for longer than the writer's ``io_timeout``."""
+    """A write has not returned for longer than the writer's ``io_timeout``.
+
+    ``slow``: it was still making progress (a slow disk, not a hung one).
+    """
+
+    def __init__(self, message: str, slow: bool = False) -> None:
+        super().__init__(message)
+        self.slow = slow
 
 
 class DiskWorker:
@@ -176,6 +214,7 @@ class DiskWorker:
         self._job: list[Op] | None = None
         self._running: list[Op] = []
         self._busy_since: float | None = None  # time.monotonic() when the running job began
+        self._progress = 0.0  # time.monotonic() when the running job last wrote a chunk
         self._failed: list[Op] = []
         self._error: BaseException | None = None
         self._finished = True  # no result waiting to be collected
@@ -191,6 +230,26 @@ class DiskWorker:
         """Seconds the running job has taken so far (0 when idle)."""
         since = self._busy_since
         return 0.0 if since is None else time.monotonic() - since
+
+    def stalled_for(self) -> float:
+        """Seconds since the running job last made progress (began, or wrote a chunk, or
+        finished an operation); 0 when idle. A slow disk keeps this small; a hung one
+        lets it grow as :meth:`busy_for` does."""
+        since = self._busy_since
+        if since is None:
+            return 0.0
+        return time.monotonic() - max(since, self._progress)
+
+    def wait_progressing(self, deadline: float, stall: float) -> bool:
+        """Wait until idle, as long as the running job makes progress (no ``stall`` seconds
+        without a chunk written) and ``deadline`` (``time.monotonic()``) has not passed.
+        True when idle."""
+        while True:
+            left = deadline - time.monotonic()
+            if self.wait_idle(max(0.0, min(left, 0.25))):
+                return True
+            if left <= 0 or self.stalled_for() > stall:
+                return False
 
     def submit(self, ops: list[Op], done: threading.Event | None = None) -> None:
         """Run ``ops`` in order; ``done`` is set when all succeeded."""
@@ -230,7 +289,11 @@ class DiskWorker:
             self._stopping = True
             self._cv.notify_all()
 
+    def _note_progress(self) -> None:
+        self._progress = time.monotonic()
+
     def _run(self) -> None:
+        _local.progress = self._note_progress
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._job is not None or self._stopping)
@@ -246,6 +309,7 @@ class DiskWorker:
                 except Exception as exc:  # OSError mostly; anything else is as fatal to the job
                     failed, error = job[i:], exc
                     break
+                self._progress = time.monotonic()
             with self._cv:
                 self._failed, self._error = failed, error
                 self._running = []

@@ -33,7 +33,7 @@ import numpy as np
 from nanscope.events._io import Append, Op, Replace, Sync
 from nanscope.format import sidecar
 from nanscope.format.files import INDEX_SUFFIX
-from nanscope.format.records import frame
+from nanscope.format.records import OVERHEAD, frame
 from nanscope.format.strings import StringTable
 
 # Row tuples in the order of sidecar.ROW_DTYPE without offset and length:
@@ -41,6 +41,7 @@ from nanscope.format.strings import StringTable
 #  nonfinite, phase, device).
 RowTuple = tuple[int, int, int, float, int, int, int, int, int, int, int, int, int]
 _NAN = 9  # the position of the NaN count in a RowTuple
+_NONFINITE = 10  # and of the non-finite flag
 
 # sidecar.ROW_DTYPE without offset and length (same item size): row tuples convert to it
 # in one call, and the array is then viewed as ROW_DTYPE.
@@ -176,9 +177,12 @@ class EventStream:
     anchor inside an open window extends that window.
 
     An unbounded stream becomes bounded in the same way while the disk takes
-    nothing (:meth:`hold`): it keeps at most ``limit`` unprotected events and
-    the anchors' windows, and counts the others in ``dropped``; what it kept is
-    appended when the disk works again (the sequence numbers then show the gap).
+    nothing (:meth:`hold`): it keeps at most ``limit`` unprotected events, and
+    at most ``limit_bytes`` bytes of them, and the anchors' windows, and counts
+    the others in ``dropped`` (those holding Inf/NaN also in
+    ``nonfinite_dropped``); what it kept is appended when the disk works again
+    (the sequence numbers then show the gap). An event's bytes are its
+    record's length, or, before it is encoded, the estimate it was added with.
     """
 
     def __init__(
@@ -200,13 +204,22 @@ class EventStream:
         self.dirty = False
         self.evicted = 0  # events the circular buffer let go of
         self.dropped = 0  # events an unbounded stream let go of while the disk took nothing
+        self.nonfinite_dropped = 0  # how many of the dropped ones held Inf/NaN
         self._pending_mark = self._written_mark = 0  # evicted + kept, at a rewrite (circular)
+        # The arrival number of the first event after a rewrite (circular): the events from
+        # the last rewrite that reached the disk on are not in the file.
+        self._pending_arrival = self._written_arrival = 0
         self._bound = capacity if capacity > 0 else 0  # 0: unbounded (now)
+        self._byte_bound = 0  # while held: the unprotected events' bytes at most (0: none)
+        # Bytes of the events added since the floor last moved by bytes: an upper bound
+        # of what the unprotected events kept hold (exact walks only when it passes the bound).
+        self._tail_bytes = 0
         self._blocks: list[_Block] = []
         self._pinned = 0  # leading blocks that hold only protected events
-        # Events added one at a time since the last block was sealed.
+        # Events added one at a time since the last block was sealed, and their bytes.
         self._items: list[Any] = []
         self._rows: list[RowTuple] = []
+        self._sizes: list[int] = []
         self._n = 0  # the next event's arrival number
         self._base = 0  # the first event not written yet (unbounded) or ever added (circular)
         self._floor = 0  # unprotected events below it were let go of
@@ -233,8 +246,12 @@ class EventStream:
 
     # -- adding events --------------------------------------------------------------------
 
-    def add(self, spec: Any, row: RowTuple, nonfinite: bool) -> None:
-        """Add one event: ``spec`` for ``encode``, or its framed record (bytes)."""
+    def add(self, spec: Any, row: RowTuple, nonfinite: bool, nbytes: int = 0) -> None:
+        """Add one event: ``spec`` for ``encode``, or its framed record (bytes).
+
+        ``nbytes``: about how many bytes its record will take (a framed record's own
+        length counts when not given); what bounds a hold in bytes.
+        """
         self.dirty = True
         i = self._n
         if nonfinite and self._bound and self._anchoring:
@@ -243,10 +260,15 @@ class EventStream:
             key = (row[0] if op_kind is None else op_kind(row[0], row[1]), row[_NAN] > 0)
             if key not in self._anchors and self._new_anchor(key):
                 self._anchor(i)
+        if not nbytes:
+            nbytes = len(spec) if type(spec) is bytes else OVERHEAD
         self._items.append(spec)
         self._rows.append(row)
+        self._sizes.append(nbytes)
+        self._tail_bytes += nbytes
         self._n = i + 1
-        if len(self._rows) >= SEAL:
+        # Past the bound in bytes (large FULL_TENSOR events), at once, not a block later.
+        if len(self._rows) >= SEAL or (self._byte_bound and self._tail_bytes > self._byte_bound):
             self._seal()
             self._trim()
 
@@ -262,12 +284,17 @@ class EventStream:
         ``rows`` are full sidecar rows whose ``offset`` and ``length`` are filled then."""
         if not len(rows):
             return
+        # Their records' lengths, for a hold's bound in bytes (set again when framed).
+        rows["length"] = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+        rows["length"] += OVERHEAD
         self._add_block(_Block(self._n, rows, None, payloads, raw=True))
 
     def _add_block(self, block: _Block) -> None:
         self.dirty = True
         self._seal()
         self._blocks.append(block)
+        if self._byte_bound:
+            self._tail_bytes += int(block.rows["length"].sum())
         self._n = block.first + len(block.rows)
         if self._bound:
             if self._anchoring:
@@ -279,8 +306,10 @@ class EventStream:
         if not self._rows:
             return
         rows = np.array(self._rows, dtype=_TAIL_DTYPE).view(sidecar.ROW_DTYPE)
+        # Until they are framed, the length column holds the estimates they came with.
+        rows["length"] = self._sizes
         self._blocks.append(_Block(self._n - len(rows), rows, None, self._items))
-        self._items, self._rows = [], []
+        self._items, self._rows, self._sizes = [], [], []
 
     # -- the anchor rule ------------------------------------------------------------------
 
@@ -366,15 +395,82 @@ class EventStream:
             need -= gap
             pos = s
         floor = max(0, pos - need)
+        if self._byte_bound and self._tail_bytes > self._byte_bound:
+            floor = max(floor, self._byte_floor(end))
         old = self._floor
         if floor <= old:
             return
         let_go = (floor - old) - self._protected(old, floor)
-        self._floor = floor
         if self.circular:
             self.evicted += let_go
         else:
             self.dropped += let_go
+            if let_go:
+                self.nonfinite_dropped += self._nonfinite_between(old, floor)
+        self._floor = floor
+
+    def _byte_floor(self, end: int) -> int:
+        """The lowest floor that keeps at most the byte bound of unprotected events
+        among those before ``end`` (the newest kept; one larger than the bound is not)."""
+        numbers, lengths, _ = self._gather(self._floor, end)
+        if not len(numbers):
+            self._tail_bytes = 0
+            return self._floor
+        sizes = np.where(self._in_windows(numbers), 0, lengths)
+        tail = np.cumsum(sizes[::-1])[::-1]  # bytes of the unprotected events from i on
+        over = np.flatnonzero(tail > self._byte_bound)
+        if not len(over):
+            self._tail_bytes = int(tail[0])
+            return self._floor
+        k = int(over[-1]) + 1
+        self._tail_bytes = int(tail[k]) if k < len(tail) else 0
+        return int(numbers[k - 1]) + 1
+
+    def _in_windows(self, numbers: np.ndarray) -> np.ndarray:
+        """Which of the arrival numbers ``numbers`` lie in a window."""
+        inside = np.zeros(len(numbers), dtype=bool)
+        for s, e in self._windows:
+            inside |= (numbers >= s) & (numbers < e)
+        return inside
+
+    def _gather(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The arrival numbers, bytes and non-finite flags of the events still held
+        whose numbers are in ``[lo, hi)``, in order."""
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for block in self._blocks[self._pinned :] if lo >= self._floor else self._blocks:
+            if block.end <= lo:
+                continue
+            if block.first >= hi:
+                break
+            numbers = block.numbers()
+            pick = (numbers >= lo) & (numbers < hi)
+            rows = block.rows
+            parts.append(
+                (numbers[pick], rows["length"][pick].astype(np.int64), rows["nonfinite"][pick] == 1)
+            )
+        if self._rows:
+            first = self._n - len(self._rows)
+            a, b = max(lo, first) - first, min(hi, self._n) - first
+            if a < b:
+                parts.append((
+                    np.arange(first + a, first + b, dtype=np.int64),
+                    np.array(self._sizes[a:b], dtype=np.int64),
+                    np.array([r[_NONFINITE] == 1 for r in self._rows[a:b]], dtype=bool),
+                ))  # fmt: skip
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0, dtype=bool)
+        if len(parts) == 1:
+            return parts[0]
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                np.concatenate([p[2] for p in parts]))  # fmt: skip
+
+    def _nonfinite_between(self, lo: int, hi: int) -> int:
+        """Unprotected events holding Inf/NaN among those held in ``[lo, hi)``."""
+        numbers, _, bad = self._gather(lo, hi)
+        if not bad.any():
+            return 0
+        return int((bad & ~self._in_windows(numbers)).sum())
 
     def _trim(self) -> None:
         """Evict up to the newest event, and free what the blocks no longer keep."""
@@ -465,15 +561,23 @@ class EventStream:
 
     # -- holding on while the disk takes nothing (unbounded streams) -----------------------
 
-    def hold(self, limit: int) -> None:
-        """Bound an unbounded stream to ``limit`` events (and the anchors' windows)
-        while the disk takes nothing; ``0`` lifts the bound. No-op when circular."""
-        if self.circular or limit == self._bound:
+    def hold(self, limit: int, limit_bytes: int = 0) -> None:
+        """Bound an unbounded stream to ``limit`` events and ``limit_bytes`` bytes of them
+        (``0``: no bound in bytes), and the anchors' windows, while the disk takes
+        nothing; ``limit`` 0 lifts the bound. No-op when circular."""
+        if self.circular or (limit == self._bound and limit_bytes == self._byte_bound):
             return
+        was = self._bound
         self._bound = max(0, limit)
+        self._byte_bound = max(0, limit_bytes) if self._bound else 0
         if not self._bound:
             self._unscanned = self._n
             return
+        if was:
+            self._trim()  # only the bounds changed
+            return
+        # Every event held counts toward the bound in bytes until the first exact walk.
+        self._tail_bytes = int(self._gather(self._floor, self._n)[1].sum())
         self._anchoring = len(self._anchors) < MAX_ANCHORS or not self._nan_seen
         # What arrived before the disk was known to fail goes through the anchor
         # rule too: the first NaN may be among it.
@@ -538,6 +642,7 @@ class EventStream:
         self._pinned = 0
         self._windows = []
         self._base = self._floor = self._tail_floor = self._n
+        self._tail_bytes = 0
         if self._unscanned >= 0:
             self._unscanned = self._n
         if not len(rows):
@@ -550,18 +655,21 @@ class EventStream:
             self._index.write(chunk)
         ops = self._data.take(sync)
         ops[0].events, ops[0].of = len(rows), self.kind
+        ops[0].nonfinite = int((rows["nonfinite"] == 1).sum())
         # Data before index: a reader never finds a row whose record is not there yet
         # (the disk thread runs them in order and stops at the first failure).
         return ops + self._index.take(sync)
 
     def _rewrite(self, sync: bool) -> list[Op]:
         pieces, rows = self._collect(0)
-        data = b"".join(pieces)
         index = frame(sidecar.strings_chunk(self.strings.strings[1:])) + b"".join(
             frame(chunk) for chunk in sidecar.rows_chunks(rows)
         )
         self._pending_mark = self.evicted + len(rows)
-        return [Replace(self.path, data, sync), Replace(self.index_path, index, sync)]
+        self._pending_arrival = self._n
+        # The pieces are written one after the other: joined, a buffer of FULL_TENSOR
+        # values would be copied whole at every flush.
+        return [Replace(self.path, pieces, sync), Replace(self.index_path, index, sync)]
 
     def drop_held(self) -> None:
         """Count what an unbounded stream holds in memory as dropped (the disk never
@@ -569,6 +677,13 @@ class EventStream:
         self._seal()
         self._trim()
         kept = self._held()
+        lo = self._written_arrival if self.circular else self._base
+        numbers, _, bad = self._gather(lo, self._n)
+        if bad.any():
+            # Those of them that are kept: all at or above the floor, and those in windows.
+            self.nonfinite_dropped += int(
+                (bad & ((numbers >= self._floor) | self._in_windows(numbers))).sum()
+            )
         if self.circular:
             # Every event added was evicted or is kept: those past the mark of the
             # last rewrite that reached the disk, and still kept, are not in the file.
@@ -579,11 +694,13 @@ class EventStream:
         self._pinned = 0
         self._windows = []
         self._base = self._floor = self._tail_floor = self._n
+        self._tail_bytes = 0
         self.dirty = False
 
     def confirm(self) -> None:
         """The operations of the last :meth:`flush` reached the disk."""
         self._written_mark = self._pending_mark
+        self._written_arrival = self._pending_arrival
 
     def close(self) -> None:
         """Close the file descriptors (after the last :meth:`flush`'s operations ran)."""

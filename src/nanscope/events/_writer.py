@@ -12,12 +12,16 @@ that hangs is reported once on stderr and in the dump's ``.nsdrops`` file,
 the events wait in bounded memory (the circular buffers, or the newest
 ``hold_limit`` events and the first Inf/NaN's windows) and the write is
 retried with backoff; a producer faster than the writer waits at most
-``backpressure_timeout`` seconds, then events are dropped and counted.
+``backpressure_timeout`` seconds, then events are shed and counted, never those
+that hold the first Inf/NaN or their windows (events/_shed.py). Both bounds
+count bytes as well as events (FULL_TENSOR events hold whole tensors), and a
+FULL_TENSOR record keeps its values only up to ``max_value_bytes``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,7 +42,7 @@ import numpy as np
 
 from nanscope._version import __version__
 from nanscope.events import _lifecycle as lifecycle
-from nanscope.events._encode import Encoder, resolve
+from nanscope.events._encode import MAX_VALUE_BYTES, Encoder, resolve
 from nanscope.events._history import RangeHistory
 from nanscope.events._io import DiskWorker, Op, Overwrite, Replace, StalledError, reason
 from nanscope.events._model import ExecutionEvent, Graph, GraphOp, TraceEvent
@@ -58,13 +62,14 @@ from nanscope.events._queue import (
     QueuedTrace,
     QueueItem,
 )
+from nanscope.events._shed import Piece, Shedder
 from nanscope.events._stacks import SnapshotPolicy, StackInterner, read_source_lines
 from nanscope.events._streams import AppendFile, EventStream
 from nanscope.format import files, sidecar
-from nanscope.format.health import UNKNOWN_ROW, index_row
+from nanscope.format.health import UNKNOWN_ROW, IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import frame
+from nanscope.format.records import OVERHEAD, frame
 
 FILE_VERSION = "debug.Event:1"
 
@@ -115,16 +120,25 @@ class WriterStats:
     errors: int = 0
     waits: int = 0  # times a producer waited for the writer (backpressure)
     max_backlog: int = 0  # most events ever waiting for the background thread
+    max_backlog_bytes: int = 0  # most bytes ever waiting for it (seen when a producer waits)
     io_errors: int = 0  # disk operations that failed (each retry counts)
     executions_dropped: int = 0  # events lost: shed by producers, let go of while the disk
     traces_dropped: int = 0  # took nothing, or not written at close
     records_dropped: int = 0  # stack frames, source files, graphs that did not fit while held
+    executions_shed: int = 0  # of the dropped: shed by producers (the writer fell behind)
+    traces_shed: int = 0
+    nonfinite_dropped: int = 0  # of the dropped: events that held Inf/NaN
+    values_omitted: int = 0  # FULL_TENSOR values written without their elements (too large)
 
     @property
     def dropped(self) -> int:
         """Events (executions and traces) that did not reach the dump."""
         return self.executions_dropped + self.traces_dropped
 
+
+# An event's bytes in memory, beyond a FULL_TENSOR value's elements: its Python objects or
+# its record's other fields (an estimate; what the byte bounds count).
+EVENT_BYTES = 256
 
 DROPS_SIZE = 4096
 """Bytes reserved for the ``.nsdrops`` report when the writer starts: rewriting
@@ -156,16 +170,25 @@ class DumpWriter:
       killed by SIGKILL loses.
     - ``source_snapshots``: ``"user"`` records the lines of the user's own files
       (not of the standard library or installed packages), ``"all"`` or ``"none"``.
-    - ``max_queue``: events waiting for the background thread beyond which the
-      producing thread waits (bounds memory when events come faster than disk).
+    - ``max_queue``, ``max_queue_bytes``: events, and their bytes, waiting for the
+      background thread beyond which the producing thread waits (bounds memory
+      when events come faster than the writer takes them).
     - ``backpressure_timeout``: seconds a producer waits for the writer at most;
-      then events are dropped (counted) until the writer has caught up with half
-      of ``max_queue``, keeping the non-finite ones of encoded batches.
+      then events are shed (counted) until the writer has caught up with half
+      of both bounds, keeping the first Inf/NaN of each (op type, has NaN) pair
+      with its window on each side, and the other non-finite events while the
+      backlog stays below twice the bounds (events/_shed.py).
     - ``io_timeout``: seconds after which a write that has not returned counts
-      as a hung disk (the writer then holds events in bounded memory).
-    - ``hold_limit``: while the disk takes nothing, an unbounded dump
-      (``circular_buffer_size <= 0``) keeps the newest this many events of each
-      kind (and the anchors' windows); older ones are dropped, and counted.
+      as a hung disk, or a slow one when it still makes progress (the writer
+      then holds events in bounded memory; at close it waits for a slow disk,
+      until ``close``'s timeout, but not for a hung one).
+    - ``hold_limit``, ``hold_limit_bytes``: while the disk takes nothing, an
+      unbounded dump (``circular_buffer_size <= 0``) keeps the newest this many
+      events of each kind, and at most this many bytes of them (and the
+      anchors' windows); older ones are dropped, and counted.
+    - ``max_value_bytes``: FULL_TENSOR: the values one record holds at most
+      (:data:`MAX_VALUE_BYTES`); past it an output is written with its shape and
+      health counts only (docs/FORMAT.md).
     - ``thread_init``: called first on the writer's thread (a backend marks the
       thread as its own, so that nothing it runs there is recorded).
 
@@ -191,6 +214,9 @@ class DumpWriter:
         backpressure_timeout: float = 5.0,
         io_timeout: float = 10.0,
         hold_limit: int = 20_000,
+        max_queue_bytes: int = 256 << 20,
+        hold_limit_bytes: int = 256 << 20,
+        max_value_bytes: int = MAX_VALUE_BYTES,
         thread_init: Callable[[], None] | None = None,
     ) -> None:
         # A mode given as a TensorDebugMode was parsed by the caller: this only checks
@@ -209,10 +235,14 @@ class DumpWriter:
         # Clock anchors, taken together (DebugMetadata.clock_wall/clock_monotonic).
         self.start_time, self.start_monotonic = time.time(), time.monotonic()
         self.flush_interval = flush_interval
+        self.origin_window = max(0, origin_window)
         self.max_queue = max_queue
         self.backpressure_timeout = backpressure_timeout
         self.io_timeout = io_timeout
         self.hold_limit = max(1, hold_limit)
+        self.max_queue_bytes = max(1, max_queue_bytes)
+        self.hold_limit_bytes = max(1, hold_limit_bytes)
+        self.max_value_bytes = max(0, max_value_bytes)
         self.stats = WriterStats()
         self._thread_init = thread_init
 
@@ -226,16 +256,30 @@ class DumpWriter:
         self._graph_op_types: dict[tuple[str, str], str] = {}
         self._symbolic_next = 1  # the next symbolic tensor id for a graph op written without any
         self.stacks = StackInterner(self._queue.append, source_snapshots)
-        self._encoder = Encoder(self.mode, self.host_name, self.stacks.stacks)
+        # FULL_TENSOR: an output (or input) whose values would take its record past
+        # max_value_bytes is written with its shape and health counts only: a record stays
+        # well below the 2 GiB the reader accepts (nanscope.format.records.MAX_RECORD_SIZE),
+        # and decoding one costs a few times its size in memory.
+        self._encoder = Encoder(self.mode, self.host_name, self.stacks.stacks, self.max_value_bytes)
         self._closed = False
         self._wake = threading.Event()
         self._warned = False
         self._backlog = 0  # events enqueued and not yet processed (written under _seq_lock)
+        self._backlog_bytes = 0  # and their bytes (see _item_bytes)
+        self._full_tensor = self.mode == TensorDebugMode.FULL_TENSOR
 
         # The disk's state, all kept by the writer's thread.
         self._shedding = False  # producers drop events (the writer thread fell behind)
-        self._shed_executions = 0  # events they dropped (under _seq_lock)
-        self._shed_traces = 0
+        # What producers shed, by kind (under _seq_lock), and events a recorder let go of
+        # before they reached the writer (count_dropped).
+        self._shed_exec = Shedder(origin_window)
+        self._shed_trace = Shedder(origin_window)
+        self._recorder_dropped = 0
+        self._recorder_nonfinite = 0
+        # Events that were queued when closing on a failed disk, only counted (not written).
+        self._abandoned_executions = 0
+        self._abandoned_traces = 0
+        self._abandoned_nonfinite = 0
         self._told_shedding = False
         self._fault: BaseException | None = None  # what the disk does wrong now
         self._faults: list[dict[str, Any]] = []  # each outage: reason, error, since, until
@@ -244,6 +288,7 @@ class DumpWriter:
         self._backoff = 0.0
         self._last_write = self.start_time  # when a disk job last succeeded
         self._report_due = False  # the .nsdrops report is out of date
+        self._reported: tuple[int, ...] = ()  # the counters the last report was made from
         self._close_deadline = 0.0
         self._abandon = False  # closing on a failed disk: queued events are only counted
         self._closing = False  # close() was called: the writer thread decides _abandon
@@ -377,13 +422,22 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._exec_next
             self._exec_next += 1
+            item = QueuedExecution(event, seq, event.wall_time or time.time())
             if self._shedding and self._still_shedding():
-                # Dropped: its sequence number stays unused, which readers show as a gap.
-                self._shed_executions += 1
-                return seq
-            self._queue.append(QueuedExecution(event, seq, event.wall_time or time.time()))
-            self._backlog += 1
-        if self._backlog > self.max_queue:
+                # Shed unless the windows rule wants it (events/_shed.py); a shed event's
+                # sequence number stays unused, which readers show as a gap.
+                health = self._execution_health(event)
+                self._shed_single(self._shed_exec, item, event.op_type, health)
+            else:
+                # Inline: the hot path of recorders that hand over one event at a time.
+                self._queue.append(item)
+                self._backlog += 1
+                self._backlog_bytes += (
+                    EVENT_BYTES + _values_bytes(event.summaries)
+                    if self._full_tensor
+                    else EVENT_BYTES
+                )
+        if self._backlog > self.max_queue or self._backlog_bytes > self.max_queue_bytes:
             self._backpressure()
         return seq
 
@@ -441,19 +495,24 @@ class DumpWriter:
             if n:
                 self._exec_next += n
                 if self._shedding and self._still_shedding():
-                    # Keep the non-finite ones (the origin the user looks for) while the
-                    # backlog leaves room; the field at 11 is EncodedExecution.nonfinite.
-                    kept = (
-                        [r for r in records if r[11] == 1]
-                        if self._backlog < 2 * self.max_queue
-                        else []
+                    # By position: the field at 11 is EncodedExecution.nonfinite, 10 the NaN
+                    # count, 1 the op type.
+                    bad = np.array([i for i, r in enumerate(records) if r[11] == 1], dtype=np.int64)
+                    picked = [records[i] for i in bad.tolist()]
+                    keep, need = self._shed_exec.plan(
+                        n, bad, [r[10] > 0 for r in picked], [r[1] for r in picked], self._room()
                     )
-                    self._shed_executions += n - len(kept)
-                    records = kept
-                if records:
-                    self._queue.append(EncodedExecutions(records))
-                    self._backlog += len(records)
-        if self._backlog > self.max_queue:
+
+                    def subset(mask: np.ndarray) -> EncodedExecutions:
+                        return EncodedExecutions(
+                            [records[i] for i in np.flatnonzero(mask).tolist()]
+                        )
+
+                    self._apply_plan(self._shed_exec, keep, need, bad, subset)
+                else:
+                    item = EncodedExecutions(records)
+                    self._enqueue(item, n, self._item_bytes(item))
+        if self._over():
             self._backpressure()
         return n
 
@@ -472,15 +531,19 @@ class DumpWriter:
             if batch is not None and n:
                 self._exec_next += n
                 if self._shedding and self._still_shedding():
-                    # Keep the non-finite ones (the origin the user looks for) while the
-                    # backlog leaves room.
-                    kept = _nonfinite_only(batch) if self._backlog < 2 * self.max_queue else None
-                    self._shed_executions += n - (kept.events if kept is not None else 0)
-                    batch = kept
-                if batch is not None and batch.events:
-                    self._queue.append(batch)
-                    self._backlog += batch.events
-        if self._backlog > self.max_queue:
+                    rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
+                    bad = np.flatnonzero(rows["nonfinite"] == 1)
+                    names = batch.names
+                    keep, need = self._shed_exec.plan(
+                        n, bad, (rows["nan"][bad] > 0).tolist(),
+                        [names[k] for k in rows["name"][bad].tolist()], self._room(),
+                    )  # fmt: skip
+                    self._apply_plan(
+                        self._shed_exec, keep, need, bad, lambda mask: _subset(batch, mask)
+                    )
+                else:
+                    self._enqueue(batch, n, len(batch.data))
+        if self._over():
             self._backpressure()
         return n
 
@@ -490,12 +553,23 @@ class DumpWriter:
         with self._seq_lock:
             seq = self._trace_seq
             self._trace_seq += 1
+            item = QueuedTrace(event, seq, event.wall_time or time.time())
             if self._shedding and self._still_shedding():
-                self._shed_traces += 1
-                return seq
-            self._queue.append(QueuedTrace(event, seq, event.wall_time or time.time()))
-            self._backlog += 1
-        if self._backlog > self.max_queue:
+                health = (
+                    index_row(self.mode, (event.summary,))
+                    if event.summary is not None and self.mode != TensorDebugMode.NO_TENSOR
+                    else None
+                )
+                self._shed_single(self._shed_trace, item, (event.graph_id, event.op_name), health)
+            else:
+                self._queue.append(item)
+                self._backlog += 1
+                self._backlog_bytes += (
+                    EVENT_BYTES + _values_bytes((event.summary,))
+                    if self._full_tensor
+                    else EVENT_BYTES
+                )
+        if self._over():
             self._backpressure()
         return seq
 
@@ -521,54 +595,226 @@ class DumpWriter:
         with self._seq_lock:
             first = self._trace_seq
             self._trace_seq += n
-            if self._shedding and self._still_shedding():
-                self._shed_traces += n
-                return first
-            self._queue.append(
-                GraphCallTraces(
-                    graph_id=graph_id,
-                    op_names=op_names,
-                    output_slots=output_slots,
-                    summaries=summaries,
-                    device_name=device_name,
-                    step=step,
-                    first_sequence=first,
-                    wall_time=time.time(),
-                )
+            call = GraphCallTraces(
+                graph_id=graph_id,
+                op_names=op_names,
+                output_slots=output_slots,
+                summaries=summaries,
+                device_name=device_name,
+                step=step,
+                first_sequence=first,
+                wall_time=time.time(),
             )
-            self._backlog += n
-        if self._backlog > self.max_queue:
+            if self._shedding and self._still_shedding():
+                self._shed_call(call)
+            else:
+                self._enqueue(call, n, self._item_bytes(call))
+        if self._over():
             self._backpressure()
         return first
 
     def _put(self, item: QueueItem) -> None:
         self._queue.append(item)
 
+    # -- the backlog and shedding (producers, under _seq_lock) -----------------------------
+
+    def _enqueue(self, item: QueueItem, events: int, nbytes: int) -> None:
+        self._queue.append(item)
+        self._backlog += events
+        self._backlog_bytes += nbytes
+
+    def _enqueue_pieces(self, pieces: Sequence[Piece]) -> None:
+        for piece in pieces:
+            self._enqueue(piece.item, piece.events, piece.nbytes)
+
+    def _over(self) -> bool:
+        """Whether the backlog is past a bound (the producer then waits, or sheds)."""
+        return self._backlog > self.max_queue or self._backlog_bytes > self.max_queue_bytes
+
+    def _caught_up(self) -> bool:
+        """Whether the writer has caught up with half of both bounds."""
+        return (
+            self._backlog <= self.max_queue // 2
+            and self._backlog_bytes <= self.max_queue_bytes // 2
+        )
+
+    def _room(self) -> bool:
+        """Whether non-finite events that no window asks for may still be kept while
+        shedding: the backlog is below twice both bounds."""
+        return self._backlog < 2 * self.max_queue and self._backlog_bytes < 2 * self.max_queue_bytes
+
+    def _item_bytes(self, item: Any) -> int:
+        """About the bytes a queued item holds, what ``max_queue_bytes`` bounds: its
+        records' bytes, or its FULL_TENSOR values' and :data:`EVENT_BYTES` per event.
+        The same number when the item is enqueued and when it is processed."""
+        kind = type(item)
+        if kind is ExecutionBatch:
+            return len(item.data)
+        if kind is QueuedExecution:
+            if self._full_tensor:
+                return EVENT_BYTES + _values_bytes(item.event.summaries)
+            return EVENT_BYTES
+        if kind is EncodedExecutions:
+            return sum([len(r[0]) for r in item.records]) + OVERHEAD * len(item.records)
+        if kind is QueuedTrace:
+            if self._full_tensor:
+                return EVENT_BYTES + _values_bytes((item.event.summary,))
+            return EVENT_BYTES
+        if kind is GraphCallTraces:
+            values = item.summaries
+            held = (
+                values.nbytes
+                if isinstance(values, np.ndarray)
+                else (_values_bytes(values) if self._full_tensor else 0)
+            )
+            return EVENT_BYTES * len(item.op_names) + held
+        return 0
+
+    def _execution_health(self, event: ExecutionEvent) -> IndexRow | None:
+        """A queued execution's health, as far as the producer can tell: ``None`` while
+        its summaries are still on a device (fetching them here could wait for the very
+        thread that asks: device_buffer.py submits a batch at the step's end)."""
+        if self.mode == TensorDebugMode.NO_TENSOR:
+            return UNKNOWN_ROW
+        summaries = event.summaries
+        if not isinstance(summaries, (list, tuple)):
+            return None
+        return index_row(self.mode, summaries)
+
+    def _shed_single(
+        self, shedder: Shedder, item: QueueItem, key: Any, health: IndexRow | None
+    ) -> None:
+        """Keep one event after all, or put it in the ring (see events/_shed.py).
+
+        ``health`` ``None``: not known yet (device summaries); such an event is kept
+        while the backlog leaves room, and counted as one that may have held Inf/NaN
+        when it is let go of.
+        """
+        nonfinite = health is not None and health.nonfinite == 1
+        bad = _ONE if nonfinite else _NONE
+        nan = [health.nan > 0] if health is not None and nonfinite else []
+        room = self._room()
+        keep, need = shedder.plan(1, bad, nan, [key] if nonfinite else [], room)
+        nbytes = self._item_bytes(item)
+        if keep[0] or (health is None and room):
+            self._enqueue_pieces(shedder.release(need))
+            self._enqueue(item, 1, nbytes)
+        else:
+            doubt = int(nonfinite or health is None)
+            shedder.hold(Piece(item, 1, doubt, nbytes), self.max_queue_bytes)
+
+    def _apply_plan(
+        self,
+        shedder: Shedder,
+        keep: np.ndarray,
+        need: int,
+        bad: np.ndarray,
+        subset: Callable[[np.ndarray], Any],
+    ) -> None:
+        """Enqueue the events of a batch that ``keep`` marks (after the ring's events that
+        an anchor's window wants back); of the others, the newest ``window`` after the last
+        one kept wait in the ring, and the rest are let go of."""
+        n = len(keep)
+        bad_mask = np.zeros(n, dtype=bool)
+        bad_mask[bad] = True
+        start = 0
+        if keep.any():
+            self._enqueue_pieces(shedder.release(need))
+            item = subset(keep)
+            self._enqueue(item, int(keep.sum()), self._item_bytes(item))
+            start = int(np.flatnonzero(keep)[-1]) + 1
+        ring_from = max(start, n - shedder.window)
+        let_go = ~keep
+        let_go[ring_from:] = False
+        shedder.drop(int(let_go.sum()), int((let_go & bad_mask).sum()))
+        if ring_from < n:
+            mask = np.zeros(n, dtype=bool)
+            mask[ring_from:] = True
+            piece = subset(mask)
+            shedder.hold(
+                Piece(
+                    piece, n - ring_from, int(bad_mask[ring_from:].sum()), self._item_bytes(piece)
+                ),
+                self.max_queue_bytes,
+            )
+
+    def _shed_call(self, call: GraphCallTraces) -> None:
+        """A graph call's traces while shedding: kept whole when the windows rule wants any
+        of them, else in the ring whole."""
+        n = len(call.op_names)
+        bad = _NONE
+        nan: list[bool] = []
+        # Summaries still on a device are not fetched here (see _execution_health).
+        undecided = hasattr(call.summaries, "resolve")
+        if self.mode != TensorDebugMode.NO_TENSOR and call.summaries is not None and not undecided:
+            # A failure here: the writer's thread meets it too, and counts it.
+            with contextlib.suppress(Exception):
+                bad, nan = self._call_health(call)
+        keys = [(call.graph_id, call.op_names[i]) for i in bad.tolist()]
+        room = self._room()
+        keep, need = self._shed_trace.plan(n, bad, nan, keys, room)
+        nbytes = self._item_bytes(call)
+        if keep.any() or (undecided and room):
+            self._enqueue_pieces(self._shed_trace.release(need))
+            self._enqueue(call, n, nbytes)
+        else:
+            doubt = n if undecided else len(bad)
+            self._shed_trace.hold(Piece(call, n, doubt, nbytes), self.max_queue_bytes)
+
+    def _call_health(self, call: GraphCallTraces) -> tuple[np.ndarray, list[bool]]:
+        """A graph call's non-finite rows (positions among its ops) and whether each holds
+        NaN, from summaries on the host."""
+        matrix = call.summaries
+        chosen = getattr(matrix, "chosen", None)
+        if self._full_tensor:  # a list of values, one per op (as _on_traces reads it)
+            bad: list[int] = []
+            nan: list[bool] = []
+            for i in range(len(call.op_names)):
+                value = None if matrix is None else matrix[i]
+                if value is None:
+                    continue
+                h = index_row(self.mode, (value,))
+                if h.nonfinite == 1:
+                    bad.append(i)
+                    nan.append(h.nan > 0)
+            return np.array(bad, dtype=np.int64), nan
+        m = np.asarray(matrix, dtype=np.float64)
+        if chosen is not None:
+            m = m[chosen]
+        nonfinite, has_nan = _matrix_health(self.mode, m)
+        hits = np.flatnonzero(nonfinite)
+        positions = hits if chosen is None else np.asarray(chosen, dtype=np.int64)[hits]
+        return positions, has_nan[hits].tolist()
+
     def _still_shedding(self) -> bool:
-        """Whether producers still drop events (under ``_seq_lock``): until the writer
-        has caught up with half of ``max_queue``."""
-        if self._backlog <= self.max_queue // 2:
+        """Whether producers still shed events (under ``_seq_lock``): until the writer
+        has caught up with half of both bounds. Then what waits in the rings goes too."""
+        if self._caught_up():
             self._shedding = False
+            self._enqueue_pieces(self._shed_exec.take_all() + self._shed_trace.take_all())
         return self._shedding
 
     def _backpressure(self) -> None:
-        """Wait until the writer has caught up with half the backlog (bounds memory),
-        at most ``backpressure_timeout`` seconds; then drop events until it has."""
+        """Wait until the writer has caught up with half of both bounds (bounds memory),
+        at most ``backpressure_timeout`` seconds; then shed events until it has."""
         if self._shedding:
             return
         self._wake.set()
         self.stats.waits += 1
         self.stats.max_backlog = max(self.stats.max_backlog, self._backlog)
+        self.stats.max_backlog_bytes = max(self.stats.max_backlog_bytes, self._backlog_bytes)
         deadline = time.monotonic() + self.backpressure_timeout
-        while self._backlog > self.max_queue // 2 and self._thread.is_alive():
+        while not self._caught_up() and self._thread.is_alive():
             if time.monotonic() >= deadline:
                 self._shedding = True
+                self._report_due = True
                 if not self._told_shedding:
                     self._told_shedding = True
                     _warn(
-                        f"the dump writer fell {self._backlog} events behind for "
+                        f"the dump writer fell {self._backlog} events "
+                        f"({self._backlog_bytes >> 20} MiB) behind for "
                         f"{self.backpressure_timeout:g} s; dropping events (keeping the first "
-                        "Inf/NaN) until it catches up"
+                        "Inf/NaN and its windows) until it catches up"
                     )
                 return
             time.sleep(0.001)
@@ -605,6 +851,11 @@ class DumpWriter:
         try:
             lifecycle.unregister(self)
             self._close_deadline = time.monotonic() + (60.0 if timeout is None else timeout)
+            with self._seq_lock:
+                # The events waiting in the shedding rings are the program's last: the
+                # writer takes them now that nothing comes after them.
+                self._shedding = False
+                self._enqueue_pieces(self._shed_exec.take_all() + self._shed_trace.take_all())
             self._closing = True
             if self._thread.is_alive() and threading.current_thread() is not self._thread:
                 self._put(CloseRequest())
@@ -668,6 +919,7 @@ class DumpWriter:
         """Process queued items until none is left or ``deadline`` passes; True on close."""
         queue = self._queue
         done = 0
+        full_tensor = self._full_tensor
         if self._closing and not self._abandon and self._fault is not None:
             self._abandon = not self._disk_came_back()
         while queue:
@@ -679,30 +931,32 @@ class DumpWriter:
                 # Closing on a failed disk: what still waits could not be written
                 # anyway; counting it is cheap, encoding it is not (the exit waits).
                 n = _EVENT_SIZES[type(item)](item)
-                self._processed(n)
+                self._processed(n, self._item_bytes(item))
                 if type(item) in (QueuedTrace, GraphCallTraces):
-                    self._shed_traces += n
+                    self._abandoned_traces += n
                 else:
-                    self._shed_executions += n
+                    self._abandoned_executions += n
+                with contextlib.suppress(Exception):
+                    self._abandoned_nonfinite += self._nonfinite_in(item)
                 continue
             try:
                 # The most frequent kinds first: each case is one type check. Events
                 # leave the backlog first, so that a failing one does not stay in it.
                 match item:
                     case QueuedExecution():
-                        self._processed(1)
+                        self._processed(1, self._item_bytes(item) if full_tensor else EVENT_BYTES)
                         self._on_execution(item.event, item.sequence, item.wall_time)
                     case EncodedExecutions():
-                        self._processed(len(item.records))
+                        self._processed(len(item.records), self._item_bytes(item))
                         self._on_encoded_executions(item.records)
                     case ExecutionBatch():
-                        self._processed(item.events)
+                        self._processed(item.events, len(item.data))
                         self._on_execution_batch(item)
                     case GraphCallTraces():
-                        self._processed(len(item.op_names))
+                        self._processed(len(item.op_names), self._item_bytes(item))
                         self._on_traces(item)
                     case QueuedTrace():
-                        self._processed(1)
+                        self._processed(1, self._item_bytes(item) if full_tensor else EVENT_BYTES)
                         self._on_trace(item.event, item.sequence, item.wall_time)
                     case NewStackFrame():
                         self._on_stack_frame(item)
@@ -730,9 +984,36 @@ class DumpWriter:
                 f"dropped an event that could not be written ({exc!r}); the dump goes on without it"
             )
 
-    def _processed(self, n: int) -> None:
+    def _processed(self, n: int, nbytes: int) -> None:
         with self._seq_lock:
             self._backlog -= n
+            self._backlog_bytes -= nbytes
+
+    def _nonfinite_in(self, item: QueueItem) -> int:
+        """How many of a queued item's events hold Inf/NaN (closing on a failed disk:
+        what is counted as dropped without being written)."""
+        if self.mode == TensorDebugMode.NO_TENSOR:
+            return 0
+        match item:
+            case ExecutionBatch():
+                rows = np.frombuffer(item.rows, dtype=sidecar.ROW_DTYPE)
+                return int((rows["nonfinite"] == 1).sum())
+            case EncodedExecutions():
+                return sum(1 for r in item.records if r[11] == 1)
+            case QueuedExecution():
+                # Summaries still on a device: not known, so counted as possibly non-finite.
+                h = self._execution_health(item.event)
+                return int(h is None or h.nonfinite == 1)
+            case QueuedTrace():
+                summary = item.event.summary
+                return int(summary is not None and index_row(self.mode, (summary,)).nonfinite == 1)
+            case GraphCallTraces():
+                if item.summaries is None:
+                    return 0
+                if hasattr(item.summaries, "resolve"):
+                    return len(item.op_names)
+                return len(self._call_health(item)[0])
+        return 0
 
     # -- the disk (on the writer thread; the disk thread only runs what it is handed) ----------
 
@@ -753,8 +1034,13 @@ class DumpWriter:
         if not disk.idle():
             busy = disk.busy_for()
             if busy > self.io_timeout and not isinstance(self._fault, StalledError):
+                # Slow or hung, events pile up meanwhile: they are held in bounded memory.
+                # A job that still writes is a slow disk (at close it is waited for).
+                slow = disk.stalled_for() <= self.io_timeout
+                what = "is still going on" if slow else "has not returned"
                 self._on_fault(
-                    StalledError(f"a write has not returned for {busy:.1f} s"), time.time() - busy
+                    StalledError(f"a write {what} after {busy:.1f} s", slow=slow),
+                    time.time() - busy,
                 )
             return False
         now = time.monotonic()
@@ -767,7 +1053,7 @@ class DumpWriter:
             disk.submit(ops)
             return True
         ops = self._new_ops(sync)
-        if self._report_due:
+        if self._report_due or self._drops_changed():
             self._report_due = False
             ops.append(Overwrite(self._drops_fd, self._drops_report()))
         if not ops:
@@ -796,9 +1082,14 @@ class DumpWriter:
 
     def _disk_came_back(self) -> bool:
         """Closing while the disk failed: one more try now, whatever the backoff (a disk
-        that freed up since the last try takes the queued events after all). Not on a hung
-        disk, whose exit must not wait."""
-        if isinstance(self._fault, StalledError) or not self._retry:
+        that freed up since the last try takes the queued events after all). A slow disk
+        is waited for while it writes, until the close deadline; a hung one is not: the
+        program's exit must not wait on it."""
+        if isinstance(self._fault, StalledError):
+            if self._wait_disk():
+                self._collect()
+            return self._fault is None
+        if not self._retry:
             return self._fault is None
         self._flush(sync=True)
         if self._disk.wait_idle(
@@ -806,6 +1097,17 @@ class DumpWriter:
         ):
             self._collect()
         return self._fault is None
+
+    def _wait_disk(self) -> bool:
+        """Closing: wait for the running job while it makes progress (a slow disk, a huge
+        FULL_TENSOR record), until the close deadline; not at all on a disk that stopped
+        responding. True when the disk is idle."""
+        disk = self._disk
+        if disk.idle():
+            return True
+        if disk.stalled_for() > self.io_timeout:
+            return False  # a hung disk: waiting would only hang the program's exit
+        return disk.wait_progressing(self._close_deadline, self.io_timeout)
 
     def _collect(self) -> None:
         """Take the result of the disk thread's last job, if it finished."""
@@ -849,31 +1151,58 @@ class DumpWriter:
         self._report_due = True
 
     def _hold(self, on: bool) -> None:
-        limit = self.hold_limit if on else 0
-        self._executions.hold(limit)
-        self._traces.hold(limit)
+        limit, limit_bytes = (self.hold_limit, self.hold_limit_bytes) if on else (0, 0)
+        self._executions.hold(limit, limit_bytes)
+        self._traces.hold(limit, limit_bytes)
         for f in (self._source_files, self._stack_frames, self._graphs):
             # Frames, files and graphs are few; this only bounds a pathological program.
             f.limit = 64 << 20 if on else 0
+
+    def _drops_changed(self) -> bool:
+        """Whether the drop counters moved since the report on disk was made (then it is
+        rewritten with the next flush: a process killed later leaves them on disk)."""
+        self._update_drops()
+        st = self.stats
+        now = (st.dropped, st.records_dropped, st.nonfinite_dropped, st.io_errors)
+        return now != self._reported
 
     def _update_drops(self, lost: Sequence[Op] = ()) -> None:
         """Bring the drop counters up to date (``lost``: operations that will never run)."""
         st = self.stats
         lost_exec = sum(op.events for op in lost if op.of == files.EXECUTION)
         lost_traces = sum(op.events for op in lost if op.of == files.GRAPH_EXECUTION_TRACES)
-        st.executions_dropped = self._shed_executions + self._executions.dropped + lost_exec
-        st.traces_dropped = self._shed_traces + self._traces.dropped + lost_traces
+        st.executions_shed = self._shed_exec.shed + self._recorder_dropped
+        st.traces_shed = self._shed_trace.shed
+        st.executions_dropped = (
+            st.executions_shed + self._abandoned_executions + self._executions.dropped + lost_exec
+        )
+        st.traces_dropped = (
+            st.traces_shed + self._abandoned_traces + self._traces.dropped + lost_traces
+        )
+        st.nonfinite_dropped = (
+            self._recorder_nonfinite
+            + self._shed_exec.nonfinite_shed
+            + self._shed_trace.nonfinite_shed
+            + self._abandoned_nonfinite
+            + self._executions.nonfinite_dropped
+            + self._traces.nonfinite_dropped
+            + sum(op.nonfinite for op in lost)
+        )
         st.records_dropped = sum(
             f.dropped for f in (self._source_files, self._stack_frames, self._graphs)
         )
+        st.values_omitted = self._encoder.values_omitted
 
     def _drops_report(self) -> bytes:
         """The ``.nsdrops`` JSON (docs/FORMAT.md), padded to :data:`DROPS_SIZE` bytes."""
         self._update_drops()
         return self._drops_report_now()
 
-    def _drops_report_now(self) -> bytes:
+    def _drops_report_now(self, closed: bool = False) -> bytes:
+        """The report from the counters as they are (``closed``: the final one, written
+        by :meth:`close` once everything it could write was written)."""
         st = self.stats
+        self._reported = (st.dropped, st.records_dropped, st.nonfinite_dropped, st.io_errors)
         report: dict[str, Any] = {
             "dropped": st.dropped,
             "executions": st.executions_dropped,
@@ -881,6 +1210,10 @@ class DumpWriter:
             "records": st.records_dropped,
             "io_errors": st.io_errors,
             "last_write": self._last_write,
+            "nonfinite_dropped": st.nonfinite_dropped,
+            "shed": {"executions": st.executions_shed, "traces": st.traces_shed},
+            "closed": closed,
+            # Last: the one part of unbounded length, cut short if the report would not fit.
             "faults": self._faults,
         }
         data = json.dumps(report).encode()
@@ -894,9 +1227,9 @@ class DumpWriter:
         disk = self._disk
 
         def wait() -> bool:
-            if isinstance(self._fault, StalledError) and not disk.idle():
+            if not disk.idle() and disk.stalled_for() > self.io_timeout:
                 return False  # a hung disk: waiting would only hang the program's exit
-            return disk.wait_idle(max(0.0, self._close_deadline - time.monotonic()))
+            return disk.wait_progressing(self._close_deadline, self.io_timeout)
 
         if wait():
             self._collect()
@@ -914,11 +1247,15 @@ class DumpWriter:
         self._executions.drop_held()
         self._traces.drop_held()
         self._update_drops(self._retry + (self._disk.running() if hung else []))
+        # The final report, always: `closed` tells a reader that its counts are complete
+        # (a process killed before this leaves the last periodic one, closed false).
+        report = Overwrite(self._drops_fd, self._drops_report_now(closed=True))
+        if not hung:
+            disk.submit([report])
+            wait()
+        else:
+            _last_try(report, min(1.0, max(0.0, self._close_deadline - time.monotonic())))
         if self._faults or self.stats.dropped:
-            if not hung:
-                report = Overwrite(self._drops_fd, self._drops_report_now())
-                disk.submit([report])
-                wait()
             _warn(self.drops_summary())
         if disk.idle():
             for f in (self._source_files, self._stack_frames, self._graphs):
@@ -929,11 +1266,13 @@ class DumpWriter:
                 os.close(self._drops_fd)
         disk.stop()
 
-    def count_dropped(self, executions: int) -> None:
+    def count_dropped(self, executions: int, nonfinite: int = 0) -> None:
         """Count events a producer let go of before they reached the writer (a
-        recorder's own full buffer); they are reported with the writer's drops."""
+        recorder's own full buffer; ``nonfinite`` of them held Inf/NaN); they are
+        reported with what producers shed."""
         with self._seq_lock:
-            self._shed_executions += executions
+            self._recorder_dropped += executions
+            self._recorder_nonfinite += nonfinite
         self._report_due = True
 
     def drops_summary(self) -> str:
@@ -982,8 +1321,12 @@ class DumpWriter:
             summaries: Sequence[np.ndarray | None] = ()
         else:
             summaries = resolve(ev.summaries)
-        h = index_row(self.mode, summaries)
+        # The ranges before the values past the record's bound are let go of (now, not
+        # at the flush: memory), which leaves their counts (taken once) for the health.
         r = self._encoder.ranges(summaries)
+        if self._full_tensor:
+            summaries = self._encoder.cap_outputs(summaries)[0]
+        h = index_row(self.mode, summaries)
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         st = self._executions.strings
@@ -991,8 +1334,10 @@ class DumpWriter:
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
         if r.dtype:
             self._history.add(ev.module_path, int(ev.phase), ev.step, r.amax, r.amin, r.dtype)
-        # The spec is what _encode_execution turns into the record, at flush time.
-        self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1)
+        # The spec is what _encode_execution turns into the record, at flush time; its
+        # bytes (FULL_TENSOR values) count toward a hold's bound.
+        nbytes = EVENT_BYTES + (_values_bytes(summaries) if self._full_tensor else 0)
+        self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1, nbytes)
         self.stats.executions += 1
 
     def _on_encoded_executions(self, records: Sequence[EncodedExecution]) -> None:
@@ -1023,10 +1368,15 @@ class DumpWriter:
 
     def _on_trace(self, ev: TraceEvent, seq: int, wall: float) -> None:
         h = index_row(self.mode, (ev.summary,)) if ev.summary is not None else UNKNOWN_ROW
+        if self._full_tensor and ev.summary is not None:
+            value = self._encoder.cap_trace(ev.summary)
+            if value is None:  # past the record's bound: let go of now (see cap_trace)
+                ev = dataclasses.replace(ev, summary=None)
         st = self._traces.strings
         row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
-        self._traces.add((ev, seq, wall), row, h.nonfinite == 1)
+        nbytes = EVENT_BYTES + (_values_bytes((ev.summary,)) if self._full_tensor else 0)
+        self._traces.add((ev, seq, wall), row, h.nonfinite == 1, nbytes)
         self.stats.traces += 1
 
     def _on_traces(self, call: GraphCallTraces) -> None:
@@ -1154,13 +1504,10 @@ def _clock(wall: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(wall))
 
 
-def _nonfinite_only(batch: ExecutionBatch) -> ExecutionBatch | None:
-    """The batch's non-finite executions alone (``None``: there are none)."""
+def _subset(batch: ExecutionBatch, keep: np.ndarray) -> ExecutionBatch:
+    """The batch's executions that ``keep`` marks, as a batch of their own."""
     rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
-    bad = rows["nonfinite"] == 1
-    if not bad.any():
-        return None
-    kept = rows[bad].copy()
+    kept = rows[keep].copy()
     view = memoryview(batch.data)
     data = b"".join(
         view[o : o + n]
@@ -1171,6 +1518,48 @@ def _nonfinite_only(batch: ExecutionBatch) -> ExecutionBatch | None:
     # Shedding is an overload: the range history goes without this batch (as without
     # the events dropped).
     return ExecutionBatch(len(kept), data, kept.tobytes(), batch.names, ())
+
+
+def _values_bytes(values: Any) -> int:
+    """The bytes of the arrays in a sequence of FULL_TENSOR values (0 for summaries not
+    fetched yet, whose size is not known before)."""
+    if not isinstance(values, (list, tuple)):
+        return 0
+    return sum([v.nbytes for v in values if isinstance(v, np.ndarray)])
+
+
+def _matrix_health(mode: TensorDebugMode, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a graph call's summary matrix: whether it holds Inf/NaN, and NaN (as
+    :meth:`Encoder.trace_batch` counts them)."""
+    n = m.shape[0] if m.ndim == 2 else 0
+    width = m.shape[1] if m.ndim == 2 else 0
+    none = np.zeros(n, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        if mode == TensorDebugMode.FULL_HEALTH and width >= 11:
+            return m[:, 5:8].sum(axis=1) > 0, m[:, 7] > 0
+        if mode == TensorDebugMode.CONCISE_HEALTH and width >= 5:
+            return m[:, 2:5].sum(axis=1) > 0, m[:, 4] > 0
+        if mode == TensorDebugMode.CURT_HEALTH and width >= 2:
+            return m[:, 1] != 0, none
+    return none, none
+
+
+_ONE = np.zeros(1, dtype=np.int64)  # the one event of a single write, holding Inf/NaN
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _last_try(op: Overwrite, timeout: float) -> None:
+    """Run ``op`` on a thread of its own and wait for it at most ``timeout`` seconds
+    (closing while the disk thread is stuck: a slow disk may still take a small write;
+    on a hung one the thread stays blocked, a daemon that cannot hold up the exit)."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            op.run()
+
+    thread = threading.Thread(target=run, name="nanscope-last-report", daemon=True)
+    thread.start()
+    thread.join(timeout)
 
 
 # The events each kind of queued item carries (what closing on a failed disk counts).

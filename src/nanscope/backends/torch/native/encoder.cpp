@@ -287,6 +287,11 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
             holes.push_back({body.size(), vals.bytes + v.begin, static_cast<size_t>(v.nbytes)});
             hole_bytes += static_cast<size_t>(v.nbytes);
           }
+        } else if (v.kind == TensorValue::kOmitted) {
+          // Past the record's bound: its shape and counts in a view entry naming no
+          // record (sequence 0); the index and the ranges below have them too.
+          body += none_field;
+          put_view(views, i, 0, v, vals, row);
         } else {
           // A view: its values are in an earlier record; without that record's
           // number (its event was not encoded here) the output reads as not recorded.

@@ -45,8 +45,10 @@ struct OpFlags {
 };
 
 // FULL_TENSOR: one output's value as its record holds it (see encoder.cpp).
+// kOmitted: past the record's bound on values (the writer's max_value_bytes), written
+// as a view entry naming no record (sequence 0): its shape and counts, no elements.
 struct TensorValue {
-  enum Kind : int8_t { kNone = 0, kBytes = 1, kView = 2 };
+  enum Kind : int8_t { kNone = 0, kBytes = 1, kView = 2, kOmitted = 3 };
   Kind kind = kNone;
   int32_t dtype = 0;       // the DataType of the bytes (bfloat16 is widened to float32)
   int64_t begin = 0;       // kBytes: where its bytes start in Values::bytes

@@ -69,6 +69,8 @@ constexpr size_t kCapacity = 262144;  // buffered events before an op waits for 
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
 // an op waits for the drain, as for a full buffer.
 constexpr int64_t kValueBytesMax = int64_t(512) << 20;
+// Of those, at most this many in the ring of shed events (see push).
+constexpr int64_t kRingBytesMax = int64_t(128) << 20;
 
 struct Link {
   int64_t serial;
@@ -138,6 +140,7 @@ struct State {
   std::atomic<int64_t> inflight{0};
   std::atomic<uint64_t> session{0};  // one per start()
   std::atomic<int64_t> dropped{0};   // events let go when the buffer stayed full
+  std::atomic<int64_t> dropped_nonfinite{0};  // of them, events that held Inf/NaN
   int mode = kFull;
   int width = 11;
   at::CallbackHandle handle = 0;
@@ -185,6 +188,16 @@ struct State {
   size_t wake_at = 4096;
   size_t capacity = kCapacity;
   bool stopping = false;
+  // Shedding keeps the windows of the anchor rule (docs/FORMAT.md): the `window` events
+  // after an event with Inf/NaN are kept like it (`keep_after` of them still to come),
+  // and the last `window` events shed wait in `ring` (under ev_mu), in order after every
+  // buffered event, until an event with Inf/NaN takes them back or newer ones push them out.
+  size_t window = 100;
+  size_t keep_after = 0;
+  std::deque<Event> ring;
+  int64_t ring_bytes = 0;  // FULL_TENSOR values held in the ring (at most kRingBytesMax)
+  // FULL_TENSOR: the values one event's record holds at most (set_shedding).
+  std::atomic<int64_t> value_cap{int64_t(1) << 30};
 
   Encoder encoder;  // the drain thread's (see encode_batch)
   // Held while `taken` and the encoder are used (by encode_batch, drain, start),
@@ -598,8 +611,9 @@ py::list py_tensors(const Tensors& ts) {
 constexpr auto kFullWait = std::chrono::milliseconds(200);
 
 // Drops an event that will not be buffered, with the Python objects it owns.
-void drop(Event& ev) {
+void drop(Event& ev, bool nonfinite = false) {
   S->dropped.fetch_add(1);
+  if (nonfinite) S->dropped_nonfinite.fetch_add(1);
   if (ev.parts == nullptr && ev.inputs == nullptr && ev.collective == nullptr) return;
   py::gil_scoped_acquire gil;
   Py_CLEAR(ev.parts);
@@ -610,17 +624,31 @@ void drop(Event& ev) {
 // Buffers an event for the drain thread. Memory stays bounded and the
 // program never waits long: past the capacity an op waits up to kFullWait
 // for the drain thread (not at all while holding the GIL, which the drain
-// thread needs), then its event is dropped and counted. An event with
-// Inf/NaN (`keep`) may use a second capacity's worth of room, so the origin
-// survives a slow drain.
-// FULL_TENSOR values count too: past kValueBytesMax bytes the buffer is full.
+// thread needs), then its event is shed and counted. An event with
+// Inf/NaN (`bad`) may use a second capacity's worth of room, so the origin
+// survives a slow drain, and so may the `window` events after it; the last
+// `window` events shed (at most kRingBytesMax of values) wait in the ring,
+// which the next event with Inf/NaN takes back (the window before it) and the
+// next event buffered otherwise takes too (in order: the ring's events came first).
+// FULL_TENSOR values count too: past kValueBytesMax bytes the buffer is full
+// (for the events of a window after an Inf/NaN, past twice that).
 // Returns whether the event was buffered.
-bool push(Event&& ev, bool keep) {
+bool push(Event&& ev, bool bad) {
   std::unique_lock<std::mutex> lk(S->ev_mu);
+  const bool keep = bad || S->keep_after > 0;
+  if (bad) {
+    S->keep_after = S->window;
+  } else if (S->keep_after > 0) {
+    --S->keep_after;
+  }
   const size_t limit = keep ? 2 * S->capacity : S->capacity;
   // Others' values: one tensor larger than the bound still goes, once the rest is written.
   const int64_t own = ev.values ? ev.values->nbytes : 0;
   auto heavy = [own] { return g_value_bytes.load(std::memory_order_relaxed) - own > kValueBytesMax; };
+  // An event of a window after an Inf/NaN (not one itself) may use a second bound's worth.
+  auto too_heavy = [own, bad] {
+    return !bad && g_value_bytes.load(std::memory_order_relaxed) - own > 2 * kValueBytesMax;
+  };
   if ((S->events.size() >= S->capacity || (ev.values && heavy())) && !S->stopping) {
     S->ev_cv.notify_all();
     if (!PyGILState_Check()) {
@@ -629,12 +657,35 @@ bool push(Event&& ev, bool keep) {
         return (S->events.size() < S->capacity && !(ev.values && heavy())) || S->stopping;
       });
     }
-    if ((S->events.size() >= limit || (ev.values && heavy() && !keep)) && !S->stopping) {
+    if ((S->events.size() >= limit || (ev.values && heavy() && (!keep || too_heavy()))) &&
+        !S->stopping) {
+      if (keep || S->window == 0) {  // past twice the capacity even so
+        lk.unlock();
+        drop(ev, bad);
+        return false;
+      }
+      // Shed, for now: the window before the next event with Inf/NaN may want it.
+      S->ring_bytes += own;
+      S->ring.push_back(std::move(ev));
+      std::vector<Event> out;
+      while (!S->ring.empty() && (S->ring.size() > S->window || S->ring_bytes > kRingBytesMax)) {
+        Event& old = S->ring.front();
+        S->ring_bytes -= old.values ? old.values->nbytes : 0;
+        out.push_back(std::move(old));
+        S->ring.pop_front();
+      }
       lk.unlock();
-      drop(ev);
+      for (Event& old : out) drop(old);
       return false;
     }
   }
+  // The ring's events came before this one: they go first (an event with Inf/NaN
+  // takes them as its window; any other, now that there is room again).
+  while (!S->ring.empty()) {
+    S->events.push_back(std::move(S->ring.front()));
+    S->ring.pop_front();
+  }
+  S->ring_bytes = 0;
   S->events.push_back(std::move(ev));
   if (S->events.size() >= S->wake_at) S->ev_cv.notify_all();
   return true;
@@ -809,6 +860,7 @@ bool copy_values(const OpFlags& op, const Ctx& c, const Tensors& outs, Event& ev
     }
   }
   int64_t total = 0;
+  int64_t budget = S->value_cap.load(std::memory_order_relaxed);  // values one record holds
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& t = outs[i];
     int st = static_cast<int>(t.scalar_type());
@@ -841,6 +893,22 @@ bool copy_values(const OpFlags& op, const Ctx& c, const Tensors& outs, Event& ev
         continue;
       }
     }
+    if (numel * item > budget) {
+      // Past the record's bound: not copied; its shape, C-order strides and counts
+      // (taken from the tensor itself) are written instead (see encoder.cpp).
+      v.kind = TensorValue::kOmitted;
+      int64_t stride = 1;
+      std::vector<int64_t> strides(static_cast<size_t>(t.dim()));
+      for (int64_t d = t.dim() - 1; d >= 0; --d) {
+        strides[static_cast<size_t>(d)] = stride;
+        stride *= t.size(d);
+      }
+      for (int64_t s : strides) vals->dims.push_back(s);
+      value_row(t, v.dtype, false, ev.sums.data() + i * kFullRecorded);
+      ev.has[i] = 1;
+      continue;
+    }
+    budget -= numel * item;
     v.kind = TensorValue::kBytes;
     v.begin = total;
     v.nbytes = numel * item;
@@ -1200,6 +1268,16 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
       Py_CLEAR(ev.collective);
     }
     s->events.clear();
+    for (Event& ev : s->ring) {
+      Py_CLEAR(ev.parts);
+      Py_CLEAR(ev.inputs);
+      Py_CLEAR(ev.collective);
+    }
+    s->ring.clear();
+    s->ring_bytes = 0;
+    s->keep_after = 0;
+    s->window = 100;
+    s->value_cap = int64_t(1) << 30;
     s->taken.clear();
     s->taken_pos = 0;
     s->stopping = false;
@@ -1250,6 +1328,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   s->serial = 0;
   s->step = 0;
   s->dropped = 0;
+  s->dropped_nonfinite = 0;
   s->warned = false;
   s->session.fetch_add(1);
   s->active = true;
@@ -1276,6 +1355,16 @@ void stop() {
     std::fprintf(stderr,
                  "nanscope: an op on another thread is still being recorded; it is left to finish\n");
   }
+  {
+    // The events shed last were the program's last: the drain takes them now.
+    std::lock_guard<std::mutex> g(S->ev_mu);
+    while (!S->ring.empty()) {
+      S->events.push_back(std::move(S->ring.front()));
+      S->ring.pop_front();
+    }
+    S->ring_bytes = 0;
+  }
+  S->ev_cv.notify_all();
 }
 
 void release() {
@@ -1372,9 +1461,10 @@ void values_to_parts(Event& ev) {
         if (v.nbytes > 0) std::memcpy(a.mutable_data(), vals.bytes + v.begin, static_cast<size_t>(v.nbytes));
         part = a;
       }
-    } else if (v.kind == TensorValue::kView) {
-      const int64_t at = S->encoder.seq_of(v.of_serial);
-      if (at != 0) {
+    } else if (v.kind == TensorValue::kView || v.kind == TensorValue::kOmitted) {
+      // An omitted value is a view naming no record (sequence 0): shape and counts only.
+      const int64_t at = v.kind == TensorValue::kView ? S->encoder.seq_of(v.of_serial) : 0;
+      if (at != 0 || v.kind == TensorValue::kOmitted) {
         const double* row = ev.sums.data() + i * kFullRecorded;
         const bool counted = v.dtype == 1 || v.dtype == 2 || v.dtype == 19;
         py::tuple counts(counted ? 7 : 1);
@@ -1460,6 +1550,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("seq_of", [](int64_t serial) { return S->encoder.seq_of(serial); });
   m.def("device_names", &device_names);
   m.def("dropped", []() -> int64_t { return S == nullptr ? 0 : S->dropped.load(); });
+  m.def("dropped_nonfinite", []() -> int64_t { return S == nullptr ? 0 : S->dropped_nonfinite.load(); });
+  // The writer's origin_window (the windows kept while shedding) and max_value_bytes.
+  m.def("set_shedding", [](size_t window, int64_t value_cap) {
+    if (S == nullptr) return;
+    std::lock_guard<std::mutex> g(S->ev_mu);
+    S->window = window;
+    S->value_cap = std::max<int64_t>(0, value_cap);
+  });
   m.def("set_capacity", [](size_t n) {  // for tests: a small buffer fills up quickly
     if (S == nullptr) return;
     std::lock_guard<std::mutex> g(S->ev_mu);

@@ -119,6 +119,9 @@ class NativeRecorder(RecorderBase):
             self.context.mirror = None
             self.context.on_step = None
             raise
+        # While its buffer is full it sheds as the writer does: never the windows of the
+        # first Inf/NaN; and a FULL_TENSOR record holds at most max_value_bytes of values.
+        lib.set_shedding(self.writer.origin_window, self.writer.max_value_bytes)
         self.context.sync_mirror()
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
@@ -329,7 +332,7 @@ class NativeRecorder(RecorderBase):
         self.submit_device_summaries()
         self.sync()
         # Events the recorder's full buffer let go of: reported with the writer's drops.
-        self.writer.count_dropped(self.lib.dropped())
+        self.writer.count_dropped(self.lib.dropped(), self.lib.dropped_nonfinite())
         self.lib.release()
         # This thread's copy must not carry into a later session.
         self.lib.set_module(0)
