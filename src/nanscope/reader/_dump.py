@@ -50,6 +50,7 @@ from nanscope.reader._decode import (
 from nanscope.reader._drops import WriterDrops, read_drops
 from nanscope.reader._eventfile import INDEX_DTYPE, EventFile, FileReplaced
 from nanscope.reader._logs import RecordLog, describe
+from nanscope.reader._tfsteps import TfHistory
 
 SUPPORTED_FILE_VERSION = 1
 # One dump root, or several roots read as one dump (one per host, say).
@@ -159,6 +160,10 @@ class DumpReader:
             str, tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray, np.ndarray]]
         ] = {}
         self._reindexed = False
+        # TensorFlow's processes whose steps this reader counted (docs/TENSORFLOW.md), and
+        # whether any process's events say at which step they ran.
+        self._counted_steps: set[int] = set()
+        self._steps_known = False
         self.generation = 0
         for root in self.logdirs:
             files.discover(root)  # a clear error for a missing or empty dump root
@@ -243,6 +248,8 @@ class DumpReader:
         if trace_changed or reindexed:
             self._trace_rows, self._trace_process = self._concat("traces", room["traces"])
             self._trace_types = None
+        if exec_changed or trace_changed or reindexed or changed:
+            self._tensorflow_history()
         if (
             sum(p.executions.reset_count for p in self._processes) != exec_resets
             or sum(p.traces.reset_count for p in self._processes) != trace_resets
@@ -256,6 +263,71 @@ class DumpReader:
         for p in problems:
             self._problems.setdefault(p.message, p)
         return changed or exec_changed or trace_changed
+
+    def _tensorflow_history(self) -> None:
+        """What TensorFlow's own dumps do not record, read from what they do
+        (:mod:`nanscope.reader._tfsteps`): the first events its circular buffer let go of,
+        as incomplete problems, and the steps, counted from the calls of the training
+        function into the index's ``step`` column (a copy: the files' rows stay as read)."""
+        copied = False
+        for index in self._counted_steps:
+            # Counted by an earlier update into copies of the rows: counted again below.
+            if not copied:
+                self._exec_rows, self._trace_rows = self._exec_rows.copy(), self._trace_rows.copy()
+                copied = True
+            self._exec_rows["step"][self._exec_process == index] = 0
+            self._trace_rows["step"][self._trace_process == index] = 0
+        self._counted_steps = set()
+        self._steps_known = False
+        for proc in self._processes:
+            info = proc.info
+            if info is None or not info.tensorflow_version:
+                self._steps_known |= bool(info is not None and info.nanscope_version)
+                continue
+            executions, traces = proc.executions.rows, proc.traces.rows
+            recorded = bool(executions["step"].any() or traces["step"].any())
+            self._steps_known |= recorded
+            history = TfHistory(executions, traces, self.string, proc.graphs)
+            lost = False
+            if not info.nanscope_version:
+                # Written by TensorFlow alone: its circular buffer (if one was used) says
+                # nothing of what it let go of; the calls and their traces may.
+                for efile, why in zip((proc.traces, proc.executions), history.lost(), strict=True):
+                    key = f"tf-lost {efile.path}"
+                    if why is None:
+                        self._problems.pop(key, None)
+                        continue
+                    lost = True
+                    kind = "graph execution traces" if efile is proc.traces else "executions"
+                    self._problems[key] = Problem(
+                        "warning",
+                        f"{efile.path}: its first {kind} are missing: {why}. TensorFlow's "
+                        "circular buffer (enable_dump_debug_info's circular_buffer_size, 1000 by "
+                        "default) let go of them, and of any Inf/NaN among them; record with "
+                        "circular_buffer_size=-1, or with nanscope run, to keep them",
+                        incomplete=True,
+                        file=str(efile.path),
+                        offset=0,
+                    )
+            if recorded or lost or not (_whole(executions) and _whole(traces)):
+                continue  # steps from an incomplete history would be counted from a wrong start
+            steps = history.steps()
+            if steps is None:
+                continue
+            if not copied:
+                self._exec_rows, self._trace_rows = self._exec_rows.copy(), self._trace_rows.copy()
+                copied = True
+            self._exec_rows["step"][self._exec_process == proc.index] = steps[0]
+            self._trace_rows["step"][self._trace_process == proc.index] = steps[1]
+            self._counted_steps.add(proc.index)
+            self._steps_known = True
+
+    @property
+    def steps_known(self) -> bool:
+        """Whether the events say at which training step they ran: nanscope counts steps
+        as it records; in TensorFlow's dumps the reader counts them from the calls of the
+        training function (docs/TENSORFLOW.md); otherwise every event reads step 0."""
+        return self._steps_known
 
     def _writer_report(self, proc: _Process) -> None:
         """What the process's writer says of its dump (``.nsdrops``), as problems: events it
@@ -990,7 +1062,8 @@ class DumpReader:
             index=index,
             process=proc.index,
             wall_time=wall_time(event),
-            step=event.step,
+            # Counted by the reader for TensorFlow's dumps, which record none.
+            step=event.step or int(self._exec_rows["step"][index]),
             sequence=ex.sequence,
             op_type=ex.op_type,
             num_outputs=ex.num_outputs,
@@ -1029,6 +1102,8 @@ class DumpReader:
         out = list(values)
         for slot, view in views.items():
             out[slot] = None
+            if view.sequence == 0:
+                continue  # values too large to record (docs/FORMAT.md): no record holds them
             at = self._execution_of(proc.index, view.sequence, index)
             if at is None:
                 continue
@@ -1087,7 +1162,7 @@ class DumpReader:
             index=index,
             process=proc.index,
             wall_time=wall_time(event),
-            step=event.step,
+            step=event.step or int(self._trace_rows["step"][index]),
             sequence=tr.sequence,
             op_name=tr.op_name,
             op_type=op.op_type if op else "",
@@ -1181,6 +1256,15 @@ class DumpReader:
 
 
 _GAP_SLICE = 1 << 22
+
+
+def _whole(rows: np.ndarray) -> bool:
+    """Whether a file's events are its whole history as far as their sequence numbers
+    tell: unnumbered (TensorFlow's), or numbered 1, 2, 3, ... without a gap."""
+    seq = rows["sequence"]
+    if not len(seq) or not seq.any():
+        return True
+    return bool(seq[0] == 1 and np.all(np.diff(seq) == 1))
 
 
 class _MergedRoom:
