@@ -200,8 +200,9 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
     checks are looked at every ``sync_every`` ops. JAX: each run of a compiled
     program (a jitted function, an eager op) counts Inf/NaN inside the program and
     raises after it, at a NaN anywhere or an Inf that a training step returns
-    (docs/JAX.md). TensorFlow: turns on ``tf.debugging.enable_check_numerics()``.
-    Idempotent.
+    (docs/JAX.md). TensorFlow: an op callback checks what ops write into variables and
+    the forward values that the backward pass reads, so Keras' loss scaling and
+    absorbed masks run on (docs/CHECK_NUMERICS.md, "TensorFlow"). Idempotent.
     """
     global _checking
     with _lock:

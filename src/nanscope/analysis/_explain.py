@@ -21,11 +21,17 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "sqrt": ("sqrt",),
     "rsqrt": ("rsqrt",),
     "div": ("div", "realdiv", "truediv", "true_divide", "floordiv", "floor_divide", "reciprocal",
-            "divnonan", "xdivy"),
+            "inv", "xdivy", "truncatediv"),
+    # x / y, but 0 where y is 0 (TensorFlow's DivNoNan, MulNoNan's twin): no x/0.
+    "divnonan": ("divnonan",),
+    # The gradient of sqrt, dy * 0.5 / y: infinite where sqrt's output y is 0.
+    "sqrt_grad": ("sqrtgrad",),
     "addcdiv": ("addcdiv",),
     "addcmul": ("addcmul",),
     "exp": ("exp", "exp2", "expm1", "sinh", "cosh"),
-    "pow": ("pow", "square", "float_power", "integer_pow"),
+    "pow": ("pow", "float_power", "integer_pow"),
+    # x * x (Adam's second moment squares each gradient): overflow, never 0 to a power < 0.
+    "square": ("square", "squareddifference"),
     "norm": ("norm", "linalg_vector_norm", "linalg_norm", "frobenius_norm", "euclideannorm"),
     "layer_norm": ("native_layer_norm", "layer_norm"),
     "layer_norm_backward": ("native_layer_norm_backward", "layer_norm_backward"),
@@ -33,17 +39,22 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "batchmatmulv2",
                "batchmatmulv3", "einsum", "_scaled_dot_product_flash_attention",
                "scaled_dot_product_attention", "conv2d", "convolution", "conv2dbackpropinput",
-               "dot_general", "conv_general_dilated"),
-    "mul": ("mul", "multiply"),
+               "dot_general", "conv_general_dilated", "conv2dbackpropfilter", "conv3d",
+               "conv3dbackpropinputv2", "conv3dbackpropfilterv2", "depthwiseconv2dnative",
+               "depthwiseconv2dnativebackpropinput", "depthwiseconv2dnativebackpropfilter"),
+    "mul": ("mul", "multiply", "mulnonan", "rsqrtgrad", "reciprocalgrad", "tanhgrad",
+            "sigmoidgrad"),
     "add": ("add", "addv2", "sub", "subtract", "sum", "mean", "cumsum", "addn", "biasadd",
-            "add_any", "reduce_sum"),
+            "add_any", "reduce_sum", "biasaddgrad", "biasaddv1", "accumulatenv2"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "logsoftmax"),
     "fill": ("masked_fill", "fill", "full", "full_like", "new_full", "index_fill", "index_put",
              "masked_scatter", "scatter", "fill_diagonal", "where", "select", "selectv2",
              "scalar_tensor", "select_n"),
 }  # fmt: skip
 _BY_NAME = {name: family for family, names in _FAMILIES.items() for name in names}
-_REDUCTIONS = frozenset({"sum", "mean", "cumsum", "nansum", "addn", "reduce_sum"})
+_REDUCTIONS = frozenset({"sum", "mean", "cumsum", "nansum", "addn", "reduce_sum", "biasaddgrad"})
+# Ops whose logarithm is of their input 1: xlogy(x, y) = x * log(y).
+_LOG_OF_INPUT_1 = frozenset({"xlogy"})
 
 # Each dtype's largest finite value and smallest positive (subnormal) value, as printed.
 _LARGEST = {"float16": "65504", "bfloat16": "3.39e38", "float32": "3.4e38", "float64": "1.8e308"}
@@ -77,6 +88,12 @@ def _base(op_type: str) -> str:
     name = op_type.split(".")[1] if op_type.startswith("aten.") else op_type
     name = re.sub(r"_$", "", name.lower())  # in-place variants: add_ -> add
     return re.sub(r"^_foreach_", "", name)  # list variants: _foreach_norm -> norm
+
+
+def _is_tf_op(op_type: str) -> bool:
+    """TensorFlow op types are CamelCase names (``RealDiv``, ``AddV2``); aten ops are dotted
+    (``aten.div.Tensor``) and JAX primitives lower case (``dot_general``)."""
+    return "." not in op_type and op_type[:1].isupper()
 
 
 def op_family(op_type: str) -> str:
@@ -201,14 +218,17 @@ def explain(
         text = handler(op)
         if text:
             return text
-    first = op.arg(0)
+    first = op.arg(1) if _base(op_type) in _LOG_OF_INPUT_1 else op.arg(0)
     if first is None:
         return _without_inputs(op, made)
     if fam == "log":
+        the_input = "the input"
+        if _base(op_type) in _LOG_OF_INPUT_1:
+            the_input = f"y (input 1) of {op.name}(x, y) = x * log(y)"
         if _n(first.zero) and _n(output.neg_inf):
-            return f"log of zero: the input had {_plural(_n(first.zero), 'zero')}"
+            return f"log of zero: {the_input} had {_plural(_n(first.zero), 'zero')}"
         if _n(first.neg) and _n(output.nan):
-            return f"log of a negative number: the input had {_plural(_n(first.neg), 'negative value')}"
+            return f"log of a negative number: {the_input} had {_plural(_n(first.neg), 'negative value')}"
         if first.zero is None and _n(output.neg_inf):
             return "log of zero (the input's zeros are not counted in this mode)"
     if fam == "log1p" and _n(first.neg):
@@ -224,14 +244,15 @@ def explain(
             return "rsqrt of a negative number"
     if fam == "softmax" and _n(output.nan):
         return "softmax of a row that is entirely -inf (a fully masked row?) gives NaN"
+    shown = op.name if _is_tf_op(op_type) else fam
     if fam in ("exp", "pow", "matmul", "mul", "add") and op.inf and not op.nan:
-        return f"overflow in {fam}: {op.finite()}, but the result exceeds {_largest(op.dtype)}"
+        return f"overflow in {shown}: {op.finite()}, but the result exceeds {_largest(op.dtype)}"
     if op.nan and (fam == "matmul" or _base(op_type) in _REDUCTIONS):
         return (
-            f"overflow in {fam}: {op.finite()}, but products or partial sums exceeded "
+            f"overflow in {shown}: {op.finite()}, but products or partial sums exceeded "
             f"{_largest(op.dtype)}, and +inf and -inf cancelled into NaN"
         )
-    return f"{fam} produced {made} from finite inputs"
+    return f"{shown} produced {made} from finite inputs"
 
 
 def _carried(
@@ -267,7 +288,9 @@ def _carried(
 def _op(op_type: str, fam: str, output: Health, inputs: list[Health | None]) -> _Op:
     """The op's operands: a ``_foreach_`` op's tensor lists each summed into one health."""
     short = short_name(op_type)
-    name = short if op_type.startswith("aten.") else fam
+    # The name explanations cite: aten's own (addcdiv_), TensorFlow's op type (RealDiv,
+    # Square), else the family (a JAX primitive's).
+    name = short if op_type.startswith("aten.") or _is_tf_op(op_type) else fam
     if not short.startswith("_foreach_"):
         return _Op(op_type, fam, name, output, inputs, list(inputs), 0)
     overload = _overload(op_type)
@@ -412,6 +435,47 @@ def _pow(op: _Op) -> str | None:
     return None  # overflow: the shared wording ("overflow in pow")
 
 
+def _square(op: _Op) -> str | None:
+    """square(x) = x * x, squared_difference(x, y) = (x - y)**2: only overflow makes Inf."""
+    if op.nan or not op.inf or op.arg(0) is None:
+        return None
+    what = "(x - y)²" if "difference" in op.op_type.lower() else "x²"
+    above = ""
+    if op.dtype in _SQRT_LARGEST:
+        above = (
+            f", as it does for |{'x - y' if what != 'x²' else 'x'}| above {_SQRT_LARGEST[op.dtype]}"
+        )
+    return f"overflow in {op.name}: {op.finite()}, but {what} exceeds {_largest(op.dtype)}{above}"
+
+
+def _div_no_nan(op: _Op) -> str | None:
+    """DivNoNan(x, y): x / y, and 0 where y is 0: a zero divisor makes no Inf here."""
+    if op.nan or not op.inf or op.arg(1) is None:
+        return None
+    return (
+        f"overflow in {op.name}: {op.finite()} ({op.name} gives 0 where the divisor is 0), "
+        f"but a quotient exceeds {_largest(op.dtype)}: a divisor near 0?"
+    )
+
+
+def _sqrt_grad(op: _Op) -> str | None:
+    """SqrtGrad(y, dy) = dy * 0.5 / y, y being sqrt's output: the gradient of sqrt at 0."""
+    y = op.arg(0)
+    if y is None or not _n(y.zero):
+        return None
+    zeros = _plural(_n(y.zero), "zero")
+    dy = op.arg(1)
+    if op.nan and (dy is None or _n(dy.zero)):
+        return (
+            f"0/0 in {op.name}: the gradient of sqrt is dy * 0.5 / sqrt(x), and sqrt's output "
+            f"(input 0) had {zeros} where the incoming gradient (input 1) was 0 too"
+        )
+    return (
+        f"x/0 in {op.name}: the gradient of sqrt is dy * 0.5 / sqrt(x), infinite at x = 0: "
+        f"sqrt's output (input 0) had {zeros}"
+    )
+
+
 def _norm(op: _Op) -> str | None:
     """linalg_vector_norm, norm, _foreach_norm: the 2-norm's sum of squares overflows."""
     if op.nan or not op.inf or op.arg(0) is None:
@@ -506,6 +570,9 @@ _HANDLERS: dict[str, Callable[[_Op], str | None]] = {
     "addcmul": _addcmul,
     "exp": _exp,
     "pow": _pow,
+    "square": _square,
+    "divnonan": _div_no_nan,
+    "sqrt_grad": _sqrt_grad,
     "norm": _norm,
     "layer_norm": _layer_norm,
     "layer_norm_backward": _layer_norm_backward,

@@ -10,8 +10,10 @@ mode can tell):
 * ``harmful``: its values reach the loss and the gradients (born in the forward
   pass, seen in the backward pass), a later training step (a parameter or an
   optimizer state kept them), an in-place update inside the optimizer phase,
-  or the end of the recording unread (for graphs: a graph output);
-* ``handled``: GradScaler's inf check (``_amp_foreach_non_finite_check_and_unscale_``)
+  or the end of the recording unread (for graphs: a graph output, a variable, or the
+  backward pass for values born in the forward pass);
+* ``handled``: GradScaler's inf check (``_amp_foreach_non_finite_check_and_unscale_``),
+  or in a TensorFlow graph a loss scaler's finiteness check (``analysis/_tf_graphs.py``),
   saw them and nothing harmful followed: the step was skipped;
 * ``benign``: every value was absorbed by a later op whose output was finite
   (a softmax, ``where``, a masked reduction), as intended masks are.
@@ -30,6 +32,13 @@ import numpy as np
 
 from nanscope.analysis._dataflow import nearest_trace
 from nanscope.analysis._explain import short_name
+from nanscope.analysis._tf_graphs import (
+    LossScaleChecks,
+    consumers_through,
+    input_trace,
+    is_backward_op,
+    writes_variable,
+)
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
 
@@ -38,6 +47,8 @@ DECODE_LIMIT = 200_000
 # Non-finite graph traces followed per process (each costs a few index scans).
 TRACE_LIMIT = 500
 UNSCALE_OP = "aten._amp_foreach_non_finite_check_and_unscale_"
+GRAPH_OUTPUT = "a graph output, still non-finite"
+VARIABLE = "a variable (a parameter, an optimizer state or a metric)"
 SEED_OP = "aten.ones_like"
 
 FORWARD, BACKWARD, OPTIMIZER = 1, 2, 3
@@ -292,15 +303,23 @@ def _verdict(lin: Lineage) -> str:
 def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
     """Lineages of one process's graph traces, along the graphs' ``producer:slot`` edges.
 
-    A lineage that reaches a graph output (an op nothing in the graph consumes) is
-    harmful: it leaves the graph (as a loss, a gradient or an update); one whose
-    every value meets a consumer with a finite output is benign.
+    A lineage that reaches a graph output (an op nothing in the graph consumes) or a
+    variable (an op that writes one: a parameter, an optimizer state, a metric) is
+    harmful: it leaves the graph (as a loss, a gradient or an update); so is one born
+    in the forward pass that reaches the backward pass (the loss and the gradients).
+    One whose every value meets a consumer with a finite output is benign. One that a
+    loss scaler's finiteness check read (``IsFinite`` into the predicate of the ``If``
+    that applies the gradients only when all are finite) and that went nowhere else
+    was handled: that update was skipped (``analysis/_tf_graphs.py``).
     """
     rows = reader.index(TRACES)
     procs = reader.processes_of(TRACES)
     hits = np.flatnonzero((rows["nonfinite"] == 1) & (procs == process))[:TRACE_LIMIT]
     lineages: list[Lineage] = []
     member_of: dict[int, set[int]] = {}  # trace index -> lineages
+    # (graph id, resource) -> lineages whose values a graph op wrote into that variable.
+    written: dict[tuple[str, str], set[int]] = {}
+    scaler = LossScaleChecks(reader, process)
     for i in hits.tolist():
         try:
             tr = reader.trace(i)
@@ -309,12 +328,16 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         graph = reader.graph(tr.graph_id, process)
         op = graph.ops.get(tr.op_name) if graph else None
         contributors: set[int] = set()
-        if op is not None:
+        if op is not None and graph is not None:
             for src, slot in op.inputs:
-                j = nearest_trace(reader, process, tr.graph_id, src, slot, i - 1, later=False)
+                j = input_trace(reader, process, graph, src, slot, i - 1)
                 if j is not None:
                     contributors |= member_of.get(j, set())
         out = _kinds(tr.health)
+        if not contributors and op is not None and op.op_type == "ReadVariableOp" and op.inputs:
+            # A variable that a graph op of this graph wrote Inf/NaN into (in this call or
+            # an earlier one): the values read back are that lineage's.
+            contributors = set(written.get((tr.graph_id, op.inputs[0][0]), ()))
         if not contributors and op is not None and op.op_type == "Placeholder" and not op.inputs:
             # A graph argument holding Inf/NaN that an earlier graph call returned (a
             # parameter a training step updated): that lineage goes on, into a later call.
@@ -328,19 +351,45 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         if contributors:
             passed = _passed_on(contributors, out, lineages)
         else:
+            phase = BACKWARD if is_backward_op(tr.op_name) else FORWARD
             lineages.append(
-                Lineage(TRACES, process, i, tr.step, 0, tr.wall_time, (tr.graph_id, tr.op_name))
+                Lineage(TRACES, process, i, tr.step, phase, tr.wall_time, (tr.graph_id, tr.op_name))
             )
             passed = {len(lineages) - 1}
         member_of[i] = passed
         for li in passed:
             lineages[li].add(i, out)
-        consumers = graph.consumers(tr.op_name) if graph else []
-        if op is None or not consumers:
+            if lineages[li].birth_phase == FORWARD and is_backward_op(tr.op_name):
+                lineages[li].reach("the loss and the gradients")
+        consumers, leaves = (
+            consumers_through(graph, tr.op_name, tr.output_slot) if graph else ([], False)
+        )
+        if op is None or graph is None or not consumers or leaves:
             for li in passed:
-                lineages[li].reach("a graph output, still non-finite")
+                lineages[li].reach(GRAPH_OUTPUT)
+        if op is None or graph is None:
             continue
-        for _, dst, _ in consumers:
+        for dst, in_slot in consumers:
+            dst_op = graph.ops.get(dst)
+            if dst_op is not None:
+                if scaler.is_check(graph, dst):
+                    # The loss scaler's finiteness check: it skips the update these are in.
+                    for cond in scaler.checks(graph, tr.op_name, tr.output_slot):
+                        skip = scaler.skip_run(graph, cond, tr.op_name, tr.output_slot, i)
+                        for li in passed:
+                            if lineages[li].handled_at is None:
+                                lineages[li].handled_at = skip if skip >= 0 else i
+                    continue
+                if dst_op.op_type in ("If", "StatelessIf") and scaler.guards(
+                    graph, dst, tr.op_name, tr.output_slot
+                ):
+                    continue  # handed to the applying branch only if finite
+                if writes_variable(dst_op.op_type) and in_slot > 0:
+                    for li in passed:
+                        lineages[li].reach(VARIABLE)
+                    if dst_op.inputs:
+                        written.setdefault((tr.graph_id, dst_op.inputs[0][0]), set()).update(passed)
+                    continue
             j = nearest_trace(reader, process, tr.graph_id, dst, None, i, later=True)
             if j is None or rows["nonfinite"][j] == 1:
                 continue
@@ -348,14 +397,15 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = j
     for lin in lineages:
-        if lin.absorbed_at is None and not lin.reaches:
-            lin.reach("a graph output, still non-finite")
+        if lin.absorbed_at is None and not lin.reaches and lin.handled_at is None:
+            lin.reach(GRAPH_OUTPUT)
         lin.verdict = _verdict(lin)
     return lineages
 
 
 def _left_graph(lin: Lineage) -> bool:
-    return "a graph output, still non-finite" in lin.reaches
+    """Whether a graph lineage's values left their graph: returned, or kept in a variable."""
+    return GRAPH_OUTPUT in lin.reaches or VARIABLE in lin.reaches
 
 
 def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:

@@ -10,6 +10,7 @@ import numpy as np
 from nanscope._paths import is_user_file
 from nanscope.analysis import _dataflow as dataflow
 from nanscope.analysis._explain import explain
+from nanscope.analysis._tf_graphs import input_trace
 from nanscope.format.health import UNKNOWN, Health
 from nanscope.reader import (
     EXECUTIONS,
@@ -233,11 +234,11 @@ class ViewBuilder:
         source, stack = self._frames(frames, tr.process)
         inputs: list[InputView] = []
         external = False
-        if op is not None:
+        graph_of_op = r.graph(tr.graph_id, tr.process)
+        if op is not None and graph_of_op is not None:
             for producer_name, slot in op.inputs:
-                found = dataflow.nearest_trace(
-                    r, tr.process, tr.graph_id, producer_name, slot, index - 1, later=False
-                )
+                # Through the Identity ops that TensorFlow leaves untraced.
+                found = input_trace(r, tr.process, graph_of_op, producer_name, slot, index - 1)
                 if found is None:
                     producer_op = r.graph_op(tr.graph_id, producer_name, tr.process)
                     number = (

@@ -115,7 +115,7 @@ def _lineage_line(g: LineageGroup) -> Text:
     t.append(f" {b.op_name} #{b.index}{times} at {where}, step {b.step}")
     if g.kind == "handled":
         steps = ", ".join(str(s) for s in g.skipped_steps)
-        t.append(f": GradScaler's inf check saw it; step {steps} skipped", style="dim")
+        t.append(f": the loss scaler's inf check saw it; step {steps} skipped", style="dim")
     elif g.kind == "benign" and g.absorbed_at is not None:
         t.append(f": absorbed at #{g.absorbed_at['index']}", style="dim")
     elif g.reaches:
