@@ -48,7 +48,14 @@ def test_counts_and_run_facts(golden: tuple[Path, dict[str, Any]], name: str) ->
     root, expected = golden
     exp = expected[name]
     with nanscope.open_dump(root / name) as r:
-        assert r.problems == []
+        if exp["circular_buffer_size"] > 0:
+            # TensorFlow's circular buffer let go of the first traces (20 of 42 kept): the
+            # reader tells it from the calls whose traces are missing, as incomplete.
+            (lost,) = r.problems
+            assert lost.incomplete and "were not kept" in lost.message, lost
+            assert lost.file is not None and lost.file.endswith(".graph_execution_traces")
+        else:
+            assert r.problems == []
         assert r.num_executions() == exp["num_executions"]
         assert r.num_graph_execution_traces() == exp["num_graph_execution_traces"]
         assert r.run_id == exp["tfdbg_run_id"]

@@ -323,13 +323,16 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         processes=[p.to_json() for p in reader.processes],
         num_executions=reader.num_executions(),
         num_graph_execution_traces=reader.num_graph_execution_traces(),
-        # TensorFlow does not record steps: say "unknown" rather than "step 0".
+        # Steps nobody counted (TensorFlow's dumps without a training function): say
+        # "unknown" rather than "step 0".
         steps=[min(b[0] for b in bounds), max(b[1] for b in bounds)]
-        if bounds and any(p.nanscope_version for p in reader.processes)
+        if bounds and reader.steps_known
         else None,
         alerts=count_alerts(reader),
         problems=[p.to_json() for p in reader.problems],
     )
+    if result.steps is None:
+        result.alerts.by_step = []  # every event reads step 0: no step to name
     if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:
         result.notes.append(
             f"This dump was written in {mode.name} mode, which records which ops ran but not "
@@ -344,6 +347,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         )
     _eviction(reader, result)
     first = reader.first_nonfinite()
+    _tensorflow_buffer(reader, result, found=first is not None)
     if first is None:
         return result
     # Several processes: the rank where it was born, by the collectives that carried it.
@@ -476,6 +480,50 @@ def _eviction(reader: DumpReader, result: Analysis) -> None:
             "Inf/NaN and the first NaN are kept). Record with circular_buffer_size=-1 to keep "
             "everything."
         )
+
+
+# TensorFlow's enable_dump_debug_info keeps this many events of each kind by default.
+TF_DEFAULT_BUFFER = 1000
+
+
+def _tensorflow_buffer(reader: DumpReader, result: Analysis, *, found: bool) -> None:
+    """A note where TensorFlow wrote the dump itself and may have let go of its first events.
+
+    Its files do not say whether a circular buffer was used (nanscope's reader reports
+    the loss as incomplete where the calls and their traces show it). So a TensorFlow
+    dump with no Inf/NaN never reads as clean without saying that the first events may
+    be missing; one with Inf/NaN, when a file holds exactly as many events as the default
+    buffer keeps, says that the first Inf/NaN may be among them.
+    """
+    for proc in reader.processes:
+        if not proc.tensorflow_version or proc.nanscope_version:
+            continue  # nanscope's writers say what they let go of
+        if reader.incomplete_events(proc.index):
+            continue  # the reader found what is missing: its problems say so
+        counts = {
+            kind: int(np.count_nonzero(reader.processes_of(kind) == proc.index))
+            for kind in (EXECUTIONS, TRACES)
+        }
+        if not found:
+            result.notes.append(
+                "TensorFlow wrote this dump, and its files do not say whether it kept every "
+                "event: with a circular buffer (enable_dump_debug_info keeps the last "
+                f"{TF_DEFAULT_BUFFER} executions and {TF_DEFAULT_BUFFER} graph execution traces "
+                "by default) the first events may not have been kept, and an Inf/NaN among them "
+                "is not seen here. Record with circular_buffer_size=-1, or with nanscope run, "
+                "to be sure."
+            )
+            return
+        full = [k for k, n in counts.items() if n == TF_DEFAULT_BUFFER]
+        if full:
+            what = " and ".join(f"{TF_DEFAULT_BUFFER} {k.replace('_', ' ')}s" for k in full)
+            result.notes.append(
+                f"TensorFlow wrote this dump, and it holds exactly {what}, as many as "
+                "enable_dump_debug_info's circular buffer keeps by default: earlier events may "
+                "not have been kept, and the first Inf/NaN of the run with them. Record with "
+                "circular_buffer_size=-1, or with nanscope run, to be sure."
+            )
+            return
 
 
 def _groups(reader: DumpReader, lineages: list[Lineage], view: Any) -> list[LineageGroup]:

@@ -134,8 +134,9 @@ def _run_entry(run: Run) -> dict[str, Any]:
                 num_executions=r.num_executions(),
                 num_graph_execution_traces=r.num_graph_execution_traces(),
                 generation=r.generation,
-                # TensorFlow's dumps record no training step (every event says 0).
-                steps_known=any(p.nanscope_version for p in r.processes),
+                # TensorFlow's dumps record no training step: the reader counts them where
+                # it finds the training function (docs/TENSORFLOW.md), else every event says 0.
+                steps_known=r.steps_known,
                 processes=[p.to_json() for p in r.processes],
                 problems=[p.to_json() for p in r.problems],
             )
@@ -387,9 +388,7 @@ def timeline_route(
         "status": np.maximum.reduceat(status, starts).tolist(),
         "nonfinite": np.add.reduceat((status >= 2).astype(np.int64), starts).tolist(),
         # None for dumps that record no steps (TensorFlow's), not a row of zeros.
-        "steps": rows["step"][idx[starts]].tolist()
-        if any(p.nanscope_version for p in reader.processes)
-        else None,
+        "steps": rows["step"][idx[starts]].tolist() if reader.steps_known else None,
         "first_index": idx[starts].tolist(),
     }
 
