@@ -681,11 +681,11 @@ def test_screenshots_tf(page: Any, server: Any, images: Path) -> None:
     page.wait_for_selector("body[data-selected^='t']")
     index = int(page.get_attribute("#exec-detail", "data-index"))
     assert page.text_content("#detail-op") == "Log"
-    # TensorFlow's dumps record no steps: no "step 0" badge, and "–" in the list's step column.
-    assert page.locator("#exec-detail .badge .b-k", has_text="step").count() == 0
-    assert page.locator("#graph-execs .vrow .c-step").first.text_content() == "–"
-    assert "step" not in page.text_content("#rootcause .rc-headline + *")
-    assert page.locator("#alerts .arow.step").count() == 0
+    # TensorFlow's dumps record no steps; nanscope counts them from the calls of the
+    # training function (docs/TENSORFLOW.md): the program's second step made the -inf.
+    badge = page.locator("#exec-detail .badge", has=page.locator(".b-k", has_text="step"))
+    assert badge.count() == 1 and badge.text_content().replace(" ", "").endswith("1")
+    assert page.locator("#graph-execs .vrow .c-step").first.text_content() == "0"
     softmax = page.locator(f"#graph-structure .gnode[data-index='{index - 1}']")
     assert "Softmax" in softmax.text_content()
     page.wait_for_selector("#source .ln.marked")

@@ -68,7 +68,12 @@ def assert_same_index(dump: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 @pytest.mark.parametrize("name", TF_DUMP_NAMES)
 def test_golden_tf_dumps_fast_equals_careful(golden: Path, name: str) -> None:
     fast, careful = assert_same_index(golden / name)
-    assert careful["problems"] == []
+    # TensorFlow's circular buffer let go of the first traces: said once; nothing else is.
+    said = [m for _, m in careful["problems"]]
+    if name.endswith("_circular"):
+        assert len(said) == 1 and "circular buffer" in said[0], said
+    else:
+        assert said == []
     # Every record of TensorFlow's layout was read in bulk.
     assert fast["fast"] == fast["decoded"] > 0
 
