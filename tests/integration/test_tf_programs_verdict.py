@@ -121,6 +121,9 @@ class Run:
     program_output: str
     tf_check: str  # the output of the run under tf.debugging.enable_check_numerics()
     checked: subprocess.CompletedProcess[str]  # `nanscope run --check-numerics`
+    # `nanscope run` with its default buffer: the report's JSON and exit status.
+    launched: dict[str, Any]
+    launched_status: int
 
 
 def _env() -> dict[str, str]:
@@ -148,8 +151,13 @@ def _case_run(case: Case, workdir: Path) -> Run:
     tf_check = _run([sys.executable, "-c", RUNNER, "check", "-", *program])
     checked = _run(_nanscope("run", "--check-numerics", *program))
     report = _run(_nanscope("report", str(dump), "--json"))
+    launched_dump = workdir / "launched"
+    launched = _run(_nanscope("run", "--logdir", str(launched_dump), *program))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    launched_report = _run(_nanscope("report", str(launched_dump), "--json"))
     return Run(dump, json.loads(report.stdout), report.returncode,
-               recorded.stdout, tf_check.stdout + tf_check.stderr, checked)  # fmt: skip
+               recorded.stdout, tf_check.stdout + tf_check.stderr, checked,
+               json.loads(launched_report.stdout), launched_report.returncode)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +243,27 @@ def test_verdict_and_exit_status(lab: dict[str, Future[Run]], name: str) -> None
     else:
         assert run.report_status == 1, (case.story, run.report["headline"])
         assert run.report["verdict"] == "harmful"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_nanscope_run_with_its_default_buffer_tells_the_same(
+    lab: dict[str, Future[Run]], name: str
+) -> None:
+    """Under `nanscope run` (a buffer of 1000, windowed when the program ends) the verdict,
+    the exit status, the cause and the skipped steps are the whole history's."""
+    run = run_of(lab, name)
+    whole, launched = run.report, run.launched
+    assert (launched["verdict"], run.launched_status) == (whole["verdict"], run.report_status)
+    if whole["cause"] is not None:
+        assert launched["cause"]["op_name"] == whole["cause"]["op_name"]
+        assert launched["cause"]["step"] == whole["cause"]["step"]
+
+    def skipped(report: dict[str, Any]) -> set[int]:
+        return {s for g in report["lineages"] if g["kind"] == "handled" for s in g["skipped_steps"]}
+
+    # The buffer keeps the windows of each first Inf/NaN, so some skipped steps, never others.
+    assert bool(skipped(launched)) == bool(skipped(whole))
+    assert skipped(launched) <= skipped(whole)
 
 
 @pytest.mark.parametrize("name", list(CASES))
