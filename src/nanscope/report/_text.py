@@ -45,8 +45,10 @@ def _counts(c: Health | None) -> str:
     return f"{text}{size}{dtype}" + (f" (finite: {', '.join(fin)})" if fin else "")
 
 
-def _where(v: EventView) -> str:
-    bits = [f"{v.kind.replace('_', ' ')} #{v.index}", f"step {v.step}"]
+def _where(v: EventView, steps_known: bool = True) -> str:
+    bits = [f"{v.kind.replace('_', ' ')} #{v.index}"]
+    if steps_known:  # a dump without steps would say "step 0" of everything
+        bits.append(f"step {v.step}")
     if v.phase:
         bits.append(v.phase)
     if v.module_path:
@@ -82,12 +84,12 @@ def _source_block(label: str, src: Source) -> list[object]:
     return out
 
 
-def event_panel(title: str, v: EventView, style: str) -> Panel:
+def event_panel(title: str, v: EventView, style: str, steps_known: bool = True) -> Panel:
     parts: list[object] = [
         Text.assemble(
             (v.op_name if v.op_name != v.op_type else v.op_type, "bold"),
             (f"  {v.op_type}" if v.op_name != v.op_type else ""),
-            (f"  ({_where(v)})", "dim"),
+            (f"  ({_where(v, steps_known)})", "dim"),
         ),
         Text(f"output: {_counts(v.counts)}"),
         Text.assemble(("why: ", "bold"), v.explanation),
@@ -107,12 +109,14 @@ def event_panel(title: str, v: EventView, style: str) -> Panel:
 _VERDICT_STYLE = {"harmful": "red", "handled": "cyan", "benign": "green"}
 
 
-def _lineage_line(g: LineageGroup) -> Text:
+def _lineage_line(g: LineageGroup, steps_known: bool = True) -> Text:
     b = g.birth
     where = f"{Path(b.source.file).name}:{b.source.line}" if b.source else b.module_path or "?"
     times = f" ×{g.count}" if g.count > 1 else ""
     t = Text(f"  {g.kind:<8}", style=_VERDICT_STYLE.get(g.kind, ""))
-    t.append(f" {b.op_name} #{b.index}{times} at {where}, step {b.step}")
+    t.append(
+        f" {b.op_name} #{b.index}{times} at {where}" + (f", step {b.step}" if steps_known else "")
+    )
     if g.kind == "handled":
         steps = ", ".join(str(s) for s in g.skipped_steps)
         t.append(f": the loss scaler's inf check saw it; step {steps} skipped", style="dim")
@@ -297,8 +301,11 @@ def render_text(a: Analysis, console: Console) -> None:
         if al.by_step:
             first = al.by_step[0]
             console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
+    known = a.steps is not None
     if a.cause is not None:
-        console.print(event_panel("Cause: where the harmful Inf/NaN was born", a.cause, "red"))
+        console.print(
+            event_panel("Cause: where the harmful Inf/NaN was born", a.cause, "red", known)
+        )
     if a.origin is not None:
         kind = "entered from outside" if a.origin_kind == "entered" else "born"
         same = a.cause is not None and (a.cause.kind, a.cause.index) == (
@@ -310,7 +317,7 @@ def render_text(a: Analysis, console: Console) -> None:
         else:
             style = "red" if a.cause is None and a.found_harmful else "yellow"
             console.print(
-                event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style)
+                event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style, known)
             )
     if a.ranks is not None and a.found_harmful:
         _ranks_section(a.ranks, console)
@@ -322,14 +329,14 @@ def render_text(a: Analysis, console: Console) -> None:
             console.print(Text(f"{title}: the event above", style="dim"))
             continue
         seen.add((v.kind, v.index))
-        console.print(event_panel(title, v, "magenta"))
+        console.print(event_panel(title, v, "magenta", known))
     if len(a.chain) > 1:
         chain = " → ".join(f"{c.op_name} #{c.index}" for c in a.chain)
         console.print(Text(f"chain: {chain}"))
     if a.lineages:
         console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
         for g in a.lineages:
-            console.print(_lineage_line(g))
+            console.print(_lineage_line(g, known))
     if a.headroom is not None:
         _headroom_section(a.headroom, console)
     if any(a.evicted.values()):
