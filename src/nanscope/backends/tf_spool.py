@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope._version import __version__
+from nanscope.events._streams import floor_below
 from nanscope.format import files, sidecar
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
@@ -96,18 +97,7 @@ def kept(
     windows: list[list[int]] = []
 
     def floor_at(end: int) -> int:
-        """The lowest floor that keeps ``capacity`` unprotected events before ``end``."""
-        pos, need = end, capacity
-        for s, e in reversed(windows):
-            e = min(e, end)
-            if e <= s:
-                continue
-            gap = pos - e
-            if gap >= need:
-                break
-            need -= gap
-            pos = s
-        return max(0, pos - need)
+        return floor_below(windows, end, capacity)
 
     floor = 0
     for a in anchors:

@@ -24,7 +24,7 @@ Python loop over the events kept.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,23 @@ class _Block:
     def end(self) -> int:
         """One past the arrival number of its last event."""
         return int(self.index[-1]) + 1 if self.index is not None else self.first + len(self.rows)
+
+
+def floor_below(windows: Sequence[Sequence[int]], end: int, bound: int) -> int:
+    """The lowest position from which ``bound`` events before ``end`` lie outside the
+    protected ``windows`` (``[start, end)`` pairs in order): where a buffer that keeps
+    the last ``bound`` events, beside the windows, lets go of everything before."""
+    pos, need = end, bound
+    for s, e in reversed(windows):
+        e = min(e, end)
+        if e <= s:
+            continue
+        gap = pos - e
+        if gap >= need:
+            break
+        need -= gap
+        pos = s
+    return max(0, pos - need)
 
 
 class EventStream:
@@ -383,18 +400,7 @@ class EventStream:
         bound = self._bound
         if not bound:
             return
-        # The lowest floor that keeps `bound` unprotected events, walking back from `end`.
-        pos, need = end, bound
-        for s, e in reversed(self._windows):
-            e = min(e, end)
-            if e <= s:
-                continue
-            gap = pos - e
-            if gap >= need:
-                break
-            need -= gap
-            pos = s
-        floor = max(0, pos - need)
+        floor = floor_below(self._windows, end, bound)
         if self._byte_bound and self._tail_bytes > self._byte_bound:
             floor = max(floor, self._byte_floor(end))
         old = self._floor
