@@ -63,16 +63,16 @@ function scopeTag(app) {
 }
 
 /**
- * The run's verdict: "harmful", "incomplete", "absorbed" or "clean" (the server always sends
- * one). Without it, or when events are missing, never "clean": no all-clear is given unless
- * the analysis says so of a whole dump.
+ * The run's verdict: the analysis's ("harmful", "incomplete", "absorbed" or "clean"), except
+ * that the run list, polled more often than the analysis, may already know that events went
+ * missing since: then no all-clear is shown.
  */
 export function verdictOf(a, runInfo) {
-  const damaged = (a.incomplete || []).length > 0 || Boolean(runInfo && runInfo.incomplete);
-  const v = a.verdict;
-  if (v === "harmful" || (v === undefined && a.found_harmful)) return "harmful";
-  if (damaged || v === "incomplete" || !["absorbed", "clean"].includes(v)) return "incomplete";
-  return v;
+  const damaged = Boolean(runInfo && runInfo.incomplete);
+  if (a.verdict !== "harmful" && (damaged || !["absorbed", "clean"].includes(a.verdict))) {
+    return "incomplete";
+  }
+  return a.verdict;
 }
 
 /** What is missing from the dump: one item per problem, with its file and byte offset. */
