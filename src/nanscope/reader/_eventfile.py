@@ -490,8 +490,9 @@ class EventFile:
         ]
         try:
             for i in picks.tolist():
-                header = self.read(int(offsets[i]), 8)
-                if int.from_bytes(header, "little") != int(rows["length"][i]) - HEADER_SIZE - 4:
+                if self.read(int(offsets[i]), HEADER_SIZE) != header(
+                    int(rows["length"][i]) - OVERHEAD
+                ):
                     # Other records where the index says: not this file's index (a circular
                     # file replaced between the two reads), so no claim on its tail.
                     return
