@@ -35,6 +35,9 @@ UNINITIALISED = frozenset(
 
 FILLED_BEHIND_THE_SCENES = frozenset({"aten.lift_fresh", "aten.lift"})
 
+# Ops whose schema marks an argument as written although its values do not change.
+NOT_WRITES = frozenset({"aten.record_stream", "aten.retain_grad"})
+
 # torch.distributed collectives: they return a Work before their outputs hold
 # the result, which the backend writes on its own threads. (Not send/recv: a
 # rank waiting for those could wait for a peer that waits for it.)
@@ -64,6 +67,10 @@ class OpInfo:
     # are what this rank sends (not a receive, whose input is the buffer it writes).
     distributed: bool = False
     sends: bool = False
+    # The arguments its schema says it writes (position, name), where they are values:
+    # ``self`` of ``add_``, the lists of ``_foreach_mul_`` and ``_fused_adamw_`` (which
+    # return nothing), the running statistics of a batch norm, ``out=``.
+    written: tuple[tuple[int, str], ...] = ()
 
 
 # Schema types whose Python-number arguments are values (x / 0.0), unlike dims and sizes.
@@ -90,6 +97,14 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         and schema.returns
         and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
     )
+    written: tuple[tuple[int, str], ...] = ()
+    # A receive's buffer keeps its id: the ranks' analysis links a receive to the event
+    # that reads what it wrote by that id (analysis/_ranks.py).
+    if schema is not None and packet not in NOT_WRITES and not collectives.is_operation(name):
+        written = tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )  # fmt: skip
     if schema is not None:
         value_args = tuple(
             i for i, a in enumerate(schema.arguments)
@@ -102,6 +117,7 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         # view.dtype reinterprets the bytes: not the same elements at all.
         same_elements=packet in SAME_ELEMENT_VIEWS and name != "aten.view.dtype",
         inplace=inplace,
+        written=written,
         collective=packet in COLLECTIVES,
         distributed=collectives.is_operation(name),
         sends=collectives.is_operation(name) and collectives.P2P.get(packet) != "recv",
@@ -110,6 +126,17 @@ def describe(func: Any, op_regex: re.Pattern[str] | None) -> OpInfo:
         record_values=packet not in UNINITIALISED
         and (op_regex is None or op_regex.match(name) is not None),
     )
+
+
+def written_tensors(
+    info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None, outs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The tensors an op wrote that it does not return (``_foreach_mul_``'s list, a batch
+    norm's running statistics): the outputs an event adds after the returned ones."""
+    found: list[torch.Tensor] = []
+    for i, name in info.written:
+        tensors_of(args[i] if i < len(args) else (kwargs or {}).get(name), found)
+    return [t for t in found if not any(t is o for o in outs)]
 
 
 class OpCache(dict[Any, OpInfo]):

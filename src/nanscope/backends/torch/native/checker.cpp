@@ -339,9 +339,19 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   for (auto it = stack->end() - static_cast<ptrdiff_t>(nrets); it != stack->end(); ++it) {
     tensors_of(*it, outs);
   }
-  if (outs.empty()) {  // _foreach_add_ and co. return nothing: what they wrote
-    for (int i : op.written) {
-      if (static_cast<size_t>(i) < args.size()) tensors_of(args[static_cast<size_t>(i)], outs);
+  // What it wrote and does not return: _foreach_add_, _fused_adamw_ and co. return
+  // nothing; a batch norm does not return its running statistics.
+  const size_t returned = outs.size();
+  for (int i : op.written) {
+    if (static_cast<size_t>(i) >= args.size()) continue;
+    Tensors written;
+    tensors_of(args[static_cast<size_t>(i)], written);
+    for (const at::Tensor& t : written) {
+      bool found = false;
+      for (size_t j = 0; j < returned && !found; ++j) {
+        found = outs[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+      }
+      if (!found) outs.push_back(t);
     }
   }
   c10::SmallVector<int, 4> bad;

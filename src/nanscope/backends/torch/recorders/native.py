@@ -160,6 +160,7 @@ class NativeRecorder(RecorderBase):
             info.view,
             list(info.value_args),
             info.name,
+            [i for i, _ in info.written],
         )
 
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:

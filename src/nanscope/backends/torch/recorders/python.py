@@ -16,7 +16,7 @@ from torch._C._autograd import _get_sequence_nr
 
 from nanscope.backends.torch.device_buffer import PendingSummaries
 from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
-from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of
+from nanscope.backends.torch.ops import OpCache, OpInfo, TensorIds, tensors_of, written_tensors
 from nanscope.backends.torch.recorders.base import (
     RecorderBase,
     Setup,
@@ -155,9 +155,10 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
     # -- recording ---------------------------------------------------------------------------
 
     def _summary(
-        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
-    ) -> Any:
-        s = self._summary_of(t, tid, info, source)
+        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None,
+        bumped: bool = True,
+    ) -> Any:  # fmt: skip
+        s = self._summary_of(t, tid, info, source, bumped)
         if info.view and self.mode == TensorDebugMode.FULL_HEALTH and isinstance(s, np.ndarray):
             # A view's values are its input's: their ranges belong to the op that made them
             # (nanscope.format.headroom), not to every view of them.
@@ -166,8 +167,12 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         return s
 
     def _summary_of(
-        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None
-    ) -> Any:
+        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None,
+        bumped: bool = True,
+    ) -> Any:  # fmt: skip
+        """``bumped``: an in-place op's output whose version counter moves when dispatch
+        returns (a returned output); a written argument that it does not return
+        (``_foreach_mul_``'s list) may keep its version under a dispatch mode."""
         mode = self.mode
         if mode == TensorDebugMode.NO_TENSOR or not info.record_values:
             return None
@@ -192,7 +197,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                     return view
             s = summarize_host(t, mode)
             if s is not None and mode != TensorDebugMode.FULL_TENSOR:
-                self._remember(tid, t, s, info.inplace)
+                self._remember(tid, t, s, info.inplace and bumped)
             return s
         if t.is_meta:
             return None
@@ -234,6 +239,11 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             for v in kwargs.values():
                 tensors_of(v, ins)
         outs = tensors_of(out, [])
+        returned = len(outs)
+        if info.written:
+            # What it wrote and does not return (_foreach_mul_, _fused_adamw_ return
+            # nothing) are outputs too: new versions of those tensors.
+            outs += written_tensors(info, args, kwargs, outs)
         ids = self.ids
         in_ids = [ids.get(t) for t in ins]
         out_ids = [ids.new(t) for t in outs]
@@ -256,7 +266,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                         parts.append(view)
                         self._remember_values(tid, t, base)
                         continue
-                    value = self._summary(t, tid, info, None)
+                    value = self._summary(t, tid, info, None, slot < returned)
                     parts.append(value)
                     if isinstance(value, np.ndarray) and t.dtype in _VIEWABLE and t.is_cpu:
                         roots.append((slot, tid, t))
@@ -265,9 +275,9 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
                     parts.append(None)
         else:
             summary = self._summary
-            for t, tid in zip(outs, out_ids, strict=True):
+            for slot, (t, tid) in enumerate(zip(outs, out_ids, strict=True)):
                 try:
-                    parts.append(summary(t, tid, info, source))
+                    parts.append(summary(t, tid, info, source, slot < returned))
                 except Exception as exc:  # an unusual tensor: record the op without its summary
                     self.failed(exc)
                     parts.append(None)
@@ -327,7 +337,7 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             if t.is_contiguous() and t.numel() > 0 and t.layout == torch.strided:
                 offset = int(t.storage_offset())
                 root = _Values(0, 0, t.dtype, seq, slot, offset, t.numel())
-                self._remember_values(tid, t, root, info.inplace)
+                self._remember_values(tid, t, root, info.inplace and slot < returned)
         if node is None and phase != Phase.OPTIMIZER:
             cur = _get_sequence_nr()
             local = self._local
