@@ -233,8 +233,10 @@ bool Encoder::encodable(const Event& ev, py::handle host) {
 
 void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, int64_t seq,
                      py::handle host, Batch& out) {
-  std::string body;
-  body.reserve(256);
+  // The drain thread's buffers, kept from one event to the next (no allocation per event).
+  thread_local std::string body_buf, payload_buf;
+  std::string& body = body_buf;
+  body.clear();
   put_tag(body, 1, 2);
   put_varint(body, op.name.size());
   body += op.name;
@@ -362,7 +364,8 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
     amin = std::nan("");
   }
   body += views;
-  std::string payload;
+  std::string& payload = payload_buf;
+  payload.clear();
   payload.reserve(body.size() + 24);
   if (ev.wall != 0) {
     put_tag(payload, 1, 1);

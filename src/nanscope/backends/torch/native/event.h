@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/SmallVector.h>
+
 #include "pool.h"
 
 namespace nanscope {
@@ -41,6 +43,9 @@ struct OpFlags {
   bool uninitialised = false;
   bool view = false;
   std::vector<int> value_args;
+  // Argument positions it writes into (its schema's `Tensor(a!)`): what it does not
+  // return among them (_foreach_mul_'s list, _fused_adamw_'s) are outputs too.
+  std::vector<int> written;
   std::string name;  // "aten.log.default"
 };
 
@@ -107,10 +112,17 @@ struct Event {
   int64_t serial = 0;
   int64_t fwd_serial = -1;
   double wall = 0;
-  pvec<int64_t> in_ids{pool()}, out_ids{pool()};
-  pvec<int32_t> out_dev{pool()};
-  pvec<double> sums{pool()};  // width values per output
-  pvec<uint8_t> has{pool()};  // 1: computed here, 2: in `parts`, 0: none
+  // The op's description (OpFlags live for the process): read by the drain thread
+  // without the lock on the op table.
+  const OpFlags* flags = nullptr;
+  // Inline room for a small op's ids and one FULL_HEALTH row: no allocation per
+  // event (an allocation here is freed by the drain thread, and a pool shared by
+  // the two threads makes both take its lock on every event).
+  c10::SmallVector<int64_t, 4> in_ids;
+  c10::SmallVector<int64_t, 4> out_ids;
+  c10::SmallVector<int32_t, 4> out_dev;
+  c10::SmallVector<double, 3 * kWidestRow> sums;  // width values per output
+  c10::SmallVector<uint8_t, 4> has;   // 1: computed here, 2: in `parts`, 0: none
   // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
   // of their counts, FULL_HEALTH's layout, for the index and the ranges).
   std::unique_ptr<Values> values;

@@ -65,6 +65,8 @@ namespace nanscope {
 namespace {
 
 constexpr size_t kCacheMax = 8192;
+// New tensor ids between sweeps of the id tables (at least; see sweep_ids_locked).
+constexpr int64_t kSweepEvery = 8192;
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
 // an op waits for the drain, as for a full buffer.
@@ -117,6 +119,7 @@ struct Ctx : at::ObserverContext, Pooled {
   uint64_t session = 0;  // the session it started in: an op may end in a later one
   const OpFlags* op = nullptr;
   Tensors ins;
+  Tensors written;  // the arguments it writes into (OpFlags::written)
   c10::SmallVector<double, 2> values;
   // A torch.distributed operation's arguments (its process group among them),
   // copied at the start: by the end, the stack that held them holds its outputs.
@@ -158,23 +161,29 @@ struct State {
   std::deque<OpFlags> op_store;
   std::vector<const OpFlags*> op_by_index;  // by the Python side's op index
 
+  // The tables below are each used under their own mutex: their nodes come from a
+  // pool of that mutex's own (no lock of the pool's: the shared pool's lock is taken
+  // on every allocation and contended by the drain thread's frees).
   std::mutex ids_mu;
+  std::pmr::unsynchronized_pool_resource ids_pool{pool()};
   std::pmr::unordered_map<c10::TensorImpl*,
                           std::pair<int64_t, c10::weak_intrusive_ptr<c10::TensorImpl>>>
-      ids{pool()};
+      ids{&ids_pool};
   int64_t next_id = 0;
-  int64_t until_sweep = 65536;
-  std::pmr::unordered_map<uint64_t, ViewEntry> by_view{pool()};
+  int64_t until_sweep = kSweepEvery;
+  std::pmr::unordered_map<uint64_t, ViewEntry> by_view{&ids_pool};
 
   StackTable stacks;
 
   std::mutex links_mu;
-  std::pmr::unordered_map<int64_t, Link> links{pool()};
+  std::pmr::unsynchronized_pool_resource links_pool{pool()};
+  std::pmr::unordered_map<int64_t, Link> links{&links_pool};
 
   std::mutex cache_mu;
-  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{pool()};
-  std::pmr::unordered_set<int64_t> blank{pool()};
-  std::pmr::unordered_map<int64_t, ValueEntry> values{pool()};  // FULL_TENSOR, by tensor id
+  std::pmr::unsynchronized_pool_resource cache_pool{pool()};
+  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{&cache_pool};
+  std::pmr::unordered_set<int64_t> blank{&cache_pool};
+  std::pmr::unordered_map<int64_t, ValueEntry> values{&cache_pool};  // FULL_TENSOR, by tensor id
 
   std::mutex dev_mu;
   std::vector<std::string> devices{"cpu"};
@@ -323,8 +332,41 @@ const OpFlags kNotOp = [] {
   return f;
 }();
 
+// Each thread's cache of the ops table (direct-mapped by the name's address): an op
+// seen before costs no lock. `g_ops_gen` moves whenever the table is emptied (a new
+// session, an op deregistered); a thread's cache is emptied when it sees it move.
+std::atomic<uint64_t> g_ops_gen{1};
+struct OpSlot {
+  const char* key = nullptr;
+  const OpFlags* flags = nullptr;
+};
+constexpr size_t kOpSlots = 512;
+thread_local uint64_t tl_ops_gen = 0;
+thread_local std::array<OpSlot, kOpSlots> tl_ops{};
+
+inline size_t op_slot(const char* key) {
+  uint64_t h = reinterpret_cast<uintptr_t>(key) * 0x9E3779B97F4A7C15ULL;
+  return static_cast<size_t>(h >> 55) & (kOpSlots - 1);
+}
+
+const OpFlags* lookup_locked_path(const at::RecordFunction& fn, const char* key);
+
 const OpFlags* lookup(const at::RecordFunction& fn) {
   const char* key = fn.name();
+  const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
+  if (tl_ops_gen != gen) {
+    tl_ops.fill(OpSlot{});
+    tl_ops_gen = gen;
+  }
+  OpSlot& slot = tl_ops[op_slot(key)];
+  if (slot.key == key) return slot.flags;
+  const OpFlags* p = lookup_locked_path(fn, key);
+  // Not a named range (its name's address is per call, not an op's).
+  if (p != &kNotOp) slot = OpSlot{key, p};
+  return p;
+}
+
+const OpFlags* lookup_locked_path(const at::RecordFunction& fn, const char* key) {
   {
     std::lock_guard<std::mutex> g(S->ops_mu);
     auto it = S->ops.find(key);
@@ -350,6 +392,7 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
       f.view = d[6].cast<bool>();
       f.value_args = d[7].cast<std::vector<int>>();
       f.name = d[8].cast<std::string>();
+      f.written = d[9].cast<std::vector<int>>();
     } catch (py::error_already_set& e) {
       swallow(e, "nanscope: describing an op");
       f.skip = true;
@@ -386,7 +429,8 @@ void sweep_ids_locked() {
       ++it;
     }
   }
-  S->until_sweep = std::max<int64_t>(65536, static_cast<int64_t>(S->ids.size()));
+  // Small tables stay in cache (each sweep costs the entries left: amortised O(1)).
+  S->until_sweep = std::max<int64_t>(kSweepEvery, static_cast<int64_t>(S->ids.size()));
 }
 
 bool has_view_key(const at::Tensor& t) {
@@ -956,6 +1000,16 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   const OpFlags& op = *c.op;
   Tensors outs;
   for (const c10::IValue& v : fn.outputs()) tensors_of(v, outs);
+  // What it wrote and does not return (_foreach_mul_ and _fused_adamw_ return nothing):
+  // outputs too, new versions of those tensors.
+  const size_t returned = outs.size();
+  for (const at::Tensor& t : c.written) {
+    bool found = false;
+    for (size_t j = 0; j < returned && !found; ++j) {
+      found = outs[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    }
+    if (!found) outs.push_back(t);
+  }
   const int mode = S->mode;
   const bool values = mode != kNoTensor && op.record_values;
 
@@ -976,6 +1030,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   Event ev;
   ev.collective = tag;
   ev.op = op.index;
+  ev.flags = &op;
   ev.wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   {
     std::lock_guard<std::mutex> g(S->ids_mu);
@@ -1151,8 +1206,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
   const OpFlags* op = lookup(fn);
   if (op->not_op || op->composite) return nullptr;
+  // Called inside an op that is recorded or left out (its kernel's own ops): never
+  // recorded, and needs no context (nothing to undo at its end).
+  if (tl_depth > 0) return nullptr;
   auto c = std::make_unique<Ctx>();
-  if (tl_depth++ > 0 || tl_suspended > 0 || op->skip || !S->active.load()) return c;
+  ++tl_depth;
+  if (tl_suspended > 0 || op->skip || !S->active.load()) return c;
   c->record = true;
   c->session = S->session.load(std::memory_order_relaxed);
   c->op = op;
@@ -1184,6 +1243,10 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
     } else {
       tensors_of(v, c->ins);
     }
+  }
+  for (int i : op->written) {  // the schema's positions: fn.inputs() holds every argument
+    const size_t at = static_cast<size_t>(i);
+    if (at < inputs.size()) tensors_of(inputs[at], c->written);
   }
   const int mode = S->mode;
   if (op->collective && op->record_values && mode != kNoTensor && mode != kShape && !c->ins.empty()) {
@@ -1232,6 +1295,7 @@ struct OpsForgetter : c10::OpRegistrationListener {
     if (S == nullptr) return;
     std::lock_guard<std::mutex> g(S->ops_mu);
     S->ops.clear();
+    g_ops_gen.fetch_add(1, std::memory_order_acq_rel);
   }
 };
 
@@ -1308,6 +1372,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
     std::lock_guard<std::mutex> g(s->ops_mu);
     s->op_by_index.clear();
     s->ops.clear();
+    g_ops_gen.fetch_add(1, std::memory_order_acq_rel);
   }
   {
     std::lock_guard<std::mutex> g(s->ids_mu);
@@ -1424,7 +1489,7 @@ py::object encode_batch(int64_t first_seq, size_t limit) {
     while (S->taken_pos < taken.size() && b.rows.size() < limit) {
       Event& ev = taken[S->taken_pos];
       if (!S->encoder.encodable(ev, S->host)) break;
-      S->encoder.encode(ev, op_of(ev), S->mode, S->width, seq++, S->host, b);
+      S->encoder.encode(ev, ev.flags != nullptr ? *ev.flags : op_of(ev), S->mode, S->width, seq++, S->host, b);
       ++S->taken_pos;
     }
   }
