@@ -6,6 +6,9 @@ is the program's. Recording starts when the program imports its framework
 (PyTorch: nanscope's recorder; TensorFlow: TensorFlow's own dumping into the
 same logdir), and ends where Python would exit: after the program's non-daemon
 threads. An exception that escapes the program goes to its own sys.excepthook.
+The Python processes the program starts (spawn, forkserver and fork workers, Python
+run by subprocess) record into the same logdir, each as its own process:
+cli/_children.py.
 """
 
 from __future__ import annotations
@@ -22,16 +25,11 @@ import threading
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from nanscope._imports import AfterImport
-from nanscope.backends import RECORDED
+from nanscope.cli._children import Recording, children_recorded
 from nanscope.cli.errors import CommandError
-from nanscope.format.files import PREFIX
+from nanscope.format.files import PREFIX, UNRECORDED
 from nanscope.format.modes import parse_mode
-
-if TYPE_CHECKING:
-    from nanscope.api import DebugSession
 
 HELP = "run a Python program (script.py or -m module) with nanscope recording"
 
@@ -163,70 +161,64 @@ def run(args: argparse.Namespace) -> int:
     if not args.check_numerics:
         _prepare_logdir(logdir, args.force)
 
-    import nanscope
-
-    started: list[str] = []
-    failed: list[str] = []
-    sessions: list[DebugSession] = []
-
-    def start(framework: str) -> None:
-        if started:
-            return
-        if framework == "jax" and "tensorflow" in sys.modules:
-            # TensorFlow imports JAX (when installed) while it is being imported itself:
-            # the program is TensorFlow's; its own hook starts recording when done.
-            return
-        started.append(framework)
+    recording = Recording(
+        logdir, mode, args.circular_buffer_size, args.op_regex, args.check_numerics
+    )
+    # Recording starts when the program imports a framework that nanscope records; the
+    # Python processes it starts record too (cli/_children.py).
+    with children_recorded(recording):
+        hook = recording.watch()
+        uncaught: BaseException | None = None
+        finished = False
         try:
-            if args.check_numerics:
-                nanscope.enable_check_numerics(framework=framework)
-            else:
-                sessions.append(
-                    nanscope.enable_dump_debug_info(
-                        logdir, mode, args.circular_buffer_size, args.op_regex, framework=framework
-                    )
-                )
-        except Exception as exc:  # the program runs on, unrecorded: never take it down
-            failed.append(str(exc) or type(exc).__name__)
-            print(f"nanscope: recording is off: {failed[0]}", file=sys.stderr)
-
-    # Recording starts when the program imports a framework that nanscope records.
-    already = [f for f in RECORDED if f in sys.modules]
-    if already:
-        start(already[0])
-    hook = AfterImport(RECORDED, start)
-    uncaught: BaseException | None = None
-    finished = False
-    try:
-        code, uncaught = _run_program(args)
-        if uncaught is not None:
-            # What was recorded reaches the disk before the program's own hook runs: a
-            # hook may end the process (os._exit) or hang. Recording goes on: Python
-            # still waits for the program's other threads after the hook.
-            for session in sessions:
-                with contextlib.suppress(Exception):
-                    session.flush()
-            _report_uncaught(uncaught)
-        code = _wait_for_threads(code)
-        finished = True
-    finally:
-        hook.remove()
-        unread = _stop_recording(args.check_numerics, failed=not finished or uncaught is not None)
+            code, uncaught = _run_program(args)
+            if uncaught is not None:
+                # What was recorded reaches the disk before the program's own hook runs: a
+                # hook may end the process (os._exit) or hang. Recording goes on: Python
+                # still waits for the program's other threads after the hook.
+                for session in recording.sessions:
+                    with contextlib.suppress(Exception):
+                        session.flush()
+                _report_uncaught(uncaught)
+            code = _wait_for_threads(code)
+            finished = True
+        finally:
+            if hook is not None:
+                hook.remove()
+            unread = _stop_recording(
+                args.check_numerics, failed=not finished or uncaught is not None
+            )
     if args.check_numerics:
         if unread is not None:
             print("".join(traceback.format_exception_only(unread)), end="", file=sys.stderr)
             return code or 1
-    elif failed:
-        print(f"\nnanscope: no dump was written: {failed[0]}", file=sys.stderr)
-    elif started:
+    elif recording.failed:
+        print(f"\nnanscope: no dump was written: {recording.failed[0]}", file=sys.stderr)
+    elif recording.started or any(logdir.glob(f"{PREFIX}.*.metadata")):  # or the children's
         print(f"\nnanscope: dump written to {logdir}", file=sys.stderr)
+        _tell_unrecorded(logdir)
         print(f"nanscope: next, run: nanscope report {logdir}", file=sys.stderr)
+    elif _tell_unrecorded(logdir):
+        pass
     else:
         print(
             "nanscope: the program imported none of PyTorch, JAX and TensorFlow; nothing was recorded",
             file=sys.stderr,
         )
     return code
+
+
+def _tell_unrecorded(logdir: Path) -> bool:
+    """One line if processes of the program ran unrecorded (their ``.nsunrecorded`` notes)."""
+    notes = list(logdir.glob(f"{PREFIX}.*.{UNRECORDED}")) if logdir.is_dir() else []
+    if notes:
+        n = len(notes)
+        print(
+            f"nanscope: {n} process{'es' if n > 1 else ''} of the program imported a framework "
+            f"but ran unrecorded (nanscope could not be imported there); see the notes in {logdir}",
+            file=sys.stderr,
+        )
+    return bool(notes)
 
 
 def _stop_recording(check_numerics: bool, *, failed: bool) -> BaseException | None:
@@ -365,6 +357,22 @@ def _program_traceback(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
+def _run_threading_atexits() -> None:
+    """Run, once, the callbacks ``threading._register_atexit`` holds (CPython runs them when
+    the main module ends, before joining non-daemon threads); they are taken off the list, so
+    that the interpreter's shutdown does not run them a second time."""
+    callbacks = getattr(threading, "_threading_atexits", None)
+    if not isinstance(callbacks, list):
+        return
+    pending = list(reversed(callbacks))
+    callbacks.clear()
+    for callback in pending:
+        try:
+            callback()
+        except Exception:  # as at interpreter shutdown: one failing callback stops no other
+            traceback.print_exc()
+
+
 def _wait_for_threads(code: int) -> int:
     """Wait for the program's non-daemon threads before recording stops.
 
@@ -374,6 +382,7 @@ def _wait_for_threads(code: int) -> int:
     Ctrl+C stops the wait (exit status 130 unless the program chose one).
     """
     current = threading.current_thread()
+    stopped_pools = False
     try:
         while True:
             alive = [
@@ -382,6 +391,13 @@ def _wait_for_threads(code: int) -> int:
             ]  # fmt: skip
             if not alive:
                 return code
+            if not stopped_pools:
+                # As Python's own shutdown does before it joins them: the threading atexit
+                # callbacks let worker pools end (concurrent.futures' executors, which
+                # torch.compile keeps: their idle workers never end until told to).
+                stopped_pools = True
+                _run_threading_atexits()
+                continue
             for t in alive:  # again after: a thread may start others
                 t.join()
     except KeyboardInterrupt:

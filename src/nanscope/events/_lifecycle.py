@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
@@ -67,12 +68,35 @@ def unregister(item: Writer | Source) -> None:
         _sources.discard(item)
 
 
+# close_all() calls running (on the main thread: at exit, or in a signal handler), and a
+# SIGTERM/SIGINT that arrived during one: delivered again once it is done. A process that
+# exits normally while being terminated (a multiprocessing Pool's worker, told to stop and
+# then sent SIGTERM) must not die halfway through closing its dump.
+_closing = 0
+_deferred: int | None = None
+
+
+@contextlib.contextmanager
+def closing() -> Iterator[None]:
+    """While closing dumps on the main thread: a SIGTERM/SIGINT waits until that is done."""
+    global _closing, _deferred
+    _closing += 1
+    try:
+        yield
+    finally:
+        _closing -= 1
+        if not _closing and _deferred is not None:
+            signum, _deferred = _deferred, None
+            os.kill(os.getpid(), signum)
+
+
 def close_all() -> None:
-    for w in [*_sources, *_writers]:
-        try:
-            w.close()
-        except Exception as exc:  # never mask the program's own exit status
-            print(f"nanscope: could not flush a dump: {exc}", file=sys.stderr)
+    with closing():
+        for w in [*_sources, *_writers]:
+            try:
+                w.close()
+            except Exception as exc:  # never mask the program's own exit status
+                print(f"nanscope: could not flush a dump: {exc}", file=sys.stderr)
 
 
 def flush_all(timeout: float = 5.0) -> None:
@@ -126,6 +150,10 @@ def _chain_signal(signum: int) -> None:
         return
 
     def handler(num: int, frame: FrameType | None) -> None:
+        global _deferred
+        if _closing:  # it interrupted a close: finish that first (see close_all)
+            _deferred = num
+            return
         if num == signal.SIGINT and callable(previous):
             # Python's default SIGINT handler raises KeyboardInterrupt; the
             # exit path then closes the writers, so only flush what we have.

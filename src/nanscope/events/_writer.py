@@ -354,6 +354,7 @@ class DumpWriter:
         for op in metadata.take():
             op.run()
         metadata.close()
+        self._metadata = meta
         # Reserved now, while the disk has room (see DROPS_SIZE).
         # Per module and step, the |x| extremes, beyond the circular buffer's reach.
         self._history = RangeHistory()
@@ -362,6 +363,31 @@ class DumpWriter:
             self.file_set.path(files.DROPS), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644
         )
         Overwrite(self._drops_fd, self._drops_report()).run()
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Record the process's rank, known only now (``init_process_group`` of a worker that
+        ``torch.multiprocessing.spawn`` started): one more metadata record, appended; readers
+        take the rank and world size of the last (docs/FORMAT.md). Never raises."""
+        if self._closed or (rank, world_size) == (
+            self.rank,
+            self._metadata.debug_metadata.world_size,
+        ):
+            return
+        self.rank = rank
+        meta = pb.DebugEvent()
+        meta.CopyFrom(self._metadata)
+        meta.debug_metadata.process_rank = rank
+        meta.debug_metadata.world_size = world_size
+        try:
+            metadata = AppendFile(self.file_set.path(files.METADATA))
+            metadata.write(meta.SerializeToString())
+            for op in metadata.take():
+                op.run()
+            metadata.close()
+        except OSError as exc:
+            print(f"nanscope: could not record this process's rank: {exc}", file=sys.stderr)
+            return
+        self._metadata = meta
 
     # -- the producer side (any thread) ------------------------------------------------------
 

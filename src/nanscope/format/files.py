@@ -10,6 +10,7 @@ two of the same rank started in the same second on one machine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ RANGES = "nsranges"
 
 # nanscope's report of events the writer had to drop (disk full, ...): JSON, see docs/FORMAT.md.
 DROPS = "nsdrops"
+
+# A note that a process of the run ran unrecorded (``nanscope run``'s child whose
+# interpreter cannot import nanscope): JSON, see docs/FORMAT.md and cli/_bootstrap.
+UNRECORDED = "nsunrecorded"
 
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -106,3 +111,22 @@ def discover(logdir: str | os.PathLike[str]) -> list[FileSet]:
             hint = f" (found dumps in subdirectories: {', '.join(subdirs[:5])}; pass one of them)"
         raise DumpNotFoundError(f"{root}: no tfdbg2 dump here (no {PREFIX}.*.metadata file){hint}")
     return sets
+
+
+def unrecorded_note(path: Path) -> str:
+    """What a ``.nsunrecorded`` note says, in one sentence (a damaged note: that it is one)."""
+    try:
+        note = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(note, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as exc:
+        return f"{path}: a process of the run ran unrecorded (the note is unreadable: {exc})"
+    argv = note.get("argv")
+    command = " ".join(str(a) for a in argv) if isinstance(argv, list) else "?"
+    if len(command) > 200:
+        command = command[:197] + "..."
+    return (
+        f"{path}: pid {note.get('pid', '?')} on {note.get('host', '?')} ({command}) imported "
+        f"{note.get('framework') or 'a framework'} but ran unrecorded: {note.get('why', '?')}; "
+        "what it computed is not in the dump"
+    )

@@ -9,6 +9,7 @@ decoded on demand.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -150,6 +151,9 @@ class DumpReader:
         # By prefix (root and name): two roots may hold sets of the same name (two hosts of
         # the same name that started in the same second).
         self._known_sets: set[Path] = set()
+        # The size each rank-less nanscope process's .metadata had when read: a worker of
+        # torch.multiprocessing.spawn appends its rank later (live dumps read it then).
+        self._metadata_sizes: dict[Path, int] = {}
         self._exec_rows = np.zeros(0, dtype=INDEX_DTYPE)
         self._exec_process = np.zeros(0, dtype=np.int16)
         self._trace_rows = np.zeros(0, dtype=INDEX_DTYPE)
@@ -210,7 +214,7 @@ class DumpReader:
         problems: list[Problem] = []
         changed = self._discover(problems)
         for proc in self._processes:
-            if proc.info is None:
+            if proc.info is None or self._rank_may_follow(proc):
                 self._read_metadata(proc, problems)
             changed |= self._read_sources(proc, problems)
             changed |= self._read_frames(proc, problems)
@@ -260,6 +264,7 @@ class DumpReader:
             self.generation += 1
         for proc in self._processes:
             self._writer_report(proc)
+        self._unrecorded_notes()
         for p in problems:
             self._problems.setdefault(p.message, p)
         return changed or exec_changed or trace_changed
@@ -357,6 +362,18 @@ class DumpReader:
             )
         else:
             self._problems.pop(unclosed, None)  # the live writer has closed since
+
+    def _unrecorded_notes(self) -> None:
+        """Processes of the run that ran unrecorded: the ``.nsunrecorded`` notes ``nanscope
+        run`` leaves for a child it could not record. What they computed is missing, so the
+        dump is incomplete (never an all-clear)."""
+        for root in self.logdirs:
+            for path in sorted(Path(root).glob(f"{files.PREFIX}.*.{files.UNRECORDED}")):
+                key = f"unrecorded {path}"
+                if key not in self._problems:
+                    self._problems[key] = Problem(
+                        "error", files.unrecorded_note(path), incomplete=True, file=str(path)
+                    )
 
     @staticmethod
     def _not_closed(proc: _Process) -> str:
@@ -495,12 +512,34 @@ class DumpReader:
 
     # -- the append-only files ---------------------------------------------------------------
 
+    def _rank_may_follow(self, proc: _Process) -> bool:
+        """Whether a nanscope process without a rank has appended to its ``.metadata``."""
+        info = proc.info
+        if info is None or info.rank is not None or not info.nanscope_version:
+            return False
+        path = proc.file_set.path(files.METADATA)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return False
+        return size != self._metadata_sizes.get(path, size)
+
     def _read_metadata(self, proc: _Process, problems: list[Problem]) -> None:
         log = RecordLog(proc.file_set.path(files.METADATA))
+        with contextlib.suppress(OSError):
+            self._metadata_sizes[log.path] = log.path.stat().st_size
         for _, event in log.new_events(problems):
             if event.WhichOneof("what") != "debug_metadata":
                 continue
             m = event.debug_metadata
+            if proc.info is not None:
+                # A later record: the rank became known after the process started (a
+                # worker of torch.multiprocessing.spawn): the last one's rank counts.
+                if m.nanscope_version and m.process_rank >= 0:
+                    proc.info = dataclasses.replace(
+                        proc.info, rank=m.process_rank, world_size=m.world_size
+                    )
+                continue
             version = m.file_version
             number = version.rpartition(":")[2]
             # isascii: int() refuses other digits ("²"); len: and numbers of 4,300+ digits.
@@ -545,7 +584,6 @@ class DumpReader:
                 clock_wall=m.clock_wall or None,
                 clock_monotonic=m.clock_monotonic or None,
             )
-            return
         if proc.info is None:
             problems.append(
                 Problem("warning", f"{log.path}: holds no metadata record (empty or damaged file)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -53,6 +54,7 @@ class TorchDumpSession:
         )
         self.context = RunContext()
         self.context.install()
+        self.ranks = RankWatch(self.writer)
         setup = Setup(self.writer, self.context, pattern, dtype_filter)
         self.eager: Recorder = self._recorder(lib, setup)
         # torch.compile'd code: graphs recorded, summaries computed inside them.
@@ -88,7 +90,59 @@ class TorchDumpSession:
         self.compiled.uninstall()
         self.eager.close()
         self.context.uninstall()
+        self.ranks.uninstall()
         self.writer.close()
+
+
+class RankWatch:
+    """Records the process's rank once ``torch.distributed`` knows it.
+
+    Under torchrun the writer reads it from ``RANK`` at start. A worker that
+    ``torch.multiprocessing.spawn`` (or a pool) started has no ``RANK``: its rank is
+    what it passes to ``init_process_group``, so that call is wrapped while recording,
+    and the writer appends the rank to its metadata once it returns
+    (:meth:`DumpWriter.set_rank`). A process group set up before recording began is
+    read at once.
+    """
+
+    def __init__(self, writer: DumpWriter) -> None:
+        self.writer = writer
+        self._original: Any = None
+        self._wrapper: Any = None
+        dist = _distributed()
+        if dist is None:
+            return
+        if dist.is_initialized():
+            self.record()
+        original = dist.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.record()
+            return result
+
+        self._original, self._wrapper = original, init_process_group
+        dist.init_process_group = init_process_group
+
+    def record(self) -> None:
+        dist = _distributed()
+        try:
+            if dist is not None and dist.is_initialized():
+                self.writer.set_rank(int(dist.get_rank()), int(dist.get_world_size()))
+        except Exception as exc:  # never take the program down
+            print(f"nanscope: could not read this process's rank: {exc}", file=sys.stderr)
+
+    def uninstall(self) -> None:
+        dist = _distributed()
+        if dist is not None and dist.init_process_group is self._wrapper is not None:
+            dist.init_process_group = self._original
+
+
+def _distributed() -> Any:
+    """``torch.distributed``, or None in a build without it."""
+    dist = getattr(torch, "distributed", None)
+    return dist if dist is not None and dist.is_available() else None
 
 
 RECORDER_ENV = "NANSCOPE_TORCH_RECORDER"
