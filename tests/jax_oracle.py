@@ -21,7 +21,10 @@ Definitions:
   positive counts of the *finite* values (so the six counts add up to the size).
 * The *line* is JAX's user frame of the equation (``source_info_util.user_frame``: the
   innermost frame outside JAX's own sources). Equations inside jnp's own jitted functions have
-  no user frame; they take the nearest enclosing equation's. The *name stack* is the enclosing
+  no user frame; they take the nearest enclosing equation's. A ``custom_vjp`` backward rule's
+  equations have the rule's own lines: :func:`evaluate` traces the rule with the live
+  traceback (JAX would give them the traceback of the line that called the custom function,
+  where the bug is not). The *name stack* is the enclosing
   equations' name stacks and the equation's own, joined. An equation is *backward* when its
   name stack contains ``transpose`` (JAX's name for the backward pass); note that JAX computes
   some derivative coefficients (sqrt's 0.5 / sqrt(x)) with the forward pass, under ``jvp``.
@@ -44,6 +47,10 @@ Use from Python::
     result = evaluate(train_step, params, opt_state, x, y)
     result.first        # Event: primitive, file, line, counts, loops...
     result.first_nan
+
+    program = evaluate_program(lambda: train(steps))  # eager ops and jitted calls, whole
+    program.lineages    # each birth, what it carries, whether harmful (and why)
+    program.cause       # the birth to fix
 """
 
 from __future__ import annotations
@@ -166,7 +173,7 @@ class Result:
 
 def evaluate(fn: Callable[..., Any], *args: Any, flush_denormals: bool = True) -> Result:
     """Trace ``fn(*args)`` with ``jax.make_jaxpr`` and evaluate its jaxpr with NumPy."""
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = trace(fn, *args)
     return evaluate_jaxpr(closed, jax.tree_util.tree_leaves(args), flush_denormals=flush_denormals)
 
 
@@ -208,6 +215,50 @@ def evaluate_calls(
     return results
 
 
+def trace(fn: Callable[..., Any], *args: Any) -> jcore.ClosedJaxpr:
+    """``jax.make_jaxpr(fn)(*args)``, with each ``custom_vjp`` backward rule's equations at the
+    rule's own lines (traced again, JAX's caches cleared around it, when it may hold one: a
+    custom_vjp call or a gradient)."""
+    closed = jax.make_jaxpr(fn)(*args)
+    # A custom_vjp's forward call may be gone from a jitted gradient's jaxpr (its residuals
+    # inlined): any gradient may hold a backward rule.
+    if not _has_custom_vjp(closed.jaxpr) and not _has_backward(closed.jaxpr):
+        return closed
+    from jax._src.interpreters import ad
+
+    rule = ad.primitive_transposes[ad.custom_lin_p]
+
+    def with_live_traceback(*a: Any, **kw: Any) -> Any:
+        context = source_info_util._source_info_context
+        saved = context.context
+        context.context = source_info_util.SourceInfo(None, saved.name_stack)
+        try:
+            return rule(*a, **kw)
+        finally:
+            context.context = saved
+
+    jax.clear_caches()
+    ad.primitive_transposes[ad.custom_lin_p] = with_live_traceback
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    finally:
+        ad.primitive_transposes[ad.custom_lin_p] = rule
+        jax.clear_caches()
+    return closed
+
+
+def _has_custom_vjp(jaxpr: jcore.Jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name.startswith("custom_vjp"):
+            return True
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+                if isinstance(inner, jcore.Jaxpr) and _has_custom_vjp(inner):
+                    return True
+    return False
+
+
 # -- Evaluation ----------------------------------------------------------------------------------
 
 
@@ -245,6 +296,8 @@ class _Evaluator:
         self.fallbacks: set[str] = set()
 
     def value(self, x: Any, dtype: Any) -> np.ndarray:
+        if _is_key(dtype):
+            return x  # type: ignore[no-any-return]  # a PRNG key stays a JAX array
         a = np.asarray(x, dtype=dtype)
         return _flush(a) if self.flush else a
 
@@ -287,6 +340,9 @@ class _Evaluator:
             raw = list(bound) if eqn.primitive.multiple_results else [bound]
         outs = []
         for var, out in zip(eqn.outvars, raw, strict=True):
+            if _is_key(getattr(var.aval, "dtype", None)):
+                outs.append(out)  # a PRNG key (random_seed, random_wrap): JAX computes with it
+                continue
             a = _to_dtype(np.asarray(out), _dtype(var))
             if a.shape != _shape(var):
                 raise AssertionError(f"{name}: computed shape {a.shape}, jaxpr says {var.aval}")
@@ -412,13 +468,220 @@ _NESTED: dict[str, Callable[[_Evaluator, jcore.JaxprEqn, list[np.ndarray], _Cont
 }
 
 
+# -- Whole programs: eager ops and jitted calls as one data flow ---------------------------------
+#
+# ``evaluate_program(fn)`` traces a whole program (its eager ops and its calls of jitted
+# functions: ``jax.make_jaxpr`` makes each eager op an equation and each jitted call a ``jit``
+# equation holding the function's jaxpr) and evaluates it as above, following each birth's
+# values along the jaxpr's variables, through every call and back:
+#
+# * a *birth* is an equation output holding Inf/NaN where no input carried a lineage's values
+#   (inputs and constants carry none); its *lineage* is every equation output that received its
+#   values. Where lineages meet, NaN is passed on by those that carried NaN (all of them when
+#   none did), infinities by those that carried infinities; each carries on only what it
+#   explains (a lineage passed on for its infinities does not take up a NaN made beside it);
+# * an equation whose floating outputs are all finite *absorbs* the lineages it read (a
+#   comparison, a cast to an integer, with no floating output, does not);
+# * a lineage is *harmful* when, born outside a backward pass, it reaches a backward equation
+#   (the loss and the gradients); when a call of a training step (a jitted function holding
+#   backward equations) other than the one that made it returns values it computed from them
+#   (kept in the parameters or the optimizer state; an argument returned as it was is not);
+#   or when the program returns its values and nothing
+#   ever absorbed them. Else it is *benign*;
+# * the *cause* is the birth of the harmful lineage that made the first NaN, else of the
+#   harmful lineage with the earliest NaN, else of the first harmful lineage.
+
+
+@dataclass
+class ProgramLineage:
+    """One birth in a whole program and what became of its values."""
+
+    birth: Event
+    call: int  # the program's top-level equation (an eager op or a jitted call) it was born in
+    carries: set[str] = field(default_factory=set)  # "inf", "nan"
+    members: list[int] = field(default_factory=list)  # Event.index of each equation output
+    first_nan: int | None = None
+    absorbed: bool = False
+    reaches: list[str] = field(default_factory=list)
+
+    @property
+    def harmful(self) -> bool:
+        return bool(self.reaches)
+
+
+@dataclass
+class ProgramResult:
+    """What the oracle found in a whole program."""
+
+    result: Result
+    lineages: list[ProgramLineage]
+
+    @property
+    def harmful(self) -> list[ProgramLineage]:
+        return [lin for lin in self.lineages if lin.harmful]
+
+    @property
+    def cause(self) -> ProgramLineage | None:
+        harmful = self.harmful
+        first_nan = self.result.first_nan
+        if first_nan is not None:
+            for lin in harmful:
+                if first_nan.index in lin.members:
+                    return lin
+        with_nan = [lin for lin in harmful if lin.first_nan is not None]
+        if with_nan:
+            return min(with_nan, key=lambda lin: lin.first_nan or 0)
+        return harmful[0] if harmful else None
+
+
+def evaluate_program(fn: Callable[[], Any], *, flush_denormals: bool = True) -> ProgramResult:
+    """Trace the whole program ``fn()`` (eager ops and jitted calls) and evaluate it, following
+    every lineage (see above)."""
+    closed = trace(fn)
+    ev = _FlowEvaluator(flush_denormals)
+    with np.errstate(all="ignore"):
+        outputs = ev.run(closed.jaxpr, closed.consts, [], _Context.top())
+    for out in outputs:
+        for li in ev.lineage_of.get(id(out), ()):
+            lin = ev.lineages[li]
+            if not lin.absorbed:
+                _reach(lin, "the end of the program, still non-finite")
+    result = Result(outputs=outputs, first=ev.first, first_inf=ev.first_inf,
+                    first_nan=ev.first_nan, births=ev.births, num_equations=ev.count,
+                    fallbacks=sorted(ev.fallbacks))  # fmt: skip
+    return ProgramResult(result, ev.lineages)
+
+
+def _reach(lin: ProgramLineage, what: str) -> None:
+    if what not in lin.reaches:
+        lin.reaches.append(what)
+
+
+def _kinds_of(a: np.ndarray) -> set[str]:
+    if not _is_float(a.dtype) or _all_finite(a):
+        return set()
+    c = Counts.of(a)
+    return ({"nan"} if c.nan else set()) | ({"inf"} if c.neg_inf or c.pos_inf else set())
+
+
+def _has_backward(jaxpr: jcore.Jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if "transpose" in str(eqn.source_info.name_stack):
+            return True
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+                if isinstance(inner, jcore.Jaxpr) and _has_backward(inner):
+                    return True
+    return False
+
+
+class _FlowEvaluator(_Evaluator):
+    """The evaluator, following lineages by the arrays each equation reads and writes."""
+
+    def __init__(self, flush_denormals: bool) -> None:
+        super().__init__(flush_denormals)
+        self.lineages: list[ProgramLineage] = []
+        self.lineage_of: dict[int, set[int]] = {}  # id(array) -> lineages
+        self._alive: list[np.ndarray] = []  # arrays with lineages, kept so that ids stay unique
+        self.depth = 0
+        self.call = -1  # the top-level equation being evaluated
+        self.training = False  # ... is a call of a function with backward equations
+
+    def eqn(self, eqn: jcore.JaxprEqn, ins: list[np.ndarray], outer: _Context) -> list[np.ndarray]:
+        top = self.depth == 0
+        if top:
+            self.call += 1
+            sub = [
+                p for p in eqn.params.values() if isinstance(p, (jcore.Jaxpr, jcore.ClosedJaxpr))
+            ]
+            self.training = any(
+                _has_backward(p.jaxpr if isinstance(p, jcore.ClosedJaxpr) else p) for p in sub
+            )
+        index = self.count
+        self.depth += 1
+        try:
+            outs = super().eqn(eqn, ins, outer)
+        finally:
+            self.depth -= 1
+        if eqn.primitive.name not in _NESTED:
+            self._follow(eqn, ins, outs, outer.enter(eqn), index)
+        if top and self.training:
+            for out in outs:
+                if any(out is a for a in ins):
+                    continue  # an argument returned as it was (a mask in a module's state)
+                for li in self.lineage_of.get(id(out), ()):
+                    if self.lineages[li].call < self.call:
+                        _reach(self.lineages[li], "a later training step (the parameters)")
+        return outs
+
+    def _follow(self, eqn: jcore.JaxprEqn, ins: list[np.ndarray], outs: list[np.ndarray],
+                ctx: _Context, index: int) -> None:  # fmt: skip
+        contributors: set[int] = set()
+        for a in ins:
+            contributors |= self.lineage_of.get(id(a), set())
+        floats = [o for o in outs if _is_float(o.dtype)]
+        bad = [(i, o, _kinds_of(o)) for i, o in enumerate(outs) if _kinds_of(o)]
+        if not bad:
+            if floats:
+                for li in contributors:
+                    self.lineages[li].absorbed = True
+            return
+        stack = str(ctx.name_stack)
+        backward = "transpose" in stack
+        for slot, out, kinds in bad:
+            if contributors:
+                passed: set[int] = set()
+                if "nan" in kinds:
+                    carriers = {li for li in contributors if "nan" in self.lineages[li].carries}
+                    passed |= carriers or contributors
+                if "inf" in kinds:
+                    passed |= {li for li in contributors if "inf" in self.lineages[li].carries}
+                passed = passed or contributors
+                nan_carriers = any("nan" in self.lineages[li].carries for li in contributors)
+                for li in contributors - passed:
+                    self.lineages[li].absorbed = True
+            else:
+                event = Event(
+                    index=index, primitive=eqn.primitive.name, output=slot, dtype=str(out.dtype),
+                    shape=tuple(out.shape), counts=Counts.of(out),
+                    file=ctx.frame.file_name if ctx.frame else None,
+                    line=ctx.frame.start_line if ctx.frame else None,
+                    function=ctx.frame.function_name if ctx.frame else None,
+                    name_stack=stack, backward=backward, loops=ctx.loops, inputs_finite=True,
+                )  # fmt: skip
+                self.lineages.append(ProgramLineage(event, self.call))
+                passed = {len(self.lineages) - 1}
+                nan_carriers = False
+            for li in passed:
+                lin = self.lineages[li]
+                explained = kinds
+                if "nan" in kinds and "nan" not in lin.carries and nan_carriers:
+                    explained = kinds - {"nan"}
+                lin.carries |= explained
+                lin.members.append(index)
+                if "nan" in explained and lin.first_nan is None:
+                    lin.first_nan = index
+                if backward and not lin.birth.backward:
+                    _reach(lin, "the loss and the gradients")
+            self.lineage_of[id(out)] = set(passed)
+            self._alive.append(out)
+
+
 # -- dtypes -----------------------------------------------------------------------------------
 
 
 def _dtype(var: Any) -> np.dtype[Any]:
-    """The dtype of a jaxpr variable or literal (its aval is a ShapedArray)."""
+    """The dtype of a jaxpr variable or literal (its aval is a ShapedArray); a PRNG key's
+    own (extended) dtype."""
+    if _is_key(var.aval.dtype):
+        return var.aval.dtype  # type: ignore[no-any-return]
     dtype: np.dtype[Any] = np.dtype(var.aval.dtype)
     return dtype
+
+
+def _is_key(dtype: Any) -> bool:
+    return dtype is not None and bool(jnp.issubdtype(dtype, jax.dtypes.extended))
 
 
 def _shape(var: Any) -> tuple[int, ...]:

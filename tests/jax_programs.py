@@ -16,7 +16,8 @@ when it is inside ``lax.scan`` or ``lax.while_loop``; and the first equation who
 a NaN, which is often a different one. The lines are marked with a trailing comment
 ``# <- LABEL``; :func:`line_of` finds them by that text. The line is the one JAX records for the
 equation (its ``source_info``): a backward equation has the line of the forward operation it
-differentiates (a custom_vjp's backward rule: the line that called the function), and the
+differentiates (but a custom_vjp's backward rule: the rule's own line, where nanscope and the
+oracle both put it; JAX itself would give the line that called the function), and the
 equations inside jnp functions have the line that called them.
 
 ``PROGRAMS`` lists them all by name::
@@ -588,8 +589,8 @@ def build_vmap_nan(steps: int = 3, *, batch: int = 16, seed: int = 0) -> Trainin
 #
 # A softplus with a hand-written gradient. The forward is the stable logaddexp(x, 0); the
 # backward is the textbook sigmoid, exp(x) / (1 + exp(x)), which is inf / inf = NaN once
-# x > 88. JAX attributes the backward rule's equations to the line that called the custom
-# function, not to the lines of the rule.
+# x > 88. The rule's equations are reported at the rule's own line (JAX itself gives them
+# the line that called the custom function).
 
 
 @jax.custom_vjp
@@ -602,14 +603,14 @@ def _softplus_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _softplus_bwd(x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
-    return (g * jnp.exp(x) / (1.0 + jnp.exp(x)),)
+    return (g * jnp.exp(x) / (1.0 + jnp.exp(x)),)  # <- custom_vjp.bwd
 
 
 softplus.defvjp(_softplus_fwd, _softplus_bwd)
 
 
 def poisson_loss(params: Params, x: jax.Array, counts: jax.Array) -> jax.Array:
-    rate = softplus(x @ params["w"] + params["b"])  # <- custom_vjp.bwd
+    rate = softplus(x @ params["w"] + params["b"])
     return (rate - counts * jnp.log(rate + 1e-6)).mean()
 
 

@@ -2,7 +2,6 @@
 # EXPECT origin.kind=execution origin.op_type=log origin_kind=born
 # EXPECT origin.explanation~="log of zero" origin.counts.neg_inf=2
 # EXPECT cause.kind=execution cause.op_type=log first_nan.op_type=mul
-# XFAIL: an eager graph's Placeholder fed by an eager op's output does not continue that op's lineage: multiply's Placeholder y (log's -inf) becomes the cause, and softmax's internal initial=-inf argument (a Placeholder of _reduce_max) the origin
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,8 @@ would raise, it is run again counting every value, and:
   to it were born;
 * an Inf in an output of a program that computes gradients (a jitted training
   step: its loss, gradients, updated parameters or optimizer state) raises
-  likewise;
+  likewise (not an argument it returns as it was, like a mask in a module's
+  state that ``nnx.jit`` hands back);
 * an Inf that stays inside a program (a causal mask that softmax absorbs) or
   comes out of one that computes no gradients (an eager ``jnp.where`` writing
   a mask) raises nothing: what it later turns into NaN raises there.
@@ -179,10 +180,18 @@ def _culprit(plan: GraphPlan, m: np.ndarray) -> tuple[int, str] | None:
     if nan.size:
         return int(nan[0]), "nan"
     if plan.backward:
-        rows = plan.output_rows
+        # An argument it returns as it was (a mask in a module's state that nnx.jit hands
+        # back) is no loss, gradient or update: its Inf came in with it.
+        rows = [r for r in plan.output_rows if r >= 0 and not _argument(plan, r)]
         if plan.covering is not None:
             rows = [*rows, *plan.covering.tolist()]
         inf = [r for r in rows if r >= 0 and (m[r, _NINF] or m[r, _PINF])]
         if inf:  # the one computed first (a loss before the updates made from it)
             return min(inf), "gradient"
     return None
+
+
+def _argument(plan: GraphPlan, row: int) -> bool:
+    """Whether a row is an argument's or a captured constant's (not computed by the program)."""
+    op = plan.op_by_name.get(plan.rows[row].op_name)
+    return op is not None and op.op_type in ("Placeholder", "Const")

@@ -884,7 +884,7 @@ def instrument(
             return (*outs, *top.values)
         entries = top.counts
         if build.guards:
-            entries = build.flow.guards(top, outs)
+            entries = build.flow.guards(top, outs, args)
         if entries:
             extra.append(1)
             counts = _gather(entries, mode)
@@ -1059,11 +1059,13 @@ class _Flow:
             # The output is not counted itself: if it must be, its producer's value is.
             results[0].root = self._value(invals[0]).root
 
-    def guards(self, top: _Level, outs: Sequence[Any]) -> list[Any]:
+    def guards(self, top: _Level, outs: Sequence[Any], args: Sequence[Any] = ()) -> list[Any]:
         """The entries of ``top.counts`` to count (a loop's block always); sets ``kept``
-        and ``covering``."""
+        and ``covering`` (``args``: the program's arguments; one it returns as it was, like
+        a mask in a module's state, is no result it computed)."""
         must = {v.root for v in self.seen.values() if not v.propagates}
-        covering = self._covering([self._value(o) for o in outs], must)
+        computed = [o for o in outs if not any(o is a for a in args)]
+        covering = self._covering([self._value(o) for o in computed], must)
         kept: list[int] = []
         covers: list[bool] = []
         entries: list[Any] = []
