@@ -24,12 +24,18 @@ Definitions (kept deliberately simple; this is a test oracle, not a product):
   plus a -inf mask are NaN either way, so the mask's lineage stops there). View
   ops (``view``, ``t``, ``detach``) pass values through and count for nothing;
   the garbage of ``aten.empty*`` outputs is ignored until an op writes them.
+  A softmax that writes NaN while its non-finite inputs hold ``-inf`` alone (a row
+  masked throughout: a sequence with no unmasked position) is a birth of that NaN;
+  the mask's lineages are absorbed there, as in every other row.
 * A lineage is
 
   - ``harmful`` if its values reach the loss (the tensor ``backward()`` is
     called on), a parameter or an optimizer state (checked after each
     ``optimizer.step()``), or are still non-finite and never read at the end
-    (unless handled, below);
+    (unless handled, below) when no op ever absorbed any of them and they were
+    computed, not loaded (a mask that every reader absorbed and that is still held,
+    or one ``torch.load`` brought in, is no harm: the program that stopped right
+    after a birth is);
   - ``handled`` if, short of that, its values reached GradScaler's
     ``_amp_foreach_non_finite_check_and_unscale_``, which found the Inf/NaN, and
     the optimizer step of those iterations was skipped (no
@@ -38,11 +44,20 @@ Definitions (kept deliberately simple; this is a test oracle, not a product):
     that absorbed it (softmax of a masked score, ``where``, ``max``, a
     multiplication by zero...).
 
+* A *recomputed* op is not a birth: under activation checkpointing
+  (``torch.utils.checkpoint``, either ``use_reentrant``) the checkpointed function
+  runs again inside ``backward()``, and an op there that writes Inf/NaN from finite
+  inputs repeats a birth of the forward pass. It is recognised from the Python stack
+  (the innermost frame of ``torch/utils/checkpoint.py`` is its recomputation:
+  ``recompute_fn``, or ``CheckpointFunction.backward`` calling the function) and
+  joins the lineage of the forward birth made by the same op, at the same lines, in
+  the same checkpointed call (the function given to ``checkpoint``) of the previous
+  ``backward()``'s iteration; the latest such birth first.
 * The *first NaN* is the first op that wrote a NaN. The *cause* is the birth of
   the harmful lineage that carried the first NaN of any harmful lineage (if that
   op carried several, the earliest-born), else the earliest harmful birth, else
   none. The *origin* is the first birth of all.
-* *Iterations* are ``backward()`` calls; *optimizer steps* are completed
+* *Iterations* are ``backward()`` calls (but those made inside the backward pass); *optimizer steps* are completed
   ``optimizer.step()`` calls.
 
 Use from Python (``run_oracle(path, argv)``) or as a script, which prints the
@@ -202,6 +217,16 @@ def _allocates_uninitialised(name: str) -> bool:
     return base.startswith(("empty", "new_empty"))
 
 
+def _row_softmax(name: str) -> bool:
+    """Softmax-like ops over a row (``aten._softmax``, SDPA's math and fused kernels)."""
+    base = name.split(".")[1] if name.startswith("aten.") else ""
+    return (
+        "softmax" in base
+        or base.startswith("_scaled_dot_product")
+        or (base == "scaled_dot_product_attention")
+    )
+
+
 def _clone_args(args: Any, kwargs: Any) -> tuple[Any, Any]:
     cloned: tuple[Any, Any] = pytree.tree_map(
         lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (args, kwargs)
@@ -265,6 +290,8 @@ class _Oracle(TorchDispatchMode):
         self.lineages: dict[int, Lineage] = {}  # birth index -> lineage
         self.first_nan: OpEvent | None = None
         self.untracked: list[str] = []
+        # (iteration, checkpointed function, op, lines) -> births in its forward, in order.
+        self.checkpointed: dict[tuple[Any, ...], list[int]] = {}
 
     # Storage ids ----------------------------------------------------------------------------
 
@@ -357,8 +384,17 @@ class _Oracle(TorchDispatchMode):
 
         # Which lineages this op carries on (into what it wrote), and which stop here.
         carried: set[int] = set()
-        if wrote_nonfinite and not nonfinite_in:
-            carried = {self._new_lineage(index, func, None, counts=(neg, pos, nan), line=line)}
+        # A softmax whose non-finite inputs hold -inf alone made its NaN from a row that was
+        # -inf throughout (a sequence with no unmasked position): the NaN is born here.
+        masked_row = (
+            bool(nan)
+            and _row_softmax(name)
+            and all(
+                not bool(torch.isnan(t).any() or torch.isposinf(t).any()) for t, *_ in nonfinite_in
+            )
+        )
+        if wrote_nonfinite and (not nonfinite_in or masked_row):
+            carried = self._birth(index, func, (neg, pos, nan), line)
         elif wrote_nonfinite:
             carried = self._carried(func, args, kwargs, out, pristine, nonfinite_in, flowing)
         for b in flowing | carried:
@@ -442,6 +478,21 @@ class _Oracle(TorchDispatchMode):
         # None made a difference alone (each would have been enough): all of them carry on.
         return carried or set(flowing)
 
+    def _birth(
+        self, index: int, func: Any, counts: tuple[int, int, int], line: int | None
+    ) -> set[int]:
+        """A new lineage; for an op that activation checkpointing recomputes, the lineage of
+        its forward occurrence (see the module's docstring)."""
+        where = _checkpointed(sys._getframe(1), str(func))
+        if where is not None and where[0] == "recompute":
+            births = self.checkpointed.get((self.iteration - 1, *where[1:]))
+            if births:
+                return {births.pop()}
+        b = self._new_lineage(index, func, None, counts=counts, line=line)
+        if where is not None:
+            self.checkpointed.setdefault((self.iteration, *where[1:]), []).append(b)
+        return {b}
+
     def _new_lineage(
         self,
         index: int,
@@ -494,6 +545,38 @@ class _Oracle(TorchDispatchMode):
             self.untracked.append(f"{what} {tuple(t.shape)} after step {self.optimizer_steps}")
 
 
+def _checkpointed(frame: FrameType | None, op: str) -> tuple[str, Any, str, tuple[Any, ...]] | None:
+    """For an op run inside a function that ``torch.utils.checkpoint`` runs: ``("forward" or
+    "recompute", the function, op, the lines of the frames inside it outside torch)``."""
+    inner: list[tuple[str, int]] = []
+    callee: FrameType | None = None
+    torch_dir = str(Path(torch.__file__).parent)
+    while frame is not None:
+        code = frame.f_code
+        file = code.co_filename
+        if file.replace("\\", "/").endswith("/utils/checkpoint.py") and file.startswith(torch_dir):
+            loc, name = frame.f_locals, code.co_name
+            key = (op, tuple(reversed(inner)))
+            if name == "recompute_fn" and "fn" in loc:  # use_reentrant=False
+                return ("recompute", loc["fn"], *key)
+            if name == "checkpoint" and "function" in loc:
+                return ("forward", loc["function"], *key)
+            if name == "forward" and "run_function" in loc:  # use_reentrant=True
+                return ("forward", loc["run_function"], *key)
+            called = callee.f_code.co_filename if callee is not None else torch_dir
+            if (
+                name == "backward"
+                and "ctx" in loc
+                and not called.startswith(torch_dir + "/autograd")
+            ):
+                return ("recompute", getattr(loc["ctx"], "run_function", None), *key)
+            return None
+        if not file.startswith(torch_dir) and file != __file__:
+            inner.append((file, frame.f_lineno))
+        callee, frame = frame, frame.f_back
+    return None
+
+
 def _classify(o: _Oracle) -> list[Lineage]:
     """Kind of each lineage, in birth order."""
     for sid in o.unread:
@@ -510,13 +593,19 @@ def _classify(o: _Oracle) -> list[Lineage]:
             lin.kind = "harmful"
         elif handled:
             lin.kind = "handled"
-        elif lin.unread_at_end:
+        elif lin.unread_at_end and not lin.absorbed_by and not _loaded(lin.birth.op):
             lin.kind = "harmful"
             lin.reasons.append(f"{lin.unread_at_end} non-finite tensor(s) never read again")
         else:
             lin.kind = "benign"
         out.append(lin)
     return out
+
+
+def _loaded(op: str) -> bool:
+    """Values a load put in (``torch.load``'s ``set_``, ``torch.tensor``'s ``lift_fresh``)."""
+    base = op.split(".")[1] if op.startswith("aten.") else ""
+    return base in ("set_", "lift_fresh", "lift_fresh_copy")
 
 
 def _cause(lineages: list[Lineage]) -> Birth | None:
@@ -552,7 +641,9 @@ def run_oracle(path: str | Path, argv: list[str]) -> Result:
     real_backward = torch.autograd.backward
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        oracle.on_backward(tensors)
+        # A backward() inside the backward pass (a reentrant checkpoint's) is no iteration.
+        if torch._C._current_autograd_node() is None:
+            oracle.on_backward(tensors)
         return real_backward(tensors, *args, **kwargs)
 
     hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: oracle.on_step(opt))

@@ -29,7 +29,7 @@ def test_report_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert data["cause"] is None
     execution = [g for g in data["lineages"] if g["birth"]["kind"] == "execution"]
     assert [(g["kind"], g["birth"]["index"], g["absorbed_at"]) for g in execution] == [
-        ("benign", 4, {"kind": "execution", "index": 5})
+        ("benign", 4, {"kind": "execution", "index": 5, "op_type": "op2"})
     ]
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out

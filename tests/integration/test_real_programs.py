@@ -65,11 +65,13 @@ class Case:
     args: tuple[str, ...]
     healthy: bool  # every lineage benign or handled: the report should exit 0
     story: str  # what really happens (checked against the oracle in test_story)
+    # Packages the program imports beyond torch (the dev extra installs them).
+    packages: tuple[str, ...] = ()
 
     @property
     def needs(self) -> tuple[str, ...]:
         """Packages the program imports beyond torch (the dev extra installs them)."""
-        return ("transformers",) if self.program.startswith("gpt2") else ()
+        return ("transformers",) if self.program.startswith("gpt2") else self.packages
 
     @property
     def available(self) -> bool:
@@ -101,6 +103,94 @@ CASES: dict[str, Case] = {
         "nanogpt.py", ("--steps", "4"), False,
         "nanoGPT with lr 1e10: masked_fill(-inf) masks are benign; q @ k^T overflows to inf "
         "and the softmax makes NaN",
+    ),
+    # In-place writes that return nothing: clip_grad_norm_'s _foreach_mul_, fused and
+    # foreach AdamW (the Trainer's default optimizer).
+    "clip_fused": Case(
+        "clip_fused_adamw.py", ("--steps", "3"), False,
+        "sqrt at 0 gives noise_var a -inf gradient; clip_grad_norm_'s 1/inf = 0 scale makes "
+        "inf * 0 = NaN in place, _fused_adamw_ writes NaN into the weights, read next step",
+    ),
+    "clip_foreach": Case(
+        "clip_fused_adamw.py", ("--steps", "3", "--foreach"), False,
+        "the same with the multi-tensor AdamW: _foreach_lerp_, _foreach_addcdiv_ write NaN",
+    ),
+    "hf_trainer": Case(
+        "gpt2_hf_trainer.py", ("--steps", "3"), False,
+        "the Trainer's defaults (max_grad_norm=1.0, adamw_torch_fused) with lr 1e7: a "
+        "LayerNorm makes NaN at step 1, the clip and _fused_adamw_ write it into the weights",
+        packages=("transformers", "accelerate"),
+    ),
+    # Held values: an intended -inf kept across steps, saved and loaded.
+    "word_lm": Case(
+        "word_lm_transformer.py", ("--steps", "4"), True,
+        "pytorch/examples' Transformer LM: log(tril(ones)) mask kept in a module attribute; "
+        "nn.TransformerEncoder only compares it with its own causal mask (eq) and builds one; "
+        "saved and loaded whole (set_ writes the -inf again), compared again",
+    ),
+    "mask_buffer": Case(
+        "masked_attention_buffer.py", ("--steps", "4"), True,
+        "an additive -inf causal mask in a buffer, added to the scores every step and absorbed "
+        "by softmax; state_dict saved and loaded into a fresh model, evaluated",
+    ),
+    # Writes through a view carry their values into the base.
+    "dataset_log": Case(
+        "dataset_log_features.py", ("--steps", "4"), False,
+        "Dataset.__getitem__ writes log(x[:4]) into x[:4] (copy_ into a view); a 0 makes "
+        "-inf in x, the DataLoader's collate stacks it, Linear makes the loss NaN",
+    ),
+    "rate_view": Case(
+        "ratio_features.py", ("--steps", "4"), False,
+        "forward divides a column by another in place through a view (x[:, 0] /= x[:, 1]); "
+        "a 0 duration at step 2 makes +inf in x and the loss NaN",
+    ),
+    # A row of attention masked throughout (an empty sequence in a padded batch).
+    "padded_mha": Case(
+        "padded_text_encoder.py", ("--steps", "4", "--attention", "mha"), False,
+        "nn.MultiheadAttention (need_weights=True) with key_padding_mask: at step 2 one "
+        "sequence is all padding, its attention rows are all -inf and the softmax makes NaN",
+    ),
+    "padded_manual": Case(
+        "padded_text_encoder.py", ("--steps", "3", "--attention", "manual"), False,
+        "hand-written attention: scores.masked_fill(padding, -inf), softmax; at step 2 one "
+        "sequence is all padding and its rows' softmax makes NaN",
+    ),
+    "padded_encoder": Case(
+        "padded_text_encoder.py", ("--steps", "3"), False,
+        "nn.TransformerEncoder with src_key_padding_mask: the empty sequence's attention rows "
+        "come out as zeros; the masked mean pooling divides 0 by 0 tokens",
+    ),
+    "padded_healthy": Case(
+        "padded_text_encoder.py", ("--steps", "4", "--attention", "mha", "--no-empty"), True,
+        "the same with no empty sequence: every padding -inf is absorbed by the softmax",
+    ),
+    # Casts: -inf cast to an integer and thrown away.
+    "t5": Case(
+        "t5_transformers.py", ("--arch", "t5", "--steps", "3"), True,
+        "T5's relative-position buckets: log(0) = -inf on the diagonal, cast to int64, "
+        "thrown away by where",
+        packages=("transformers",),
+    ),
+    "umt5": Case(
+        "t5_transformers.py", ("--arch", "umt5", "--steps", "3"), True,
+        "UMT5 (every layer computes its own position bias): the same log, cast and where",
+        packages=("transformers",),
+    ),
+    # Activation checkpointing: the backward reruns each block's forward, births and all.
+    "gpt2_checkpointing": Case(
+        "gpt2_transformers.py", ("--steps", "3", "--gradient-checkpointing"), True,
+        "gradient_checkpointing_enable(): every block's forward runs again in backward(), its "
+        "causal mask's scalar_tensor(-inf) too; the rerun is no new birth",
+    ),
+    "nanogpt_checkpoint": Case(
+        "nanogpt.py", ("--steps", "4", "--checkpoint", "non-reentrant"), False,
+        "nanoGPT with each block under checkpoint(use_reentrant=False), lr 1e10: q @ k^T "
+        "overflows in the forward, and again in the backward's rerun, which is no new birth",
+    ),
+    "nanogpt_checkpoint_reentrant": Case(
+        "nanogpt.py", ("--steps", "4", "--checkpoint", "reentrant", "--lr", "1e-3"), True,
+        "nanoGPT with each block under checkpoint(use_reentrant=True), lr 1e-3: the masks' "
+        "-inf, made again in the backward's rerun, are absorbed both times",
     ),
 }  # fmt: skip
 BUFFERS: dict[str, tuple[str, ...]] = {"default": (), "full": ("--circular-buffer-size", "-1")}
@@ -232,6 +322,12 @@ def _needs(request: pytest.FixtureRequest) -> None:
         pytest.importorskip(module)
 
 
+def line_of(program: str, text: str) -> int:
+    """The line of ``program`` (in tests/programs/real) that holds ``text``."""
+    lines = (PROGRAMS / program).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "``" not in line)
+
+
 # -- comparing events ------------------------------------------------------------------------
 
 
@@ -297,6 +393,30 @@ def test_story(lab: Lab, case: str) -> None:
         assert r.lineages[0].kind == "benign"
         assert r.cause is not None and r.cause.op == "aten.bmm.default"
         assert r.first_nan is not None and r.first_nan.op == "aten._softmax.default"
+    elif case in ("word_lm", "mask_buffer"):
+        ops = {lin.birth.op for lin in r.lineages}
+        assert "aten.set_.source_Storage_storage_offset" in ops  # torch.load wrote the -inf
+        assert set(r.kinds()) == {"benign"}
+    elif case == "dataset_log":
+        assert r.cause is not None and r.cause.op == "aten.log.default"
+        assert r.cause.line == line_of(c.program, "torch.log(x[: self.logged])")
+    elif case == "rate_view":
+        assert r.cause is not None and r.cause.op == "aten.div_.Tensor"
+        assert r.cause.line == line_of(c.program, "x[:, 0] /= x[:, 1]")
+    elif case == "padded_manual":
+        assert r.cause is not None and r.cause.op == "aten._softmax.default"
+        assert r.cause.line == line_of(c.program, "torch.softmax(scores")
+        assert r.origin is not None and r.origin.op == "aten.masked_fill.Scalar"
+        assert r.lineages[0].kind == "benign"
+    elif case == "padded_mha":
+        assert r.cause is not None and r.cause.op == "aten._softmax.default"
+        assert r.origin is not None and r.origin.op == "aten.masked_fill_.Scalar"
+        assert r.lineages[0].kind == "benign"
+    elif case == "padded_encoder":
+        assert r.cause is not None and r.cause.op == "aten.div.Tensor"
+    elif case in ("t5", "umt5"):
+        assert {lin.birth.op for lin in r.lineages} == {"aten.log.default"}
+        assert all("aten._to_copy.default" in lin.absorbed_by for lin in r.lineages)
     assert r.found_harmful == (not c.healthy)
 
 

@@ -70,6 +70,10 @@ _SQRT_LARGEST = {"float16": "256", "bfloat16": "1.8e19", "float32": "1.8e19", "f
 _EXP_ABOVE = {"float16": "11.1", "bfloat16": "88.7", "float32": "88.7", "float64": "709.8"}
 _EXP2_ABOVE = {"float16": "16", "bfloat16": "128", "float32": "128", "float64": "1024"}
 _HALF = ("float16", "bfloat16")
+# How a fill's explanation guesses at a mask; a harmful lineage's says otherwise (the report
+# replaces it with HARMFUL_MASK: no sentence may call harm intended).
+MASK_GUESS = "(an intentional mask?)"
+HARMFUL_MASK = "(a mask? nothing absorbed its values: they are harmful, see the lineages)"
 
 
 def short_name(op_type: str) -> str:
@@ -203,7 +207,7 @@ def explain(
     bad_inputs = [c for c in counted if c is not None and c.nonfinite]
     if fam == "fill" and all(c.size == 1 for c in bad_inputs):
         # The Inf/NaN is the value given (masked_fill(mask, -inf), scalar_tensor(-inf)).
-        return f"{short_name(op_type)} wrote {made} given as a value (an intentional mask?)"
+        return f"{short_name(op_type)} wrote {made} given as a value {MASK_GUESS}"
     if bad_inputs:
         return _carried(op_type, fam, output, counted, bad_inputs, external)
     if is_distributed(op_type) and counted and all(counted):
@@ -243,7 +247,7 @@ def explain(
         if _n(first.neg):
             return "rsqrt of a negative number"
     if fam == "softmax" and _n(output.nan):
-        return "softmax of a row that is entirely -inf (a fully masked row?) gives NaN"
+        return "softmax of a row that is entirely -inf gives NaN: a sequence with no unmasked position (a fully masked row)"
     shown = op.name if _is_tf_op(op_type) else fam
     if fam in ("exp", "pow", "matmul", "mul", "add") and op.inf and not op.nan:
         return f"overflow in {shown}: {op.finite()}, but the result exceeds {_largest(op.dtype)}"
@@ -276,13 +280,22 @@ def _carried(
     if fam == "softmax" and _n(output.nan) and _n(infs.pos_inf) and not _n(infs.neg_inf):
         return "softmax of a row holding +inf gives NaN: subtracting the row's max makes inf - inf"
     if fam == "softmax" and _n(output.nan) and _n(infs.neg_inf):
-        return "softmax of a row that is entirely -inf (a fully masked row?) gives NaN"
+        return "softmax of a row that is entirely -inf gives NaN: a sequence with no unmasked position (a fully masked row)"
     if external:
         return (
             f"{_made(infs)} was already in an input that no recorded op produced "
             "(the input data, a parameter, or a tensor made before recording started)"
         )
     return f"{_made(infs)} came in through an input (produced earlier)"
+
+
+def explain_dropped(output: Health) -> str:
+    """Why the earliest kept event of a lineage whose birth a circular buffer dropped holds
+    Inf/NaN: its input's producer is among the dropped events (not outside the program)."""
+    return (
+        f"{_made(output)} came in through an input made by events the circular buffer dropped "
+        "(the birth is among them)"
+    )
 
 
 def _op(op_type: str, fam: str, output: Health, inputs: list[Health | None]) -> _Op:

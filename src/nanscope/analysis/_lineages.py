@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanscope.analysis._aliases import is_load, is_row_softmax, is_view
 from nanscope.analysis._dataflow import nearest_trace
 from nanscope.analysis._explain import short_name
+from nanscope.analysis._graph_inputs import CAME_IN, CallInputs, came_in_from, moves_values
+from nanscope.analysis._recompute import Recomputations
 from nanscope.analysis._tf_graphs import (
     LossScaleChecks,
     consumers_through,
@@ -40,6 +43,7 @@ from nanscope.analysis._tf_graphs import (
     writes_variable,
 )
 from nanscope.format.health import Health
+from nanscope.format.modes import HEALTH_MODES
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
 
 # Events decoded per process after its first Inf/NaN; beyond this, lineages are not followed.
@@ -75,6 +79,8 @@ class Lineage:
     handled_at: int | None = None
     reaches: list[str] = field(default_factory=list)
     verdict: str = "benign"  # "harmful", "benign" or "handled"
+    # Events that repeated its birth in activation checkpointing's rerun (analysis/_recompute.py).
+    recomputed: list[int] = field(default_factory=list)
 
     def add(self, index: int, out: set[str]) -> None:
         """Event ``index`` holds this lineage's values, of the kinds in ``out``."""
@@ -117,10 +123,16 @@ def _next_is_backward(reader: DumpReader, order: np.ndarray, i: int) -> bool:
 
 
 def _absorbs(ex: Execution) -> bool:
-    """Whether a finite op's output is made from its inputs' values (a float tensor), rather
-    than a test of them (bool or integer outputs, or a Python number: ``.item()``)."""
-    if not ex.output_tensor_ids or not ex.recorded:
+    """Whether an op with finite outputs ends the lineages it read: a float output made from
+    their values (``softmax``, ``where``, ``1/inf = 0``), or an integer or bool one (a cast
+    to an integer, a comparison, ``isnan``, an argmax, a sort's indices), which holds no
+    Inf/NaN at all. A Python number (``.item()``, no output tensor) keeps them: it may be a
+    NaN loss that the program prints. In the health modes every float output is summarized,
+    so an output with no summary is an integer or bool tensor."""
+    if not any(ex.output_tensor_ids):
         return False
+    if not ex.recorded:
+        return ex.tensor_debug_mode in HEALTH_MODES
     dtype = ex.health.dtype
     return not dtype or dtype.startswith(("float", "bfloat", "complex"))
 
@@ -129,6 +141,17 @@ def _in_place(op_type: str) -> bool:
     """``aten.addcdiv_.default``, ``aten._foreach_add_.List``: ops that write an input."""
     name = short_name(op_type)
     return name.endswith("_") and not name.startswith("_amp_")
+
+
+def _masked_row(ex: Execution, out: set[str]) -> bool:
+    """Whether a softmax made NaN from -inf alone: its inputs held -inf and no +inf or NaN
+    (by their recorded summaries), so some row was -inf throughout."""
+    if "nan" not in out or not is_row_softmax(ex.op_type):
+        return False
+    held = [h for h in ex.input_health if h is not None and h.any_nonfinite]
+    return bool(held) and all(
+        h.known and (h.neg_inf or 0) > 0 and not h.pos_inf and not h.nan for h in held
+    )
 
 
 def _passed_on(contributors: set[int], out: set[str], lineages: list[Lineage]) -> set[int]:
@@ -169,6 +192,20 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
     alive_at_gap: set[int] = set()
     seen: set[int] = set()  # tensor ids some decoded event produced
     from_graph: set[int] = set()  # non-finite tensor ids that traced graph calls returned
+    rerun = Recomputations(reader, process)  # activation checkpointing's recomputed ops
+    # Tensors that share a storage (views of one base, and the versions in-place writes
+    # give them): tensor id -> the id of the group's first tensor, and its members.
+    alias_of: dict[int, int] = {}
+    aliases: dict[int, set[int]] = {}
+
+    def storage_of(t: int) -> set[int]:
+        return aliases.get(alias_of.get(t, t), {t})
+
+    def join(t: int, base: int) -> None:
+        root = alias_of.get(base, base)
+        alias_of[t] = root
+        aliases.setdefault(root, {root}).add(t)
+
     previous = -1
     for i in order.tolist():
         if previous in gap_set:
@@ -177,6 +214,23 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
         try:
             ex = reader.execution(i)
         except UNREADABLE:
+            continue
+        if is_view(ex.op_type) and ex.input_tensor_ids and ex.input_tensor_ids[0]:
+            # A view moves no value: its outputs hold what its input holds, and share its
+            # storage (a write into one is a write into all).
+            base = ex.input_tensor_ids[0]
+            for t in ex.output_tensor_ids:
+                if not t:
+                    continue
+                seen.add(t)
+                join(t, base)
+                if bad.get(base):
+                    bad[t] = set(bad[base])
+                else:
+                    bad.pop(t, None)
+                if base in from_graph:
+                    from_graph.add(t)  # a traced graph's output (a gradient it returned)
+                unread.pop(t, None)
             continue
         if _shape_only(ex.op_type):
             # ones_like(loss) seeds loss.backward(): the values it was given are the loss.
@@ -194,6 +248,8 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
         read = [t for t in ex.input_tensor_ids if bad.get(t)]
         for t in read:
             contributors |= bad[t]
+        # Values read through any view of a storage are read: the storage's are.
+        read = list({a for t in read for a in storage_of(t)})
         if ex.op_type.startswith(UNSCALE_OP):
             for li in contributors:
                 lin = lineages[li]
@@ -218,7 +274,11 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
         out = _kinds(ex.health)
         # The inputs' own summaries (recorded with every op that made Inf/NaN) tell
         # whether non-finite values came in, even when their producer is not in the dump.
-        came_in = any(_kinds(h) for h in ex.input_health)
+        # (Python numbers, id 0, are part of the op: ``full(-inf)`` is a birth.)
+        # (input_health is empty where the inputs' summaries were not recorded.)
+        came_in = any(
+            _kinds(h) for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False) if t
+        )
         # An in-place op's written input has no summary of its own (the op overwrote it):
         # after dropped events, an unknown producer may have put Inf/NaN there.
         if not came_in and 0 <= first_gap < i and _in_place(ex.op_type):
@@ -230,6 +290,15 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             # (DDP's gradient buckets), by copies into views that leave no data edge:
             # the values came from the lineages this rank holds now.
             contributors = set().union(*bad.values())
+        if contributors and _masked_row(ex, out):
+            # A softmax over a row that its mask filled with -inf alone (a sequence with no
+            # unmasked position) makes 0/0 = NaN: that NaN is born here; the mask's -inf
+            # is intended, and ends here as it does in every other row.
+            for li in contributors:
+                if lineages[li].absorbed_at is None:
+                    lineages[li].absorbed_at = i
+            contributors = set()
+            came_in = False
         if contributors:
             passed = _passed_on(contributors, out, lineages)
             for li in contributors - passed:
@@ -243,29 +312,52 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             # the Inf/NaN that later ops read from what it returned.
             passed = set()
             from_graph.update(t for t in ex.output_tensor_ids if t)
+        elif (again := rerun.repeats(ex)) is not None:
+            # A checkpointed function's rerun in the backward pass: the forward birth again.
+            lineages[again].recomputed.append(i)
+            passed = {again}
         else:
             lineages.append(
-                Lineage(EXECUTIONS, process, i, ex.step, ex.phase, ex.wall_time,
+                Lineage(EXECUTIONS, process, i, ex.step,
+                        FORWARD if rerun.recomputed(ex) else ex.phase, ex.wall_time,
                         (ex.op_type, ex.stack_frame_ids, ex.module_path), came_in,
                         after_gap=came_in and 0 <= first_gap < i)
             )  # fmt: skip
             passed = {len(lineages) - 1}
+            rerun.born(ex, len(lineages) - 1)
+        phase = FORWARD if rerun.recomputed(ex) else ex.phase  # a rerun is forward work
         for li in passed:
-            _note_member(lineages[li], ex, out)
+            _note_member(lineages[li], ex, out, phase)
+        in_place = _in_place(ex.op_type)
         for slot, t in enumerate(ex.output_tensor_ids):
             seen.add(t)
             h = ex.output_health[slot] if slot < len(ex.output_health) else ex.health
+            written = (
+                ex.input_tensor_ids[slot] if in_place and slot < len(ex.input_tensor_ids) else 0
+            )
+            if t and written:
+                join(t, written)  # the written tensor's new version shares its storage
             if t and _kinds(h):
                 bad[t] = set(passed)
                 unread[t] = set(passed)
+                if written:
+                    # A write into a view is a write into its base and every other view.
+                    for a in storage_of(t) - {t}:
+                        bad[a] = bad.get(a, set()) | set(passed)
             elif t:
                 bad.pop(t, None)
                 unread.pop(t, None)
     # Values nothing read by the end of the recording, unless events after the lineage's
-    # last one were dropped (what read them may have been evicted) or not decoded.
+    # last one were dropped (what read them may have been evicted) or not decoded. Only a
+    # lineage that nothing ever absorbed, and that was computed here, counts: that is the
+    # program that stopped right after the birth. Values that every reader so far absorbed
+    # and that are still held (a cached mask, a buffer), or that were loaded (``torch.load``,
+    # ``load_state_dict``: values brought in, not made), are not harm for being held.
     for held in unread.values():
         for li in held:
             lin = lineages[li]
+            if lin.absorbed_at is not None or (lin.signature and is_load(str(lin.signature[0]))):
+                continue
             if complete and lin.members[-1] > last_gap:
                 lin.reach("the end of the recording, still non-finite")
     for lin in lineages:
@@ -281,12 +373,13 @@ def _traced_graph(reader: DumpReader, ex: Execution, process: int) -> bool:
     return graph is not None and bool(graph.ops)
 
 
-def _note_member(lin: Lineage, ex: Execution, out: set[str]) -> None:
+def _note_member(lin: Lineage, ex: Execution, out: set[str], phase: int | None = None) -> None:
     lin.add(ex.index, out)
-    if lin.birth_phase != BACKWARD and lin.birth_phase != OPTIMIZER and ex.phase == BACKWARD:
+    phase = ex.phase if phase is None else phase
+    if lin.birth_phase != BACKWARD and lin.birth_phase != OPTIMIZER and phase == BACKWARD:
         lin.reach("the loss and the gradients")
-    if ex.step > lin.birth_step:
-        lin.reach("a later step (kept in a parameter or an optimizer state)")
+    # Values held into a later step are harm only where they are held: a parameter or an
+    # optimizer state (written in place in the optimizer step, below), not a cached mask.
     if ex.phase == OPTIMIZER and _in_place(ex.op_type) and lin.handled_at is None:
         lin.reach("an in-place update in the optimizer step (a parameter or its state)")
 
@@ -320,6 +413,8 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
     # (graph id, resource) -> lineages whose values a graph op wrote into that variable.
     written: dict[tuple[str, str], set[int]] = {}
     scaler = LossScaleChecks(reader, process)
+    came_in = -1  # the lineage of values that came in through graph inputs, linked to none
+    call_inputs = CallInputs(reader, process)  # what graph calls' inputs held, where recorded
     for i in hits.tolist():
         try:
             tr = reader.trace(i)
@@ -348,6 +443,22 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                     lineages[left[-1]].reach(
                         "a later step (kept in a parameter or an optimizer state)"
                     )
+        if (
+            not contributors and op is not None and graph is not None
+            and (moves_values(op.op_type) or call_inputs.came_in(graph, op, tr))
+        ):  # fmt: skip
+            # Moving or selecting values makes none: they came in through the graph's
+            # inputs, which are not traced (analysis/_graph_inputs.py).
+            k = came_in_from(lineages, i, _left_graph)
+            if k is None:
+                if came_in < 0:
+                    lineages.append(Lineage(TRACES, process, i, tr.step, FORWARD, tr.wall_time,
+                                            (CAME_IN,), entered=True))  # fmt: skip
+                    came_in = len(lineages) - 1
+                k = came_in
+            elif tr.step > lineages[k].birth_step:
+                lineages[k].reach("a later step (kept in a parameter or an optimizer state)")
+            contributors = {k}
         if contributors:
             passed = _passed_on(contributors, out, lineages)
         else:
@@ -411,10 +522,18 @@ def _left_graph(lin: Lineage) -> bool:
 def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:
     """Every lineage of the dump (but those of the processes in ``skip``), births in order of
     wall time, and whether all were followed to the end."""
+    from nanscope.analysis._boundaries import is_jax, joint_lineages
+
     out: list[Lineage] = []
     complete = True
     for p in range(len(reader.processes)):
         if skip and p in skip:
+            continue
+        if is_jax(reader, p):
+            # Eager ops and jitted calls are one data flow (analysis/_boundaries.py).
+            lins, done = joint_lineages(reader, p)
+            out.extend(lins)
+            complete &= done
             continue
         lins, done = execution_lineages(reader, p)
         out.extend(lins)

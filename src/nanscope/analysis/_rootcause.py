@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nanscope.analysis._explain import born_from_output
+from nanscope._paths import is_library_file, is_user_file
+from nanscope.analysis._aliases import is_load
+from nanscope.analysis._explain import (
+    HARMFUL_MASK,
+    MASK_GUESS,
+    born_from_output,
+    explain_dropped,
+    short_name,
+)
 from nanscope.analysis._headroom import Headroom, analyze_headroom
-from nanscope.analysis._lineages import Lineage, find_lineages
+from nanscope.analysis._lineages import OPTIMIZER, Lineage, _in_place, find_lineages
 from nanscope.analysis._ranks import RankVerdict, analyze_ranks
-from nanscope.analysis._views import EventView, ViewBuilder
+from nanscope.analysis._views import EventView, Source, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
 
@@ -51,11 +61,17 @@ class LineageGroup:
     absorbed_at: dict[str, Any] | None  # {"kind", "index"}: where the first one was absorbed
     handled_at: dict[str, Any] | None  # where GradScaler's inf check saw the first one
     skipped_steps: list[int] = field(default_factory=list)  # handled: the steps skipped
+    # The circular buffer dropped the real birth: ``birth`` is the earliest event kept.
+    birth_evicted: bool = False
+    # Events of activation checkpointing's rerun that repeated these births (no births).
+    recomputed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "birth": self.birth.to_json(), "count": self.count,
                 "reaches": self.reaches, "absorbed_at": self.absorbed_at,
-                "handled_at": self.handled_at, "skipped_steps": self.skipped_steps}  # fmt: skip
+                "handled_at": self.handled_at, "skipped_steps": self.skipped_steps,
+                "birth_evicted": self.birth_evicted,
+                "recomputed": self.recomputed}  # fmt: skip
 
 
 @dataclass
@@ -78,7 +94,20 @@ class Analysis:
     # The birth to fix: of the harmful lineage that made the first NaN, else of the first
     # harmful lineage; None when every Inf/NaN was benign or handled.
     cause: EventView | None = None
+    # The cause's real birth was dropped (a circular buffer): ``cause`` is then the earliest
+    # event kept of its lineage, and this says what was lost: {"kind", "process", "steps":
+    # [first, last], "events"}.
+    cause_evicted: dict[str, Any] | None = None
+    # (kind, index) of a shown event -> the innermost frame of library code (the model's,
+    # the optimizer's) under the user's own frame; for a backward op, its forward op's.
+    library_sources: dict[tuple[str, int], Source] = field(default_factory=dict)
+    # (kind, index) of each birth -> its lineage's verdict: what every note says of a birth.
+    birth_verdicts: dict[tuple[str, int], str] = field(default_factory=dict)
     found_harmful: bool = False
+    # When parameters or optimizer state became non-finite: the in-place write of the
+    # optimizer phase (``_fused_adamw_``, ``_foreach_addcdiv_``, ``addcdiv_``) whose Inf/NaN
+    # a later step read back (its ``step`` is the step); None when none did.
+    state_nonfinite: EventView | None = None
     lineages: list[LineageGroup] = field(default_factory=list)
     evicted: dict[str, int] = field(default_factory=dict)
     chain: list[EventView] = field(default_factory=list)
@@ -130,11 +159,36 @@ class Analysis:
                     f"no verdict: the dump is incomplete ({n} problem{'s' if n != 1 else ''}); "
                     f"{seen} in the events that could be read"
                 )
-            if not self.found or self.found_harmful:
+            if not self.found:
                 return None
+            if self.found_harmful:
+                # No lineage to name (events that could not be decoded): harmful to be safe.
+                first = self.first_nan or self.origin
+                at = f" ({first.op_name} #{first.index})" if first is not None else ""
+                return (
+                    f"harmful Inf/NaN, counted so to be safe: its lineage could not be "
+                    f"followed; the first {'NaN' if first is self.first_nan else 'Inf/NaN'}"
+                    f"{at} is shown"
+                )
             kinds = Counter(g.kind for g in self.lineages for _ in range(g.count))
             told = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
             return f"no harmful Inf/NaN: every lineage was absorbed or handled ({told})"
+        text = self._cause_sentence(o)
+        if self.cause_evicted is not None:
+            lost = self.cause_evicted
+            return (
+                f"the harmful Inf/NaN was born in {evicted_span(lost)}; the earliest kept: {text}"
+            )
+        fwd = o.forward_source
+        if fwd is not None:
+            # A backward op: the line to fix is the forward call the user wrote.
+            code = f" `{fwd.code}`" if fwd.code else ""
+            what = o.forward_op or "the op called there"
+            return f"{Path(fwd.file).name}:{fwd.line}{code}: the backward of {what}: {text}"
+        return text
+
+    def _cause_sentence(self, o: EventView) -> str:
+        """``aten.log.default produced -inf at step 3: log of zero...``."""
         c = o.counts
         if c.nan:
             what = "NaN"
@@ -144,7 +198,8 @@ class Analysis:
             what = "+inf"
         else:
             what = "Inf/NaN"
-        verb = "passed on" if self.origin_kind == "entered" else "produced"
+        # The cause's own kind, not the origin's: they may be different events.
+        verb = "passed on" if _origin_kind(o) == "entered" else "produced"
         where = [f"step {o.step}"] if self.steps is not None else []
         if o.rank is not None and len(self.processes) > 1:
             where.append(f"rank {o.rank}")
@@ -172,7 +227,12 @@ class Analysis:
         """The documented, stable JSON form (``docs/REPORT_JSON.md``)."""
 
         def ev(v: EventView | None) -> dict[str, Any] | None:
-            return v.to_json() if v is not None else None
+            if v is None:
+                return None
+            d = v.to_json()
+            lib = self.library_sources.get((v.kind, v.index))
+            d["library_source"] = asdict(lib) if lib is not None else None
+            return d
 
         return {
             "schema": SCHEMA,
@@ -201,8 +261,10 @@ class Analysis:
             "origin": ev(self.origin),
             "origin_kind": self.origin_kind,
             "cause": ev(self.cause),
+            "cause_evicted": self.cause_evicted,
             "first_inf": ev(self.first_inf),
             "first_nan": ev(self.first_nan),
+            "state_nonfinite": ev(self.state_nonfinite),
             "lineages": [g.to_json() for g in self.lineages],
             "evicted": self.evicted,
             "chain": [c.to_json() for c in self.chain],
@@ -213,9 +275,23 @@ class Analysis:
         }
 
 
+def evicted_span(lost: dict[str, Any]) -> str:
+    """``the 412 executions the circular buffer dropped (steps 2–38)``."""
+    steps = lost.get("steps")
+    span = ""
+    if steps is not None:
+        span = f" (steps {steps[0]}–{steps[1]})" if steps[0] != steps[1] else f" (step {steps[0]})"
+    n, kind = lost["events"], lost["kind"].replace("_", " ")
+    return f"the {n:,} {kind}{'s' if n != 1 else ''} the circular buffer dropped{span}"
+
+
 NOTHING_HARMFUL = (
     "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
     "(see the lineages): nothing harmful."
+)
+LINEAGES_NOT_FOLLOWED = (
+    "The lineages of the Inf/NaN could not be followed (their events could not be decoded): "
+    "they are counted harmful, to be safe."
 )
 NOTHING_HARMFUL_READ = (
     "Every Inf/NaN in the events that could be read was absorbed by a later op or handled by "
@@ -400,6 +476,11 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     for v in (result.origin, result.cause, result.first_inf, result.first_nan):
         if v is not None:
             views.add_context(v)
+    # Where in a library each event the report names ran (``library_source``).
+    for v in (result.origin, result.cause, result.first_inf, result.first_nan,
+              result.state_nonfinite):  # fmt: skip
+        if v is not None and (lib := _library_source(reader, v)) is not None:
+            result.library_sources[(v.kind, v.index)] = lib
     return result
 
 
@@ -413,6 +494,8 @@ def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
         else set()
     )
     lineages, complete = find_lineages(reader, skip=skip)
+    written = _state_write(reader, lineages)
+    result.state_nonfinite = view(EXECUTIONS, written) if written is not None else None
     if not complete:
         result.notes.append(
             "Lineages were followed through the first "
@@ -430,40 +513,197 @@ def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
     result.found_harmful = any(lin.verdict == "harmful" for lin in lineages) or (
         result.found and not lineages
     )
-    lineages = [lin for lin in lineages if not lin.after_gap]
-    harmful = [lin for lin in lineages if lin.verdict == "harmful"]
-    result.lineages = _groups(reader, lineages, view)
-    first_nan = result.first_nan
-    cause: Lineage | None = None
-    if first_nan is not None:
-        cause = next(
-            (lin for lin in harmful
-             if lin.kind == first_nan.kind and first_nan.index in lin.members),
-            None,
-        )  # fmt: skip
+    result.birth_verdicts = {(lin.kind, lin.birth): lin.verdict for lin in lineages}
+    kept = [lin for lin in lineages if not lin.after_gap]
+    harmful = [lin for lin in kept if lin.verdict == "harmful"]
+    result.lineages = _groups(reader, kept, view)
+    cause = _pick_cause(harmful, result.first_nan)
+    made = _made_elsewhere(cause, harmful)
+    if cause is not None and made is not None:
+        result.notes.append(
+            f"The values that {short_name(str(cause.signature[0]))} #{cause.birth} brought into "
+            f"{reader.processes[cause.process].label} were made in another process "
+            f"({reader.processes[made.process].label}: a DataLoader worker or another process "
+            "the program started); the cause is where that process made them."
+        )
+        cause = made
     if cause is None:
-        with_nan = [lin for lin in harmful if lin.first_nan is not None]
-        cause = (min(with_nan, key=lambda lin: (lin.kind, lin.first_nan or 0)) if with_nan
-                 else harmful[0] if harmful else None)  # fmt: skip
+        # Harm whose birth was dropped: name the earliest event kept of it (the one that
+        # holds the first NaN first), and what was lost (docs/ROOT_CAUSE.md, "Circular buffers").
+        cause = _pick_cause([lin for lin in cut if lin.verdict == "harmful"], result.first_nan)
+        if cause is not None:
+            result.cause_evicted = _lost_before(reader, cause)
+            if (g := _groups(reader, [cause], view)) and result.cause_evicted is not None:
+                g[0].birth_evicted = True
+                result.lineages.append(g[0])
     if cause is not None:
         result.cause = view(cause.kind, cause.birth)
+        if result.cause is not None and result.cause_evicted is not None:
+            # Its input's producer was dropped, not outside the program: say so, in every
+            # place the event is shown (the cause box, the lineage list, the headline).
+            result.cause.explanation = explain_dropped(result.cause.counts)
+        elif result.cause is not None:
+            _no_intended_mask(result.cause)
         # The lineage's own first NaN (the first NaN of all when it is in this lineage).
         end = view(cause.kind, cause.first_nan) if cause.first_nan is not None else None
         if result.cause is not None:
             result.chain = _chain(reader, result.cause, end, view) if end else [result.cause]
-        origin = result.origin
-        if (
-            origin is not None
-            and result.first_nan is not None
-            and (origin.kind, origin.index) != (cause.kind, cause.birth)
-        ):
-            result.notes.append(
-                f"The first Inf/NaN ({origin.op_name} #{origin.index}) is not what made the "
-                f"harmful values: the cause is {result.cause.op_name if result.cause else '?'} "
-                f"#{cause.birth}, born separately."
-            )
-    elif result.found:
-        result.notes.append(NOTHING_HARMFUL)
+    for group in result.lineages:
+        if group.kind == "harmful":
+            _no_intended_mask(group.birth)
+    result.notes.extend(_verdict_notes(result, cause))
+
+
+def _no_intended_mask(v: EventView) -> None:
+    """A harmful birth's explanation never guesses at an intended mask: a mask's values that
+    nothing absorbed are harm."""
+    if v.explanation.endswith(MASK_GUESS):
+        v.explanation = v.explanation[: -len(MASK_GUESS)] + HARMFUL_MASK
+
+
+# Library code that only passes a call on (module calls and torch's built-in layers, whose
+# forward calls one functional op; functional wrappers, autograd, the optimizer's step
+# wrapper, decorators): never the frame that says where in a model it ran.
+_PLUMBING = re.compile(
+    r"[\\/]torch[\\/](nn[\\/]modules[\\/]|nn[\\/]functional\.py|functional\.py"
+    r"|_tensor\.py|_ops\.py|overrides\.py|_jit_internal\.py|_compile\.py"
+    r"|optim[\\/]optimizer\.py|autograd[\\/]|utils[\\/]|_dynamo[\\/]|amp[\\/]|_prims"
+    r"|_refs[\\/]|_decomp[\\/]|_library[\\/]|_higher_order_ops[\\/])"
+    r"|[\\/]lib[\\/]python\d+(\.\d+)?[\\/](?!site-packages|dist-packages)"
+    # JAX's and TensorFlow's dispatch, tracing and op wrappers; Keras's backend and ops.
+    r"|[\\/](jax|jaxlib)[\\/]|[\\/]tensorflow[\\/]python[\\/]"
+    r"|[\\/]keras[\\/]src[\\/](backend|ops|utils|trainers)[\\/]"
+)
+
+
+def library_frame(frames: list[Source]) -> Source | None:
+    """The innermost frame of library code under the user's own innermost frame, where the
+    op ran inside a library (a Hugging Face model's ``modeling_gpt2.py``, an optimizer's
+    ``torch/optim/adamw.py``): what to show when the user's own line is only
+    ``trainer.train()`` or ``optimizer.step()``. ``frames`` outermost first; None when the
+    user's code called the op itself (through plumbing only: module calls, functional
+    wrappers, autograd)."""
+    below: list[Source] = []
+    for f in reversed(frames):
+        if is_user_file(f.file):
+            break
+        below.append(f)
+    for f in below:  # innermost first
+        if is_library_file(f.file) and not f.file.startswith("<") and not _PLUMBING.search(f.file):
+            return Source(f.file, f.line, f.function)
+    return None
+
+
+def _library_source(reader: DumpReader, v: EventView) -> Source | None:
+    """:func:`library_frame` of ``v``; for a backward op, of its forward op's call."""
+    frames = v.stack
+    if v.kind == EXECUTIONS and v.forward_op:
+        try:
+            ex = reader.execution(v.index)
+            if ex.forward_stack_frame_ids:
+                frames = [
+                    Source(f.file_path, f.lineno, f.function)
+                    for f in reader.stack_frames(ex.forward_stack_frame_ids, v.process)
+                ]
+        except UNREADABLE:
+            pass
+    return library_frame(frames)
+
+
+def _made_elsewhere(cause: Lineage | None, harmful: list[Lineage]) -> Lineage | None:
+    """For a cause born at a load (``set_``: a batch a DataLoader worker put in shared memory,
+    a tensor received from a child), the earliest harmful birth that computed values in
+    another process before it, if any: the values were made there."""
+    if cause is None or not cause.signature or not is_load(str(cause.signature[0])):
+        return None
+    made = [
+        lin for lin in harmful
+        if lin.process != cause.process and lin.wall_time <= cause.wall_time
+        and not (lin.signature and is_load(str(lin.signature[0])))
+    ]  # fmt: skip
+    return min(made, key=lambda lin: lin.wall_time) if made else None
+
+
+def _pick_cause(harmful: list[Lineage], first_nan: EventView | None) -> Lineage | None:
+    """The harmful lineage that made the first NaN, else the one with the earliest NaN, else
+    the first (docs/ROOT_CAUSE.md, "Verdicts")."""
+    if first_nan is not None:
+        for lin in harmful:
+            if lin.kind == first_nan.kind and first_nan.index in lin.members:
+                return lin
+    with_nan = [lin for lin in harmful if lin.first_nan is not None]
+    if with_nan:
+        return min(with_nan, key=lambda lin: (lin.kind, lin.first_nan or 0))
+    return harmful[0] if harmful else None
+
+
+def _lost_before(reader: DumpReader, lin: Lineage) -> dict[str, Any] | None:
+    """What the circular buffer dropped of ``lin``'s process before its first kept event:
+    ``{"kind", "process", "steps": [first, last] or None, "events"}``; None if nothing."""
+    gaps = [
+        (after, n)
+        for p, after, n in reader.gaps(lin.kind)
+        if p == lin.process and after < lin.birth
+    ]
+    if not gaps:
+        return None
+    rows = reader.index(lin.kind)
+    procs = reader.processes_of(lin.kind)
+    mine = np.flatnonzero(procs == lin.process)
+    after = gaps[0][0]
+    # The dropped events ran between the event before the first gap and the one after the
+    # last (steps from 0 when the gap opens the recording).
+    following = mine[np.searchsorted(mine, gaps[-1][0], side="right")]
+    first = int(rows["step"][after]) if after >= 0 else 0
+    steps = [first, int(rows["step"][following])] if reader.steps_known else None
+    return {"kind": lin.kind, "process": lin.process, "steps": steps,
+            "events": sum(n for _, n in gaps)}  # fmt: skip
+
+
+def _verdict_notes(result: Analysis, cause: Lineage | None) -> list[str]:
+    """What the notes say of the verdict, each claim derived from the lineages' verdicts
+    (``result.birth_verdicts``) so that no note contradicts the lineage list."""
+    notes: list[str] = []
+    origin = result.origin
+    if cause is None:
+        if result.found_harmful:
+            notes.append(LINEAGES_NOT_FOLLOWED)
+        elif result.found:
+            notes.append(NOTHING_HARMFUL)
+        return notes
+    if result.cause_evicted is not None:
+        lost = result.cause_evicted
+        notes.append(
+            f"The cause's birth is not in the dump: it was among {evicted_span(lost)}. The "
+            f"cause shown ({_name(result.cause)}) is the earliest event kept that holds its "
+            "values; record with circular_buffer_size=-1 to see the birth."
+        )
+    if origin is None or (origin.kind, origin.index) == (cause.kind, cause.birth):
+        return notes
+    named = _name(result.cause)
+    fnan = result.first_nan
+    if fnan is not None and fnan.kind == cause.kind and fnan.index in cause.members:
+        made = "which" if fnan.index == cause.birth else f"whose values (#{fnan.index})"
+        named += f", {made} made the first NaN"
+    verdict = result.birth_verdicts.get((origin.kind, origin.index))
+    first = f"The first Inf/NaN ({_name(origin)})"
+    if verdict == "harmful":
+        notes.append(
+            f"{first} is harmful too (see the lineages); the cause is a separate birth, {named}."
+        )
+    elif verdict in ("benign", "handled"):
+        how = "absorbed by a later op" if verdict == "benign" else "handled by the loss scaler"
+        notes.append(
+            f"{first} was {verdict} ({how}); the harmful values were born separately: the "
+            f"cause is {named}."
+        )
+    else:
+        notes.append(f"{first} is not in the cause's lineage; the cause is {named}.")
+    return notes
+
+
+def _name(v: EventView | None) -> str:
+    return f"{v.op_name} #{v.index}" if v is not None else "?"
 
 
 def _eviction(reader: DumpReader, result: Analysis) -> None:
@@ -541,10 +781,11 @@ def _groups(reader: DumpReader, lineages: list[Lineage], view: Any) -> list[Line
                 birth=birth,
                 count=0,
                 reaches=list(lin.reaches),
-                absorbed_at=_ref(lin.kind, lin.absorbed_at),
+                absorbed_at=_absorber(reader, lin),
                 handled_at=_ref(lin.kind, lin.handled_at),
             )
         g.count += 1
+        g.recomputed += len(lin.recomputed)
         g.reaches.extend(r for r in lin.reaches if r not in g.reaches)
         if lin.verdict == "handled" and lin.handled_at is not None:
             step = int(reader.index(lin.kind)["step"][lin.handled_at])
@@ -553,8 +794,65 @@ def _groups(reader: DumpReader, lineages: list[Lineage], view: Any) -> list[Line
     return list(groups.values())
 
 
+# Events of a lineage looked at for the write that made the weights non-finite.
+STATE_WRITE_LIMIT = 20_000
+
+
+def _state_write(reader: DumpReader, lineages: list[Lineage]) -> int | None:
+    """The first in-place write of the optimizer phase that left Inf/NaN in parameters or
+    optimizer state: of a lineage's in-place optimizer-phase writes (clipping writes the
+    gradients, the optimizer the parameters and their moments), the one whose written
+    tensors an event of a later step read back (the next forward pass reads the weights,
+    the next update the moments). Where the recording ends first (no later step), the
+    last such write of the first step that had one."""
+    found: int | None = None
+    for lin in lineages:
+        if lin.kind != EXECUTIONS or lin.verdict != "harmful":
+            continue
+        outputs: dict[int, tuple[int, int]] = {}  # tensor id -> (write, its step)
+        last: tuple[int, int] | None = None  # the first step's last write
+        for i in lin.members[:STATE_WRITE_LIMIT]:
+            if found is not None and i >= found:
+                break
+            try:
+                ex = reader.execution(i)
+            except UNREADABLE:
+                continue
+            hit = [outputs[t] for t in ex.input_tensor_ids if t in outputs]
+            if any(ex.step > step for _, step in hit):
+                found = min(w for w, step in hit if ex.step > step)
+                break
+            if ex.phase == OPTIMIZER and _in_place(ex.op_type):
+                for t in ex.output_tensor_ids:
+                    if t:
+                        outputs[t] = (i, ex.step)
+                if last is None or last[1] == ex.step:
+                    last = (i, ex.step)
+        else:
+            if last is not None and (found is None or last[0] < found):
+                found = last[0]
+    return found
+
+
 def _ref(kind: str, index: int | None) -> dict[str, Any] | None:
     return None if index is None else {"kind": kind, "index": index}
+
+
+def _absorber(reader: DumpReader, lin: Lineage) -> dict[str, Any] | None:
+    """Where a lineage's values were first absorbed, with that op's type (a cast to an
+    integer, a comparison, a softmax...)."""
+    ref = _ref(lin.kind, lin.absorbed_at)
+    if ref is not None and lin.absorbed_at is not None:
+        try:
+            ev = (
+                reader.execution(lin.absorbed_at)
+                if lin.kind == EXECUTIONS
+                else reader.trace(lin.absorbed_at)
+            )
+            ref["op_type"] = ev.op_type
+        except UNREADABLE:
+            pass
+    return ref
 
 
 def _chain(reader: DumpReader, origin: EventView, end: EventView, view: Any) -> list[EventView]:

@@ -84,7 +84,12 @@ def _source_block(label: str, src: Source) -> list[object]:
     return out
 
 
-def event_panel(title: str, v: EventView, style: str, steps_known: bool = True) -> Panel:
+def event_panel(
+    title: str, v: EventView, style: str, steps_known: bool = True, library: Source | None = None
+) -> Panel:
+    """One event: what it made, why, its inputs and where (for a backward op, the forward
+    line the user wrote first); ``library``: the library frame it ran in (a model's,
+    an optimizer's), when the user's own line is only the call into that library."""
     parts: list[object] = [
         Text.assemble(
             (v.op_name if v.op_name != v.op_type else v.op_type, "bold"),
@@ -97,13 +102,26 @@ def event_panel(title: str, v: EventView, style: str, steps_known: bool = True) 
     if v.inputs:
         parts.append(Text("inputs:"))
         parts.extend(_input_line(i) for i in v.inputs)
-    if v.source is not None:
-        parts.extend(_source_block("at", v.source))
     if v.forward_op or v.forward_source is not None:
+        # The forward line first: it is the line the user wrote, and the one to fix.
         parts.append(Text(f"backward of {v.forward_op or 'a forward op'}", style="bold"))
         if v.forward_source is not None:
             parts.extend(_source_block("created at", v.forward_source))
+        if library is not None:
+            parts.append(_library_line(library))
+        if v.source is not None:
+            parts.extend(_source_block("backward run at", v.source))
+    else:
+        if v.source is not None:
+            parts.extend(_source_block("at", v.source))
+        if library is not None:
+            parts.append(_library_line(library))
     return Panel(Group(*parts), title=title, title_align="left", border_style=style)  # type: ignore[arg-type]
+
+
+def _library_line(src: Source) -> Text:
+    """``in library code: .../transformers/models/gpt2/modeling_gpt2.py:201 in forward``."""
+    return Text(f"in library code: {src.file}:{src.line} in {src.function}", style="bold")
 
 
 _VERDICT_STYLE = {"harmful": "red", "handled": "cyan", "benign": "green"}
@@ -117,11 +135,18 @@ def _lineage_line(g: LineageGroup, steps_known: bool = True) -> Text:
     t.append(
         f" {b.op_name} #{b.index}{times} at {where}" + (f", step {b.step}" if steps_known else "")
     )
+    if g.birth_evicted:
+        t.append(" (its birth was dropped by the circular buffer: the earliest event kept)")
+    if g.recomputed:
+        t.append(" (recomputed in the backward pass by activation checkpointing)", style="dim")
     if g.kind == "handled":
         steps = ", ".join(str(s) for s in g.skipped_steps)
         t.append(f": the loss scaler's inf check saw it; step {steps} skipped", style="dim")
     elif g.kind == "benign" and g.absorbed_at is not None:
-        t.append(f": absorbed at #{g.absorbed_at['index']}", style="dim")
+        by = g.absorbed_at.get("op_type")
+        t.append(
+            f": absorbed at #{g.absorbed_at['index']}" + (f" ({by})" if by else ""), style="dim"
+        )
     elif g.reaches:
         t.append(f": reaches {'; '.join(g.reaches)}", style="dim")
     return t
@@ -302,37 +327,52 @@ def render_text(a: Analysis, console: Console) -> None:
             first = al.by_step[0]
             console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
     known = a.steps is not None
-    if a.cause is not None:
+    if a.found_harmful and a.headline:
+        # The answer in one sentence, the same as the JSON's headline and the GUI's.
+        console.print(Text(f"✗ {a.headline}", style="bold red"))
+    # Each event is shown once, in the first box that names it; later ones say which box.
+    shown: dict[tuple[str, int], str] = {}
+
+    def box(name: str, title: str, v: EventView, style: str) -> None:
+        lib = a.library_sources.get((v.kind, v.index))
+        console.print(event_panel(f"{name}: {title}" if title else name, v, style, known, lib))
+        shown[(v.kind, v.index)] = name
+
+    def same_as(name: str, v: EventView) -> bool:
+        other = shown.get((v.kind, v.index))
+        if other is None:
+            return False
         console.print(
-            event_panel("Cause: where the harmful Inf/NaN was born", a.cause, "red", known)
+            Text(f"{name}: {v.op_name} #{v.index}, shown above in the {other} box", style="dim")
         )
+        return True
+
+    if a.cause is not None:
+        if a.cause_evicted is not None:
+            title = "its birth was dropped by the circular buffer; the earliest event kept"
+        else:
+            title = "where the harmful Inf/NaN was born"
+        box("Cause", title, a.cause, "red")
     if a.origin is not None:
         kind = "entered from outside" if a.origin_kind == "entered" else "born"
-        same = a.cause is not None and (a.cause.kind, a.cause.index) == (
-            a.origin.kind,
-            a.origin.index,
-        )
-        if same:
-            console.print(Text(f"Origin (the first Inf/NaN {kind}): the cause above", style="dim"))
-        else:
+        if not same_as(f"Origin (the first Inf/NaN {kind})", a.origin):
             style = "red" if a.cause is None and a.found_harmful else "yellow"
-            console.print(
-                event_panel(f"Origin: where the first Inf/NaN was {kind}", a.origin, style, known)
-            )
+            box("Origin", f"where the first Inf/NaN was {kind}", a.origin, style)
     if a.ranks is not None and a.found_harmful:
         _ranks_section(a.ranks, console)
-    seen = {(v.kind, v.index) for v in (a.cause, a.origin) if v is not None}
     for title, v in (("First -inf/+inf", a.first_inf), ("First NaN", a.first_nan)):
-        if v is None:
-            continue
-        if (v.kind, v.index) in seen:
-            console.print(Text(f"{title}: the event above", style="dim"))
-            continue
-        seen.add((v.kind, v.index))
-        console.print(event_panel(title, v, "magenta", known))
+        if v is not None and not same_as(title, v):
+            box(title, "", v, "magenta")
     if len(a.chain) > 1:
         chain = " → ".join(f"{c.op_name} #{c.index}" for c in a.chain)
         console.print(Text(f"chain: {chain}"))
+    if a.state_nonfinite is not None:
+        w = a.state_nonfinite
+        at = f" at {Path(w.source.file).name}:{w.source.line}" if w.source is not None else ""
+        console.print(Text(
+            f"parameters or optimizer state non-finite from step {w.step}: {w.op_name} "
+            f"#{w.index}{at} wrote {_counts(w.counts)}", style="red",
+        ))  # fmt: skip
     if a.lineages:
         console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
         for g in a.lineages:

@@ -5,6 +5,7 @@ on synthetic token sequences, with AdamW.
     python gpt2_transformers.py --dtype float16      # pure float16 (model.half()): AdamW's eps rounds
                                                      # to 0, so 0/0 = NaN in the update at the first step
     python gpt2_transformers.py --dtype float16 --eps 1e-4   # an eps float16 can hold: stays finite
+    python gpt2_transformers.py --gradient-checkpointing     # the forward runs again in backward
 
 The attention is transformers' default (``sdpa``): on CPU PyTorch runs SDPA's math path,
 which builds the causal mask with ``-inf`` on every forward.
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true",
+        help="model.gradient_checkpointing_enable(): each block's forward runs again in backward",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -52,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     model = GPT2LMHeadModel(config)
     if args.dtype == "float16":
         model = model.half()
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, eps=args.eps)
     batches = make_batches(args.steps, args.batch, args.seq_len, config.vocab_size, args.seed)
 

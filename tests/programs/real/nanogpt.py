@@ -4,6 +4,9 @@ on a synthetic text.
 
     python nanogpt.py --lr 1e-3     # trains; the attention mask's -inf is benign
     python nanogpt.py               # --lr 1e10: diverges
+    python nanogpt.py --compile     # the model under torch.compile (its graphs recorded)
+    python nanogpt.py --checkpoint non-reentrant   # activation checkpointing of each block
+                                                   # (torch.utils.checkpoint, use_reentrant=False)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -100,6 +104,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # "reentrant" or "non-reentrant": each block under torch.utils.checkpoint.checkpoint
+    checkpoint: str | None = None
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -136,7 +143,11 @@ class GPT(nn.Module):
         pos_emb = self.transformer.wpe(pos)
         x = self.transformer.drop(tok_emb + pos_emb)
         for block in self.transformer.h:
-            x = block(x)
+            if self.checkpoint and self.training:
+                reentrant = self.checkpoint == "reentrant"
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant)
+            else:
+                x = block(x)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)
         loss = None
@@ -172,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--compile", action="store_true", help="train torch.compile(model)")
+    parser.add_argument("--checkpoint", choices=["reentrant", "non-reentrant"], default=None)
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -181,13 +194,15 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(args.seed)
 
     model = GPT(config)
+    model.checkpoint = args.checkpoint
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
     model.train()
+    step = torch.compile(model) if args.compile else model
     for it in range(args.steps):
         X, Y = get_batch(data, args.batch_size, config.block_size, gen)
-        _, loss = model(X, Y)
+        _, loss = step(X, Y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -50,9 +50,11 @@ from torch._C._autograd import _get_sequence_nr
 from torch.utils._python_dispatch import _disable_current_modes
 
 from nanscope._paths import is_library_file, is_nanscope_file
+from nanscope.analysis._aliases import is_row_softmax
 from nanscope.backends.torch.context import RunContext, subclasses
 from nanscope.backends.torch.dispatch import DynamoFreeMode, InstalledMode
 from nanscope.backends.torch.ops import OpCache, OpInfo, tensors_of
+from nanscope.backends.torch.recompute import recomputing
 from nanscope.backends.torch.summaries import (
     FLOAT_DTYPES,
     host_parts,
@@ -242,6 +244,16 @@ class _Held:
     by: _Wrote  # the op that last wrote Inf/NaN into it
 
 
+def _masked_row(op: _Op, bad: list[int], ins: list[torch.Tensor]) -> bool:
+    """Whether a softmax wrote NaN while the Inf/NaN it read were -inf alone."""
+    if not is_row_softmax(op.info.name) or not any(_has_nan(op.outs[i]) for i in bad):
+        return False
+    held = [x for x in ins if x.dtype in FLOAT_DTYPES and x.numel() and not _all_finite(x)]
+    return bool(held) and all(
+        not bool(torch.isnan(x).any() or torch.isposinf(x).any()) for x in held
+    )
+
+
 def _preference(lineage: _Lineage) -> tuple[bool, bool, int]:
     """The order in which an error names the lineages that reached it.
 
@@ -338,8 +350,13 @@ class CheckNumericsMode(DynamoFreeMode):
             # Views of checked tensors hold nothing new; allocations hold garbage.
             return out
         outs = tensors_of(out, [])
-        if info.inplace and not outs:
-            outs = self._written(func, args, kwargs)  # _foreach_add_ and co. return nothing
+        if info.inplace:
+            # What it wrote and does not return: _foreach_add_, _fused_adamw_ and co. return
+            # nothing; a batch norm does not return its running statistics.
+            returned = len(outs)
+            for t in self._written(func, args, kwargs):
+                if not any(t is o for o in outs[:returned]):
+                    outs.append(t)
         node = torch._C._current_autograd_node()
         bad, flags = self._look(outs)
         self.after_op(func, info, args, kwargs, outs, bad, flags, node, sys._getframe(1))
@@ -446,6 +463,10 @@ class CheckNumericsMode(DynamoFreeMode):
         )
 
     def _ctx(self, node: Any, frame: FrameType | None) -> _Ctx:
+        # Activation checkpointing's rerun of the forward (backends/torch/recompute.py) runs
+        # in the backward pass, but its ops are forward ops: a mask's -inf is no gradient.
+        if node is not None and recomputing(frame):
+            node = None
         return _Ctx(
             self._facts(node, frame),
             backward=node is not None,
@@ -555,6 +576,11 @@ class CheckNumericsMode(DynamoFreeMode):
                         found.setdefault(lineage.seq, lineage)
         if found and op.info.view:
             return  # a view (slice, expand...) of Inf/NaN already followed: nothing new
+        if found and now and _masked_row(op, bad, ins):
+            # A softmax over a row that was -inf throughout (a sequence with no unmasked
+            # position) made this NaN: it is born here; the mask's -inf stays intended
+            # (docs/ROOT_CAUSE.md, "Births and lineages").
+            found = {}
         wrote = _Wrote(
             op.info.name, bad[0], ctx,
             [(weakref.ref(x), x._version) for x in ins[:_MAX_INPUTS]],

@@ -127,13 +127,15 @@ export function renderRootCause(host, a, app) {
   }
   host.classList.remove("incomplete");
   const damage = (a.incomplete || []).length ? damageList(a, runInfo) : null;
-  if (!origin) {
+  if (!origin || verdict === "absorbed") {
+    // Nothing harmful: the same word as the headline's, never a red root cause.
     host.classList.remove("bad");
     host.classList.toggle("ok", verdict === "clean");
     setChildren(
       host,
       el("div", { className: "rc-title" }, verdict === "clean" ? "No Inf or NaN recorded" : verdict === "absorbed" ? "No harmful Inf or NaN" : "Root cause not found", scopeTag(app)),
       a.headline ? el("div", { className: "rc-headline", text: a.headline }) : null,
+      origin ? rcLine("first Inf/NaN", eventLink(app, origin, `${origin.op_type} #${origin.index}`)) : null,
       ...(a.notes || []).map((n) => el("div", { className: "rc-note", text: n })),
       damage,
     );
@@ -141,26 +143,37 @@ export function renderRootCause(host, a, app) {
   }
   host.classList.add("bad");
   host.classList.remove("ok");
-  const src = origin.source;
+  // The event the headline names: the cause (the origin when nothing harmful was found).
+  const shown = a.cause || origin;
+  const same = (x, y) => x && y && x.kind === y.kind && x.index === y.index;
+  const src = shown.source;
   const rows = [
-    el("div", { className: "rc-title" }, "Root cause", el("span", { className: "rc-kind", text: a.origin_kind || "", title: ORIGIN_KIND[a.origin_kind] || "" }), scopeTag(app)),
-    el("div", { className: "rc-headline", text: a.headline || `${origin.op_type} produced Inf/NaN` }),
+    el("div", { className: "rc-title" }, "Root cause", same(shown, origin) ? el("span", { className: "rc-kind", text: a.origin_kind || "", title: ORIGIN_KIND[a.origin_kind] || "" }) : null, scopeTag(app)),
+    el("div", { className: "rc-headline", text: a.headline || `${shown.op_type} produced Inf/NaN` }),
     rcLine(
-      "origin",
-      eventLink(app, origin, `${origin.op_type} #${origin.index}`),
+      a.cause ? (a.cause_evicted ? "cause (earliest kept)" : "cause") : "origin",
+      eventLink(app, shown, `${shown.op_type} #${shown.index}`),
       // a.steps is null for dumps that record no steps (TensorFlow's): no "step 0" then.
-      el("span", { className: "muted", text: `${a.steps === null ? "" : ` · step ${origin.step}`}${origin.phase ? " · " + origin.phase : ""}${origin.module_path ? " · " + origin.module_path : ""}` }),
+      el("span", { className: "muted", text: `${a.steps === null ? "" : ` · step ${shown.step}`}${shown.phase ? " · " + shown.phase : ""}${shown.module_path ? " · " + shown.module_path : ""}` }),
     ),
   ];
   if (a.ranks) rows.push(rankLine(a.ranks));
-  if (origin.explanation) rows.push(rcLine("why", el("span", { className: "rc-why", text: origin.explanation })));
-  if (src) {
-    rows.push(rcLine("source", sourceLink(app, src, origin.process), src.function ? el("span", { className: "muted", text: ` in ${src.function}` }) : null));
-    if (src.code) rows.push(el("pre", { className: "rc-code", text: src.code.trim() }));
+  if (shown.explanation) rows.push(rcLine("why", el("span", { className: "rc-why", text: shown.explanation })));
+  // A backward op: the forward line the user wrote first (the one to fix).
+  if (shown.forward_op) {
+    rows.push(rcLine("grad of", el("span", { text: shown.forward_op + " " }), sourceLink(app, shown.forward_source, shown.process)));
+    const fwd = shown.forward_source && shown.forward_source.code;
+    if (fwd) rows.push(el("pre", { className: "rc-code", text: fwd.trim() }));
   }
-  if (origin.forward_op) rows.push(rcLine("grad of", el("span", { text: origin.forward_op + " " }), sourceLink(app, origin.forward_source, origin.process)));
+  if (src) {
+    rows.push(rcLine(shown.forward_op ? "backward at" : "source", sourceLink(app, src, shown.process), src.function ? el("span", { className: "muted", text: ` in ${src.function}` }) : null));
+    if (src.code && !shown.forward_op) rows.push(el("pre", { className: "rc-code", text: src.code.trim() }));
+  }
+  const lib = shown.library_source;
+  if (lib) rows.push(rcLine("in library", sourceLink(app, lib, shown.process), lib.function ? el("span", { className: "muted", text: ` in ${lib.function}` }) : null));
+  if (!same(shown, origin)) rows.push(rcLine("first Inf/NaN", eventLink(app, origin, `${origin.op_type} #${origin.index}`)));
   const fnan = a.first_nan;
-  if (fnan && !(fnan.kind === origin.kind && fnan.index === origin.index)) {
+  if (fnan && !same(fnan, shown)) {
     rows.push(rcLine("first NaN", eventLink(app, fnan, `${fnan.op_type} #${fnan.index}`), fnan.explanation ? el("div", { className: "muted small", text: fnan.explanation }) : null));
   }
   if (a.chain && a.chain.length > 1) {

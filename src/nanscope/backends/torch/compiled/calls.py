@@ -20,7 +20,7 @@ from nanscope.backends.torch.compiled.hook import wrap_output_code
 from nanscope.backends.torch.compiled.plan import GraphPlan
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.recorders.base import Recorder
-from nanscope.backends.torch.summaries import full_value
+from nanscope.backends.torch.summaries import full_value, summarize_host
 from nanscope.backends.torch.suspension import SUSPENDED
 from nanscope.events import DumpWriter, ExecutionEvent, Phase
 from nanscope.format.modes import TensorDebugMode
@@ -52,7 +52,10 @@ class GraphCalls:
             return out
         eager = self.eager
         ids = eager.ids
-        in_ids = [ids.get(t) for t in inputs if isinstance(t, torch.Tensor)]
+        # One per graph input (its placeholder), 0 for a number (a SymInt).
+        in_ids = [ids.get(t) if isinstance(t, torch.Tensor) else 0 for t in inputs]
+        # The inputs, summarised when the call made Inf/NaN (the call empties ``inputs``).
+        held = list(inputs) if plan.native_counts else None
         SUSPENDED.enter()  # the graph's extern kernels and our copies are not eager ops
         try:
             out = compiled(inputs)
@@ -61,14 +64,17 @@ class GraphCalls:
                 extra = out[len(out) - n_extra :] if n_extra else []
                 if n_extra:
                     del out[-n_extra:]
-                self._record(plan, out, extra, in_ids)
+                self._record(plan, out, extra, in_ids, held)
             except Exception as exc:  # never break the user's program
                 eager.failed(exc)
         finally:
             SUSPENDED.leave()
         return out
 
-    def _record(self, plan: GraphPlan, out: list[Any], extra: list[Any], in_ids: list[int]) -> None:
+    def _record(
+        self, plan: GraphPlan, out: list[Any], extra: list[Any], in_ids: list[int],
+        held: list[Any] | None = None,
+    ) -> None:  # fmt: skip
         writer = self.writer
         ctx = self.context
         eager = self.eager
@@ -117,7 +123,7 @@ class GraphCalls:
                     eager.cpu_device if t.is_cpu else eager.device_id(t) for t in tensors
                 ],
                 summaries=outputs,
-                input_summaries=(),
+                input_summaries=self._input_summaries(plan, extra, held),
                 num_outputs=len(tensors),
                 graph_id=plan.graph_id,
                 stack=writer.capture_stack(),
@@ -126,6 +132,22 @@ class GraphCalls:
                 step=step,
             )
         )
+
+    def _input_summaries(
+        self, plan: GraphPlan, extra: list[Any], held: list[Any] | None
+    ) -> list[Any]:
+        """The graph inputs' summaries, one per input (``None``: a number), when a traced
+        value of the call holds Inf/NaN: the inputs are not traced, and what came in through
+        them is no birth inside the graph (docs/ROOT_CAUSE.md, "Compiled graphs' inputs")."""
+        if held is None or not extra or not plan.native_counts:
+            return []
+        if not bool(torch.stack(extra)[:, :3].any()):  # -inf, +inf, NaN of every value
+            return []
+        mode = self.writer.mode
+        return [
+            summarize_host(t, mode) if isinstance(t, torch.Tensor) and t.is_cpu else None
+            for t in held
+        ]
 
 
 class _CallSummaries:
