@@ -576,7 +576,8 @@ class CheckNumericsMode(DynamoFreeMode):
                         found.setdefault(lineage.seq, lineage)
         if found and op.info.view:
             return  # a view (slice, expand...) of Inf/NaN already followed: nothing new
-        if found and now and _masked_row(op, bad, ins):
+        masked_row = bool(found) and _masked_row(op, bad, ins)
+        if masked_row:
             # A softmax over a row that was -inf throughout (a sequence with no unmasked
             # position) made this NaN: it is born here; the mask's -inf stays intended
             # (docs/ROOT_CAUSE.md, "Births and lineages").
@@ -590,7 +591,7 @@ class CheckNumericsMode(DynamoFreeMode):
         if found:
             lineages = tuple(sorted(found.values(), key=_preference)[:_MAX_LINEAGES])
         else:
-            lineages = (self._birth(op, wrote, tensors, ins, now),)
+            lineages = (self._birth(op, wrote, tensors, ins, now and not masked_row),)
         if ctx.deferring:
             for lineage in lineages:
                 self._window.setdefault(lineage.seq, lineage)
