@@ -246,10 +246,11 @@ def test_a_child_that_cannot_be_recorded_is_no_all_clear(
     assert "ran unrecorded" in problem["message"]
     text = subprocess.run(
         [sys.executable, "-m", "nanscope", "report", str(logdir)],
-        env=env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+        env={**env(), "COLUMNS": "400"}, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     assert text.returncode == 2
-    assert "ran unrecorded" in " ".join(text.stdout.split())
+    # the problem sits in a bordered panel; a wide terminal keeps it on one line
+    assert "ran unrecorded" in " ".join(text.stdout.replace("│", " ").split())
 
 
 # -- the bootstrap and its environment ---------------------------------------------------------
