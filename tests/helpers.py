@@ -153,7 +153,7 @@ def summary_of(execution: Execution, slot: int = 0) -> np.ndarray:
 
 def torch_recorder() -> str:
     """Which PyTorch recorder a session started now uses: ``"native"`` or ``"python"``."""
-    from nanscope.backends.torch.session import native_library
+    from nanscope.backends.torch.native import native_library
 
     return "native" if native_library() is not None else "python"
 

@@ -29,7 +29,7 @@ from torch import nn
 import nanscope
 from nanscope.analysis import analyze
 from nanscope.backends.torch.check_numerics import TorchCheckNumerics
-from nanscope.backends.torch.session import native_library
+from nanscope.backends.torch.native import native_library
 from nanscope.reader import Execution
 from nanscope.report import console_for, render_text
 

@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 import torch
 
 import nanscope
-from nanscope.backends.torch.session import TorchDumpSession, native_library
+from nanscope.backends.torch.native import native_library
+from nanscope.backends.torch.session import TorchDumpSession
 
 from ..helpers import summaries_of, torch_recorder
 

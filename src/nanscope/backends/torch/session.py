@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from types import ModuleType
@@ -13,6 +12,7 @@ import torch
 
 from nanscope.backends.torch.compiled.rewrite import GraphRewriter
 from nanscope.backends.torch.context import RunContext
+from nanscope.backends.torch.native import native_library
 from nanscope.backends.torch.recorders.base import Recorder, Setup, dtype_filter_from
 from nanscope.backends.torch.recorders.native import NativeRecorder
 from nanscope.backends.torch.recorders.python import PythonRecorder
@@ -143,41 +143,3 @@ def _distributed() -> Any:
     """``torch.distributed``, or None in a build without it."""
     dist = getattr(torch, "distributed", None)
     return dist if dist is not None and dist.is_available() else None
-
-
-RECORDER_ENV = "NANSCOPE_TORCH_RECORDER"
-
-
-def native_library() -> ModuleType | None:
-    """The native recorder's extension, unless ``NANSCOPE_TORCH_RECORDER=python``.
-
-    ``auto`` (the default) falls back to the Python dispatch mode, with one
-    line on stderr, when the extension cannot be built; ``native`` makes
-    that an error.
-    """
-    choice = os.environ.get(RECORDER_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "native", "python"):
-        raise ValueError(f"{RECORDER_ENV}={choice!r}: use auto, native or python")
-    if choice == "python":
-        return None
-    from nanscope.backends.torch import native
-
-    lib = native.load()
-    if lib is None:
-        if choice == "native":
-            raise RuntimeError(
-                f"{RECORDER_ENV}=native, but the native recorder could not be built "
-                f"({native.failure()}); install a C++ compiler or set {RECORDER_ENV}=python"
-            )
-        global _told
-        if not _told:
-            _told = True
-            print(
-                f"nanscope: recording with the Python dispatch mode (slower); the native "
-                f"recorder could not be built: {native.failure()}",
-                file=sys.stderr,
-            )
-    return lib
-
-
-_told = False

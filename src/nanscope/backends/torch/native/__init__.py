@@ -5,7 +5,8 @@ needed (about half a minute, once) and cached under
 ``$NANSCOPE_CACHE_DIR`` (default ``~/.cache/nanscope``), keyed by the sources,
 PyTorch and Python versions. Without a C++ compiler, nanscope records with
 its Python dispatch mode instead. ``python -m nanscope.backends.torch.native``
-builds it ahead of time.
+builds it ahead of time. :func:`native_library` is where recording and
+check_numerics ask for it (``NANSCOPE_TORCH_RECORDER`` chooses).
 """
 
 from __future__ import annotations
@@ -150,3 +151,40 @@ def _put_ninja_on_path() -> None:
 def loaded() -> ModuleType | None:
     """The extension if it has been loaded in this process (never builds it)."""
     return _loaded
+
+
+RECORDER_ENV = "NANSCOPE_TORCH_RECORDER"
+
+
+def native_library() -> ModuleType | None:
+    """The native recorder's extension, unless ``NANSCOPE_TORCH_RECORDER=python``.
+
+    ``auto`` (the default) falls back to the Python dispatch mode, with one
+    line on stderr, when the extension cannot be built; ``native`` makes
+    that an error.
+    """
+    choice = os.environ.get(RECORDER_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "native", "python"):
+        raise ValueError(f"{RECORDER_ENV}={choice!r}: use auto, native or python")
+    if choice == "python":
+        return None
+    lib = load()
+    if lib is None:
+        if choice == "native":
+            raise RuntimeError(
+                f"{RECORDER_ENV}=native, but the native recorder could not be built "
+                f"({failure()}); install a C++ compiler or set {RECORDER_ENV}=python"
+            )
+        global _told
+        if not _told:
+            _told = True
+            print(
+                f"nanscope: recording with the Python dispatch mode (slower); the native "
+                f"recorder could not be built: {failure()}",
+                file=sys.stderr,
+            )
+    return lib
+
+
+# The fallback is said once per process.
+_told = False

@@ -1,10 +1,10 @@
-"""``enable_check_numerics`` inside ``torch.compile`` graphs (the native checker's).
+"""check_numerics inside ``torch.compile`` graphs (with the native checker).
 
 Inductor's generated kernels do not go through the dispatcher, so the native
 checker never sees the ops inside a compiled graph. While checking is on,
 each graph that inductor compiles gets, for each floating-point value its
 nodes compute, three counts (-inf, +inf, NaN) appended as one extra output,
-as the recorder's summaries are (:mod:`.rewrite`); inductor fuses them into
+as the recorder's summaries are (:mod:`nanscope.backends.torch.compiled.rewrite`); inductor fuses them into
 the producing kernels. After each call of the graph the counts are looked at
 (on an accelerator, that is one copy to the host per call), and:
 
@@ -34,14 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanscope.backends.torch.check_native import NativeCheckNumericsMode
-from nanscope.backends.torch.check_numerics import (
-    _Ctx,
-    _Op,
-    _source_line,
-    _Where,
-    user_frame,
-)
+from nanscope.backends.torch.check_numerics.native import NativeCheckNumericsMode
+from nanscope.backends.torch.check_numerics.records import OpCall, OpContext, Where
+from nanscope.backends.torch.check_numerics.report import source_line, user_frame
 from nanscope.backends.torch.compiled.hook import (
     InductorHook,
     OutputItems,
@@ -137,11 +132,16 @@ class GraphChecks:
                 size = numel(v.shape)
                 plan.values.append(
                     _Value(
-                        node=n.name, op_type=name, slot=slot, module_path=_module_path(n, root),
-                        frame=frames[-1] if frames else None, size=size,
-                        dtype=str(v.dtype).replace("torch.", ""), value=value,
+                        node=n.name,
+                        op_type=name,
+                        slot=slot,
+                        module_path=_module_path(n, root),
+                        frame=frames[-1] if frames else None,
+                        size=size,
+                        dtype=str(v.dtype).replace("torch.", ""),
+                        value=value,
                     )
-                )  # fmt: skip
+                )
         if not plan.values:
             return plan
         outs = graph_outputs(output)
@@ -165,7 +165,8 @@ class GraphChecks:
             return node
 
         def count(x: torch.fx.Node, target: Any, *args: Any) -> torch.fx.Node:
-            return call(aten.view.default, call(aten.sum.default, call(target, x, *args), dtype=dt), [1])  # fmt: skip
+            total = call(aten.sum.default, call(target, x, *args), dtype=dt)
+            return call(aten.view.default, total, [1])
 
         output = next(iter(reversed(graph.nodes)))
         parts: list[torch.fx.Node] = []
@@ -221,13 +222,16 @@ class GraphChecks:
             return
         info = OpInfo(
             name=f"{birth.op_type} (node {birth.node} of {plan.graph_name})",
-            skip=False, same_elements=False, inplace=False, record_values=True,
-        )  # fmt: skip
-        where = _Where(birth.module_path, Phase.FORWARD, mode.context.step, birth.frame, None)
-        ctx = _Ctx(where, backward=False, deferring=False, stepping=tuple(mode._stepping))
+            skip=False,
+            same_elements=False,
+            inplace=False,
+            record_values=True,
+        )
+        where = Where(birth.module_path, Phase.FORWARD, mode.context.step, birth.frame, None)
+        ctx = OpContext(where, backward=False, deferring=False, stepping=tuple(mode._stepping))
         with mode.outside():
             mode._process(
-                _Op(None, info, (), None, tensors, ctx=ctx), list(range(len(tensors))), now=True
+                OpCall(None, info, (), None, tensors, ctx=ctx), list(range(len(tensors))), now=True
             )
         mode._rewatch()
 
@@ -256,29 +260,40 @@ class GraphChecks:
         if source is not None:
             lines += [
                 f"  at {source[0]}:{source[1]} in {source[2]}",
-                f"      {_source_line(source)}",
+                f"      {source_line(source)}",
             ]
         if forward is not None:
             lines += [
                 f"  backward of the node created at {forward[0]}:{forward[1]} in {forward[2]}",
-                f"      {_source_line(forward)}",
+                f"      {source_line(forward)}",
             ]
         b = plan.values[first]
         bn, bp, bnan = (int(x) for x in c[first])
         born = Birth(
-            op_type=b.op_type, module_path=b.module_path, phase=phase, step=step,
+            op_type=b.op_type,
+            module_path=b.module_path,
+            phase=phase,
+            step=step,
             counts={"neg_inf": bn, "pos_inf": bp, "nan": bnan, "size": b.size},
-            source=None if backward else b.frame, forward_source=b.frame if backward else None,
-        )  # fmt: skip
+            source=None if backward else b.frame,
+            forward_source=b.frame if backward else None,
+        )
         if first != row:
             at = f" {b.frame[0]}:{b.frame[1]}" if b.frame else ""
             lines.append(f"  born at {b.op_type} (node {b.node}){at}")
         return NonFiniteError(
-            "\n".join(lines), op_type=v.op_type, module_path=v.module_path, phase=phase,
-            step=step, counts={"neg_inf": ninf, "pos_inf": pinf, "nan": nan, "size": v.size},
-            source=source, forward_source=forward, reason=reason, birth=born,
+            "\n".join(lines),
+            op_type=v.op_type,
+            module_path=v.module_path,
+            phase=phase,
+            step=step,
+            counts={"neg_inf": ninf, "pos_inf": pinf, "nan": nan, "size": v.size},
+            source=source,
+            forward_source=forward,
+            reason=reason,
+            birth=born,
             forward_op=v.op_type if backward else "",
-        )  # fmt: skip
+        )
 
 
 def _not_checked(exc: Exception) -> None:

@@ -4,7 +4,7 @@ The checker runs every op in C++ and counts its CPU float outputs there; the
 Python side here is called only for what is rare (an output holding Inf/NaN,
 a device output, GradScaler's ops, a new op or stack, and the ops that may
 read or overwrite Inf/NaN already written). It is the Python dispatch mode's
-logic (:class:`~nanscope.backends.torch.check_numerics.CheckNumericsMode`),
+logic (:class:`~nanscope.backends.torch.check_numerics.rule.CheckNumericsMode`),
 fed by the checker instead of by ``__torch_dispatch__``, so both raise the
 same errors. The forward op of a backward op (its line and module) is looked
 up in the checker's links.
@@ -21,12 +21,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from nanscope.backends.torch.check_numerics import (
-    _UNSCALE,
-    _UPDATE_SCALE,
-    CheckNumericsMode,
-    is_user_code,
-)
+from nanscope.backends.torch.check_numerics.report import is_user_code
+from nanscope.backends.torch.check_numerics.rule import UNSCALE, UPDATE_SCALE, CheckNumericsMode
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.dispatch import on_new_threads
 from nanscope.errors import Frame
@@ -100,7 +96,7 @@ class NativeCheckNumericsMode(CheckNumericsMode):
         self._funcs.append((func, info))
         self.op_names.append(info.name)
         passes = info.skip or info.same_elements or not info.record_values
-        return len(self._funcs) - 1, passes, func is _UNSCALE or func is _UPDATE_SCALE
+        return len(self._funcs) - 1, passes, func is UNSCALE or func is UPDATE_SCALE
 
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:
         """An id for a stack (innermost frame first): its user frame, kept for errors."""
