@@ -5,35 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from nanscope.backends import detect
+from nanscope.backends import Checking, DumpSettings, Session, backend, detect
 from nanscope.format.modes import TensorDebugMode, parse_mode
-
-
-class _Session(Protocol):
-    framework: str
-
-    def flush(self) -> object: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class _Settings:
-    logdir: str
-    mode: TensorDebugMode
-    circular_buffer_size: int
-    op_regex: str | None
-    tensor_dtypes: Any
-    framework: str
 
 
 class DebugSession:
     """The handle returned by :func:`enable_dump_debug_info`; also a context manager."""
 
-    def __init__(self, settings: _Settings, session: _Session) -> None:
+    def __init__(self, settings: DumpSettings, session: Session) -> None:
         self._settings = settings
         self._session = session
 
@@ -124,7 +105,7 @@ def enable_dump_debug_info(
     the thread that runs the training loop.
     """
     global _active
-    settings = _Settings(
+    settings = DumpSettings(
         logdir=os.fspath(logdir),
         mode=parse_mode(tensor_debug_mode),  # the one parse; the enum goes on from here
         circular_buffer_size=int(circular_buffer_size),
@@ -140,41 +121,9 @@ def enable_dump_debug_info(
                 f"nanscope is already dumping to {_active.logdir} with other settings; "
                 "call nanscope.disable_dump_debug_info() first"
             )
-        session = _start(settings, options)
+        session = backend(settings.framework).start_dump(settings, options)
         _active = DebugSession(settings, session)
         return _active
-
-
-def _start(settings: _Settings, options: dict[str, Any]) -> _Session:
-    if settings.framework == "torch":
-        from nanscope.backends.torch.session import TorchDumpSession
-
-        return TorchDumpSession(
-            logdir=settings.logdir,
-            mode=settings.mode,
-            circular_buffer_size=settings.circular_buffer_size,
-            op_regex=settings.op_regex,
-            tensor_dtypes=settings.tensor_dtypes,
-            **options,
-        )
-    if settings.framework == "tensorflow":
-        from nanscope.backends.tensorflow import TensorFlowDumpSession
-
-        return TensorFlowDumpSession(settings, options)
-    if settings.framework == "jax":
-        from nanscope.backends.jax.session import JaxDumpSession
-
-        return JaxDumpSession(
-            logdir=settings.logdir,
-            mode=settings.mode,
-            circular_buffer_size=settings.circular_buffer_size,
-            op_regex=settings.op_regex,
-            tensor_dtypes=settings.tensor_dtypes,
-            **options,
-        )
-    raise NotImplementedError(
-        f"dumping {settings.framework} programs is not supported yet; PyTorch and TensorFlow are"
-    )
 
 
 def disable_dump_debug_info() -> None:
@@ -184,7 +133,7 @@ def disable_dump_debug_info() -> None:
         session.close()
 
 
-_checking: _Session | None = None
+_checking: Checking | None = None
 
 
 def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> None:
@@ -208,21 +157,7 @@ def enable_check_numerics(*, framework: str = "auto", sync_every: int = 64) -> N
     with _lock:
         if _checking is not None:
             return
-        name = detect(framework)
-        if name == "torch":
-            from nanscope.backends.torch.check_numerics import TorchCheckNumerics
-
-            _checking = TorchCheckNumerics(sync_every)
-        elif name == "tensorflow":
-            from nanscope.backends.tensorflow import TensorFlowCheckNumerics
-
-            _checking = TensorFlowCheckNumerics()
-        elif name == "jax":
-            from nanscope.backends.jax.check_numerics import JaxCheckNumerics
-
-            _checking = JaxCheckNumerics()
-        else:
-            raise NotImplementedError(f"check_numerics for {name} is not supported yet")
+        _checking = backend(framework).start_checking(sync_every)
 
 
 def disable_check_numerics() -> None:

@@ -6,14 +6,29 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # check_numerics for TensorFlow lives in its own module; imported here, where it was.
 from nanscope.backends.tf_check_numerics import TensorFlowCheckNumerics
 from nanscope.events import _lifecycle as lifecycle
 from nanscope.format import files
 
-__all__ = ["TensorFlowCheckNumerics", "TensorFlowDumpSession"]
+if TYPE_CHECKING:
+    from nanscope.backends import DumpSettings
+
+__all__ = ["TensorFlowCheckNumerics", "TensorFlowDumpSession", "start_checking", "start_dump"]
+
+
+def start_dump(settings: DumpSettings, options: dict[str, Any]) -> TensorFlowDumpSession:
+    """TensorFlow's own dumping into ``settings.logdir`` (the backend's entry point,
+    :class:`nanscope.backends.Entry`)."""
+    return TensorFlowDumpSession(settings, options)
+
+
+def start_checking(sync_every: int) -> TensorFlowCheckNumerics:
+    """check_numerics through an op callback (``sync_every`` is PyTorch's: every op is
+    looked at)."""
+    return TensorFlowCheckNumerics()
 
 
 class TensorFlowDumpSession:

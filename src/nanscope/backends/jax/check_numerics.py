@@ -1,8 +1,8 @@
 """``enable_check_numerics`` for JAX: raise at the first harmful Inf/NaN, naming the equation.
 
-Each compiled program runs instrumented (:mod:`.instrument`) with three counts
+Each compiled program runs instrumented (:mod:`.rewrite`) with three counts
 per floating-point guard (-inf, +inf, and the finite ones: NaN is the rest;
-the guards are the values no Inf/NaN gets past unseen, :mod:`.programs`),
+the guards are the values no Inf/NaN gets past unseen, :mod:`.guards`),
 computed inside the program and fused by XLA. After each run the counts come
 to the host (one small copy per run, none per equation); when they say the run
 would raise, it is run again counting every value, and:
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from nanscope.backends.jax import intercept
-from nanscope.backends.jax.instrument import GraphPlan, Selection
-from nanscope.backends.jax.programs import Call, Programs
+from nanscope.backends.jax.calls import Call, Programs
+from nanscope.backends.jax.plan import GraphPlan, Selection
 from nanscope.errors import Birth, NonFiniteError
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.tensors import dtype_name

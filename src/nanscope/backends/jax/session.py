@@ -2,7 +2,7 @@
 
 A jitted function's run is an ``Execution`` of its graph (``graph_id`` set)
 and one ``GraphExecutionTrace`` per summarised value, from the counts that
-the instrumented program computed (:mod:`.instrument`); an eagerly applied
+the instrumented program computed (:mod:`.rewrite`); an eagerly applied
 primitive's run is an ``Execution`` of that primitive with the summaries of
 its inputs and outputs. The counts stay a device array until the writer's
 thread copies them to the host; the training thread looks at a guarded call's
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from nanscope.backends.jax import intercept
-from nanscope.backends.jax.instrument import GraphPlan, Selection
-from nanscope.backends.jax.programs import Call, Programs
+from nanscope.backends.jax.calls import Call, Programs
+from nanscope.backends.jax.plan import GraphPlan, Selection
 from nanscope.events import DumpWriter, ExecutionEvent, Graph, GraphOp, Phase
 from nanscope.format.modes import TensorDebugMode
 

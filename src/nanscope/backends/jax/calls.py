@@ -1,11 +1,12 @@
-"""Running instrumented programs: one :class:`~.instrument.GraphPlan` per closed jaxpr.
+"""Call time: instrumented programs run, one :class:`~.plan.GraphPlan` per closed jaxpr (made
+by :mod:`.rewrite`).
 
 Shared by dumping (:mod:`.session`) and checking (:mod:`.check_numerics`):
 both run the instrumented program in place of the original, take its extra
 outputs off (the user's code never sees them) and look at them.
 
 Guarded plans (the health modes, every value selected) count only the guards at
-each call (:class:`~.instrument._Flow`): nothing in the program was non-finite
+each call (:class:`~.guards.Flow`): nothing in the program was non-finite
 exactly when no guard was. A call whose guards were is *replayed*: the same
 arguments go through the plan that counts every value (compiled then, once),
 whose counts stand for the call's. So a guarded program keeps its arguments
@@ -24,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.backends.jax.instrument import GraphPlan, Selection, instrument
+from nanscope.backends.jax.plan import GraphPlan, Selection
+from nanscope.backends.jax.rewrite import instrument
 from nanscope.format.modes import TensorDebugMode
 
 

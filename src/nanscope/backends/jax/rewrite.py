@@ -1,6 +1,6 @@
 """Compile time: a jitted function's closed jaxpr, described as graphs and rewritten to summarise.
 
-A :class:`GraphPlan` is made once per closed jaxpr (JAX keeps one per function
+A :class:`~.plan.GraphPlan` is made once per closed jaxpr (JAX keeps one per function
 and argument signature). :func:`instrument` walks the jaxpr equation by
 equation, as an interpreter traced by ``jax.make_jaxpr``, and so builds a new
 closed jaxpr that computes the same outputs plus one more: the counts of every
@@ -33,23 +33,28 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from nanscope.format.counts import static_columns, summary_matrix
-from nanscope.format.modes import HEALTH_MODES, SHAPE_SLOTS, TensorDebugMode
-from nanscope.format.tensors import DTYPE_NAMES
+from nanscope.backends.jax.guards import Flow, passes_through
+from nanscope.backends.jax.plan import (
+    COUNTS_PER_VALUE,
+    GraphInfo,
+    GraphPlan,
+    OpInfo,
+    Pending,
+    Row,
+    Selection,
+    block_rows,
+    dtype_enum,
+    nonfinite_rows,
+    numel,
+)
+from nanscope.format.modes import TensorDebugMode
 
 _graph_ids = itertools.count(1)
 
-# Counts per summarised value in the int32 vector, by mode (see nanscope.format.counts).
-COUNTS_PER_VALUE = {
-    TensorDebugMode.CURT_HEALTH: 1,
-    TensorDebugMode.CONCISE_HEALTH: 3,
-    TensorDebugMode.FULL_HEALTH: 5,
-}
 # Primitives whose sub-jaxpr is evaluated in place (its equations recorded in a graph of its own).
 _CALLS = {
     "jit": "jaxpr",
@@ -64,163 +69,6 @@ _CALLS = {
     "custom_vjp_call_jaxpr": "fun_jaxpr",
     "custom_lin": None,
 }
-
-
-@dataclass
-class OpInfo:
-    """One equation (or argument) as a ``GraphOpCreation``: what the writer needs."""
-
-    graph_id: str
-    op_type: str
-    op_name: str
-    input_names: list[str]
-    num_outputs: int
-    frames: list[tuple[str, int, str]]  # outermost first
-    module_path: str
-    backward: bool
-
-
-@dataclass
-class GraphInfo:
-    graph_id: str
-    name: str
-    outer_graph_id: str
-
-
-@dataclass
-class Row:
-    """One summarised value: a row of each call's summaries."""
-
-    graph_id: str
-    op_name: str
-    slot: int
-    dtype: int
-    shape: tuple[int, ...]
-
-
-@dataclass
-class GraphPlan:
-    """What one jitted function records at each call."""
-
-    graph_id: str
-    name: str
-    mode: TensorDebugMode
-    closed: Any  # the instrumented ClosedJaxpr
-    n_extra: int  # extra outputs of the instrumented program (after the original ones)
-    graphs: list[GraphInfo] = field(default_factory=list)
-    ops: list[OpInfo] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
-    output_rows: list[int] = field(default_factory=list)  # per original output: row or -1
-    input_rows: list[int] = field(default_factory=list)  # per argument: row or -1
-    backward: bool = False  # it holds backward equations (a training step's gradients)
-    op_names: list[str] = field(default_factory=list)
-    graph_ids: list[str] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    written: bool = False
-    # Argument signature -> (executable, its constant arguments): see programs.Programs.run.
-    executables: dict[Any, Any] = field(default_factory=dict)
-    primitive: bool = False  # one eagerly applied primitive, not a jitted function
-    op_by_name: dict[str, OpInfo] = field(default_factory=dict)
-    row_of: dict[tuple[str, int], int] = field(default_factory=dict)  # (op, slot) -> row
-    # Guarded (see _Flow): the rows the program counts at every call, in order (None: all).
-    kept: np.ndarray | None = None
-    full: GraphPlan | None = None  # guarded: the plan counting every row, made on first replay
-    source: Any = None  # guarded: a weak reference to the closed jaxpr, to make ``full``
-    selection: Selection | None = None
-    counted: np.ndarray | None = None  # guarded: per row, whether ``kept`` holds it
-    # Guarded: the kept rows where a result's Inf/NaN shows (the results are not all counted).
-    covering: np.ndarray | None = None
-    patterns: set[bytes] = field(default_factory=set)  # guarded: non-finite rows replayed
-
-    def finish(self) -> None:
-        self.op_by_name = {op.op_name: op for op in self.ops}
-        self.row_of = {(r.op_name, r.slot): i for i, r in enumerate(self.rows)}
-        self.op_names = [r.op_name for r in self.rows]
-        self.graph_ids = [r.graph_id for r in self.rows]
-        self.slots = [r.slot for r in self.rows]
-        self.static = static_columns(
-            self.mode, [r.dtype for r in self.rows], [r.shape for r in self.rows], SHAPE_SLOTS
-        )
-        self.sizes = np.array([_numel(r.shape) for r in self.rows], dtype=np.float64)
-
-    def matrix(self, counts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """One call's ``[rows, width]`` summaries, and each row's loop iteration (+1; 0: none).
-
-        A guarded plan's rows that were not counted hold zeros (they are not written).
-        """
-        if self.mode == TensorDebugMode.SHAPE or counts is None:
-            return self.static, None
-        k = COUNTS_PER_VALUE[self.mode]
-        c = self._rows_of(counts)  # the counts, then the iteration column
-        rows = self.kept if self.kept is not None else slice(None)
-        m = summary_matrix(self.mode, c[:, :k], self.static[rows], self.sizes[rows])
-        # A branch (or loop) that did not run left -1: an empty summary, not a value.
-        skipped = c[:, 0] < 0
-        if skipped.any():
-            m[skipped, 1:] = 0
-            m[skipped, 0] = -1
-        iterations = np.maximum(c[:, k], 0)
-        if self.kept is not None:
-            n = len(self.rows)
-            m, iterations = _spread(m, self.kept, n), _spread(iterations, self.kept, n)
-        return m, iterations if iterations.any() else None
-
-    def nonfinite(self, counts: np.ndarray) -> np.ndarray:
-        """Per row of a call's counts (as the program returned them: a guarded plan's kept
-        rows only), whether it held -inf, +inf, NaN (CURT_HEALTH: any, in the first)."""
-        sizes = self.sizes[self.kept] if self.kept is not None else self.sizes
-        return np.stack(_nonfinite(self.mode, self._rows_of(counts), sizes), axis=1)
-
-    @property
-    def flagged(self) -> bool:
-        """Whether the counts end with one more element, how many kept rows held Inf/NaN
-        (a guarded plan's: computed in the program, the host's look at a healthy call is
-        one element)."""
-        return self.kept is not None
-
-    def troubled(self, counts: np.ndarray) -> bool:
-        """Whether any row of a call's counts held Inf/NaN. A guarded plan's program says
-        so in its last element: right after a step, whose run has evicted the host's
-        caches, this look costs a few microseconds where :meth:`nonfinite` took 0.2 ms."""
-        if self.flagged:
-            return bool(counts[-1])
-        return bool(self.nonfinite(counts).any())
-
-    def _rows_of(self, counts: np.ndarray) -> np.ndarray:
-        k = COUNTS_PER_VALUE[self.mode]
-        return (counts[:-1] if self.flagged else counts).reshape(-1, k + 1)
-
-
-class Selection:
-    """Which values get summaries: ``op_regex`` on the op type, ``tensor_dtypes`` on the dtype."""
-
-    def __init__(self, op_regex: re.Pattern[str] | None, dtypes: Callable[[Any], bool] | None):
-        self.op_regex = op_regex
-        self.dtypes = dtypes
-
-    def wants(self, op_type: str, dtype: Any, mode: TensorDebugMode) -> bool:
-        import jax.numpy as jnp
-
-        if self.op_regex is not None and not self.op_regex.match(op_type):
-            return False
-        if self.dtypes is not None:
-            return bool(self.dtypes(dtype))
-        if mode in HEALTH_MODES:
-            return bool(jnp.issubdtype(dtype, jnp.floating))
-        return True
-
-
-def dtype_enum(dtype: Any) -> int:
-    return int(DTYPE_NAMES.get(np.dtype(dtype).name, 0))
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _frames(traceback: Any) -> list[tuple[str, int, str]]:
@@ -262,7 +110,7 @@ class _Level:
         self.name_stack = name_stack
         self.frames = frames  # the calling equation's: for equations with no traceback
         self.names: dict[Any, str] = {}  # Var -> "op:slot"
-        # In row order: a value to count (_Pending) or the counts of a loop's or branch's rows.
+        # In row order: a value to count (Pending) or the counts of a loop's or branch's rows.
         self.counts: list[Any] = []
         self.rows: list[Row] = []
         self.values: list[Any] = []  # FULL_TENSOR: the values themselves
@@ -282,7 +130,7 @@ class _Build:
         self.mode = mode
         self.selection = selection
         self.guards = guards
-        self.flow = _Flow()
+        self.flow = Flow()
         self.ops: list[OpInfo] = []
         self.backward = False
         self.describing = True  # False while a loop body is traced again (described once)
@@ -305,7 +153,7 @@ class _Build:
         if mode in COUNTS_PER_VALUE:
             if not jnp.issubdtype(dtype, jnp.inexact) or jnp.issubdtype(dtype, jnp.complexfloating):
                 return
-            level.counts.append(_Pending(value))
+            level.counts.append(Pending(value))
         elif mode == TensorDebugMode.FULL_TENSOR:
             level.values.append(value)
         level.rows.append(Row(level.graph_id, op_name, slot, dtype_enum(dtype), shape))
@@ -393,8 +241,16 @@ class _Build:
                 inputs.append(f"{name}:0")
             else:
                 inputs.append(level.names.get(v, ""))
-        op = OpInfo(level.graph_id, prim, op_name, [n for n in inputs if n], len(eqn.outvars),
-                    frames, "/".join(scopes), backward)  # fmt: skip
+        op = OpInfo(
+            level.graph_id,
+            prim,
+            op_name,
+            [n for n in inputs if n],
+            len(eqn.outvars),
+            frames,
+            "/".join(scopes),
+            backward,
+        )
         self.add_op(op)
         self.loop_outputs = []
         inner = _sub_jaxpr(eqn)
@@ -429,7 +285,7 @@ class _Build:
             # it at compile time, and would fold its summary too, slowly. Not summarised.
             level.constants.update(eqn.outvars)
             summarise_outputs = False
-        elif summarise_outputs and _passes_through(eqn) and op.input_names:
+        elif summarise_outputs and passes_through(eqn) and op.input_names:
             # Same values in another shape: consumers are shown the producer's summary.
             level.names[eqn.outvars[0]] = op.input_names[0]
             return outs
@@ -645,7 +501,7 @@ class _Build:
 
 
 def _sizes(body: _Level) -> np.ndarray:
-    return np.array([_numel(r.shape) for r in body.rows], dtype=np.int64)
+    return np.array([numel(r.shape) for r in body.rows], dtype=np.int64)
 
 
 def _with_iteration(block: Any, index: Any, mode: TensorDebugMode) -> Any:
@@ -670,39 +526,13 @@ def _first_bad(
     import jax.numpy as jnp
 
     c = counts.reshape(-1, COUNTS_PER_VALUE[mode] + 1)
-    ninf, pinf, nan = _nonfinite(mode, c, jnp.asarray(sizes, jnp.int32))
+    ninf, pinf, nan = nonfinite_rows(mode, c, jnp.asarray(sizes, jnp.int32))
     now = (first < 0) & jnp.any(ninf | pinf | nan)
     return jnp.where(now, it, first), jnp.where(now, counts, at_first)
 
 
-def _nonfinite(mode: TensorDebugMode, c: Any, sizes: Any) -> tuple[Any, Any, Any]:
-    """Per row of counts ``c`` (``[rows, k + 1]``, NumPy or traced): whether it held -inf,
-    +inf, NaN; CURT_HEALTH counts only "any", given in the first. A row of -1 (a branch or
-    loop that did not run) holds none."""
-    ran = c[:, 0] >= 0
-    if mode == TensorDebugMode.CURT_HEALTH:
-        some = c[:, 0] > 0
-        return some, some & ~ran, some & ~ran
-    # Counted: CONCISE_HEALTH [-inf, +inf, finite]; FULL_HEALTH [-inf, +inf, <0, ==0, >0],
-    # the infinities inside <0 and >0. NaN is what the counts leave of the size.
-    if mode == TensorDebugMode.CONCISE_HEALTH:
-        accounted = c[:, 0] + c[:, 1] + c[:, 2]
-    else:
-        accounted = c[:, 2] + c[:, 3] + c[:, 4]
-    return ran & (c[:, 0] > 0), ran & (c[:, 1] > 0), ran & (accounted < sizes)
-
-
 # Values counted together in one reduction at most.
 GROUP_LIMIT = int(os.environ.get("NANSCOPE_JAX_GROUP", "8"))
-
-
-class _Pending:
-    """A value whose counts are still to be computed (with the others of its shape)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
@@ -724,14 +554,14 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
     scalars: dict[Any, list[int]] = {}
     sizes: list[int] = []
     for i, e in enumerate(entries):
-        if isinstance(e, _Pending):
+        if isinstance(e, Pending):
             if np.ndim(e.value) == 0:
                 scalars.setdefault(np.dtype(_dtype(e.value)), []).append(i)
             else:
                 groups.setdefault(tuple(np.shape(e.value)), []).append(i)
             sizes.append(1)
         else:
-            sizes.append(_block_rows(e, mode))
+            sizes.append(block_rows(e, mode))
     sums: list[Any] = []  # k scalars per value of the large groups
     counted: list[Any] = []  # [values, k] counts of the scalars
     row_of: dict[int, int] = {}  # pending entry -> its row among the pending ones' counts
@@ -759,7 +589,7 @@ def _gather(entries: Sequence[Any], mode: TensorDebugMode) -> Any:
         first_row.update(row_of)
     n = len(row_of)
     for i, e in enumerate(entries):
-        if not isinstance(e, _Pending):
+        if not isinstance(e, Pending):
             parts.append(e.reshape(-1, k + 1))
             first_row[i] = n
             n += sizes[i]
@@ -807,33 +637,6 @@ def _dtype(x: Any) -> Any:
     return aval.dtype if aval is not None else x.dtype
 
 
-# Ops that move or copy values without changing them: they cannot make Inf/NaN, and
-# what they return has the counts of what they were given (times the repeats of a
-# broadcast). Their outputs are not summarised again (each would cost a pass over memory).
-_SAME_VALUES = frozenset(
-    {"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "copy_p", "rev"}
-)
-
-
-def _passes_through(eqn: Any) -> bool:
-    import jax.numpy as jnp
-    import ml_dtypes
-
-    name = eqn.primitive.name
-    if name in _SAME_VALUES:
-        return len(eqn.invars) == 1 or name == "broadcast_in_dim"
-    if name == "convert_element_type":
-        # A widening float cast keeps every value; a narrowing one may overflow (an origin).
-        src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
-        return bool(
-            jnp.issubdtype(src, jnp.floating)
-            and jnp.issubdtype(dst, jnp.floating)
-            and ml_dtypes.finfo(dst).max >= ml_dtypes.finfo(src).max
-            and ml_dtypes.finfo(dst).bits >= ml_dtypes.finfo(src).bits
-        )
-    return False
-
-
 def _sub_jaxpr(eqn: Any) -> Any:
     name = eqn.primitive.name
     if name not in _CALLS:
@@ -863,7 +666,7 @@ def instrument(
 ) -> GraphPlan:
     """The plan for one jitted function's closed jaxpr (see the module's docstring).
 
-    ``guards``: count only the guards (:class:`_Flow`) at each call; the plan's rows are
+    ``guards``: count only the guards (:class:`Flow`) at each call; the plan's rows are
     still every value's, ``kept`` says which the program counts. ``graph_id``: the
     graph's (a guarded plan's, for the plan that replays its calls).
     """
@@ -884,7 +687,7 @@ def instrument(
             return (*outs, *top.values)
         entries = top.counts
         if build.guards:
-            entries = build.flow.guards(top, outs, args)
+            entries = build.flow.guards(top.counts, mode, outs, args)
         if entries:
             extra.append(1)
             counts = _gather(entries, mode)
@@ -921,10 +724,10 @@ def _with_flag(counts: Any, top: _Level, kept: np.ndarray, mode: TensorDebugMode
     import jax.numpy as jnp
 
     c = counts.reshape(-1, COUNTS_PER_VALUE[mode] + 1)
-    sizes = np.array([_numel(top.rows[i].shape) for i in kept], dtype=np.int32)
+    sizes = np.array([numel(top.rows[i].shape) for i in kept], dtype=np.int32)
     if c.shape[0] != len(sizes):
         raise AssertionError(f"{c.shape[0]} rows of counts for {len(sizes)} guards")
-    ninf, pinf, nan = _nonfinite(mode, c, jnp.asarray(sizes))
+    ninf, pinf, nan = nonfinite_rows(mode, c, jnp.asarray(sizes))
     flag = jnp.sum((ninf | pinf | nan).astype(jnp.int32), keepdims=True)
     return jnp.concatenate([counts, flag])
 
@@ -937,172 +740,3 @@ def _output_row(var: Any, top: _Level, row_of: dict[tuple[str, int], int]) -> in
         return -1
     op, _, slot = producer.rpartition(":")
     return row_of.get((op, int(slot)), -1)
-
-
-def _spread(part: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
-    """``part``'s rows placed at ``rows`` of an ``n``-row array of zeros."""
-    out = np.zeros((n, *part.shape[1:]), dtype=part.dtype)
-    out[rows] = part
-    return out
-
-
-# Primitives whose output holds an Inf/NaN wherever one of these operands (their positions;
-# None: every operand) holds one: through them a non-finite value cannot vanish. Every
-# other primitive may hide one (select_n, max, exp(-inf), x / inf, a slice, a comparison,
-# a cast to an integer, a loop...), or is not known to keep it.
-_PROPAGATE: dict[str, tuple[int, ...] | None] = {
-    **dict.fromkeys(_SAME_VALUES, None),
-    **dict.fromkeys(
-        [
-            "add",
-            "add_any",
-            "sub",
-            "mul",
-            "neg",
-            "abs",
-            "sqrt",
-            "cbrt",
-            "log",
-            "log1p",
-            "square",
-            "integer_pow",
-            "sin",
-            "cos",
-            "tan",
-            "sinh",
-            "cosh",
-            "asinh",
-            "round",
-            "floor",
-            "ceil",
-            "reduce_precision",
-            "dot_general",
-            "reduce_sum",
-            "reduce_prod",
-            "cumsum",
-            "cumprod",
-            "concatenate",
-            "optimization_barrier",
-            "convert_element_type",
-        ],
-        None,
-    ),
-    "div": (0,),  # x / inf is 0: the divisor is a guard
-    "pad": (0,),  # the padding value may not be used
-}
-
-
-class _Value:
-    """What :class:`_Flow` knows of one traced value."""
-
-    __slots__ = ("consumers", "propagates", "root", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value  # kept alive, so that ids stay unique
-        self.propagates = False  # some use keeps its non-finite elements (_PROPAGATE)
-        self.root = id(value)  # whose row holds its summary (a reshape's: its producer's)
-        self.consumers: list[_Value] = []  # the results of those uses
-
-
-class _Flow:
-    """Where each value of a program goes: which values must be counted so that no Inf/NaN
-    anywhere in the program goes unseen (the guards).
-
-    A value with at least one use through which an Inf/NaN always comes out
-    (:data:`_PROPAGATE`) need not be counted: a non-finite element in it makes one in
-    the value that use computes, and so on, until a value that is counted (the chain
-    ends: a program has finitely many values). Its other uses, even ones that may hide
-    a non-finite element (``select_n``, ``max``, a divisor), change nothing. The guards
-    are therefore the values with no such use: those that go only into operations that
-    may hide (``exp``, a divisor, a slice, a comparison, a loop...), and those nothing
-    uses (a program's results that nothing else uses, among them). Nothing in the
-    program is non-finite exactly when no guard is. A result used inside the program
-    too is seen through what is computed from it (an optimizer's moments through the
-    updated parameters and the update's divisor), so its summary is written only when
-    the call is replayed. On the MLP training step this leaves a ninth of the elements
-    to count (the rest are fused by XLA into the guards' computations).
-    """
-
-    def __init__(self) -> None:
-        self.seen: dict[int, _Value] = {}  # by id(value)
-        self.kept: np.ndarray = np.zeros(0, dtype=np.int64)
-        # Per kept row: whether a result's Inf/NaN shows there first (it is a result or a
-        # chain of uses leads to it from a result not counted itself).
-        self.covering: np.ndarray = np.zeros(0, dtype=bool)
-
-    def _value(self, value: Any) -> _Value:
-        v = self.seen.get(id(value))
-        if v is None:
-            v = self.seen[id(value)] = _Value(value)
-        return v
-
-    def use(self, eqn: Any, invals: Sequence[Any], outs: Sequence[Any]) -> None:
-        """Record an equation's uses of its operands (traced values)."""
-        from jax._src import core
-
-        prim = eqn.primitive.name
-        positions = _PROPAGATE.get(prim, ())
-        if prim == "convert_element_type" and not _floating(eqn.outvars[0]):
-            positions = ()  # to an integer or a bool: hidden
-        elif prim == "integer_pow" and eqn.params.get("y") == 0:
-            positions = ()
-        elif prim == "pad" and any(lo < 0 or hi < 0 for lo, hi, _ in eqn.params["padding_config"]):
-            positions = ()  # negative padding slices
-        results = [self._value(o) for o in outs]
-        for i, (var, x) in enumerate(zip(eqn.invars, invals, strict=True)):
-            if isinstance(var, core.Literal) or (positions is not None and i not in positions):
-                continue
-            v = self._value(x)
-            v.propagates = True
-            v.consumers.extend(results)
-        if _passes_through(eqn) and outs and invals:
-            # The output is not counted itself: if it must be, its producer's value is.
-            results[0].root = self._value(invals[0]).root
-
-    def guards(self, top: _Level, outs: Sequence[Any], args: Sequence[Any] = ()) -> list[Any]:
-        """The entries of ``top.counts`` to count (a loop's block always); sets ``kept``
-        and ``covering`` (``args``: the program's arguments; one it returns as it was, like
-        a mask in a module's state, is no result it computed)."""
-        must = {v.root for v in self.seen.values() if not v.propagates}
-        computed = [o for o in outs if not any(o is a for a in args)]
-        covering = self._covering([self._value(o) for o in computed], must)
-        kept: list[int] = []
-        covers: list[bool] = []
-        entries: list[Any] = []
-        row = 0
-        for c in top.counts:
-            n = 1 if isinstance(c, _Pending) else _block_rows(c, top.build.mode)
-            if not isinstance(c, _Pending) or id(c.value) in must or id(c.value) not in self.seen:
-                entries.append(c)
-                kept.extend(range(row, row + n))
-                covers.extend([isinstance(c, _Pending) and id(c.value) in covering] * n)
-            row += n
-        self.kept = np.asarray(kept, dtype=np.int64)
-        self.covering = np.asarray(covers, dtype=bool)
-        return entries
-
-    @staticmethod
-    def _covering(results: list[_Value], must: set[int]) -> set[int]:
-        """The counted values (ids) where a non-finite element of a result shows first."""
-        found: set[int] = set()
-        todo, visited = list(results), set()
-        while todo:
-            v = todo.pop()
-            if id(v) in visited:
-                continue
-            visited.add(id(v))
-            if v.root in must:
-                found.add(v.root)
-            else:
-                todo.extend(v.consumers)
-        return found
-
-
-def _block_rows(block: Any, mode: TensorDebugMode) -> int:
-    return int(np.shape(block)[0]) // (COUNTS_PER_VALUE[mode] + 1)
-
-
-def _floating(var: Any) -> bool:
-    import jax.numpy as jnp
-
-    return bool(jnp.issubdtype(var.aval.dtype, jnp.floating))
