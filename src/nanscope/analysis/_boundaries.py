@@ -39,25 +39,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.analysis._dataflow import nearest_trace
-from nanscope.analysis._lineages import (
-    BACKWARD,
+from nanscope.analysis._lineage import (
     DECODE_LIMIT,
-    FORWARD,
+    END,
+    GRADIENTS,
     GRAPH_OUTPUT,
-    OPTIMIZER,
+    LATER_STEP,
     Lineage,
-    _absorbs,
-    _kinds,
-    _passed_on,
-    _verdict,
+    absorbs,
+    nonfinite_kinds,
+    passed_on,
+    reaches_backward,
+    verdict_of,
 )
 from nanscope.analysis._tf_graphs import input_trace
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution, GraphInfo
-
-LATER_STEP = "a later step (kept in a parameter or an optimizer state)"
-GRADIENTS = "the loss and the gradients"
-END = "the end of the recording, still non-finite"
+from nanscope.vocabulary import NonFinite, Phase
 
 
 def is_jax(reader: DumpReader, process: int) -> bool:
@@ -97,7 +95,7 @@ class _Joint:
         self._backward: dict[tuple[str, str], bool] = {}
         # (graph id, output slot) -> what it held at the last call that summarised it, and
         # which argument it returned as it was (-1: a value computed in the call).
-        self.held: dict[tuple[str, int], set[str]] = {}
+        self.held: dict[tuple[str, int], set[NonFinite]] = {}
         self.returns: dict[tuple[str, int], int] = {}
 
     # -- graphs ------------------------------------------------------------------------------
@@ -139,15 +137,25 @@ class _Joint:
 
     # -- lineages ----------------------------------------------------------------------------
 
-    def new(self, kind: str, index: int, step: int, phase: int, wall: float,
-            signature: tuple[object, ...], entered: bool, after_gap: bool) -> int:  # fmt: skip
+    def new(
+        self,
+        kind: str,
+        index: int,
+        step: int,
+        phase: int,
+        wall: float,
+        signature: tuple[object, ...],
+        entered: bool,
+        after_gap: bool,
+    ) -> int:
         self.lineages.append(
             Lineage(kind, self.process, index, step, phase, wall, signature, entered, after_gap)
         )
         return len(self.lineages) - 1
 
-    def note(self, li: int, kind: str, index: int, out: set[str], step: int,
-             backward: bool) -> None:  # fmt: skip
+    def note(
+        self, li: int, kind: str, index: int, out: set[NonFinite], step: int, backward: bool
+    ) -> None:
         """Event ``index`` holds lineage ``li``'s values (of the kinds in ``out``)."""
         lin = self.lineages[li]
         if kind == lin.kind:
@@ -155,7 +163,7 @@ class _Joint:
         else:
             lin.carries |= out
         self.last[li] = (kind, index)
-        if backward and lin.birth_phase not in (BACKWARD, OPTIMIZER):
+        if backward and reaches_backward(lin):
             lin.reach(GRADIENTS)
 
     def absorb(self, li: int, kind: str, index: int) -> None:
@@ -227,7 +235,7 @@ def joint_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage], boo
             if complete and made > last_x and after:
                 j.lineages[li].reach(END)
     for lin in j.lineages:
-        lin.verdict = _verdict(lin)
+        lin.verdict = verdict_of(lin)
     return j.lineages, complete
 
 
@@ -278,7 +286,7 @@ def _trace(j: _Joint, i: int, runs: list[_Run], run_of: np.ndarray, gaps: list[i
     run = runs[k] if k >= 0 else None
     graph = j.graph(tr.graph_id)
     op = graph.ops.get(tr.op_name) if graph else None
-    out = _kinds(tr.health)
+    out = nonfinite_kinds(tr.health)
     contributors: set[int] = set()
     untraced = False  # an input computed in this call has no trace in it (a guarded call)
     entered = False
@@ -320,17 +328,27 @@ def _trace(j: _Joint, i: int, runs: list[_Run], run_of: np.ndarray, gaps: list[i
                 contributors |= j.bad.get(t, set())
         contributors |= run.inside
     backward = bool(graph and j.backward(graph, tr.op_name))
-    kinds: dict[int, set[str]] = {}
+    kinds: dict[int, set[NonFinite]] = {}
     if contributors:
-        passed = _passed_on(contributors, out, j.lineages)
+        passed = passed_on(contributors, out, j.lineages)
         kinds = {li: _explained(j, li, contributors, out) for li in passed}
         for li in contributors - passed:
             j.absorb(li, TRACES, i)
     else:
         after_gap = entered and any(g < i for g in gaps)
-        phase = BACKWARD if backward else FORWARD
-        passed = {j.new(TRACES, i, tr.step, phase, tr.wall_time,
-                        (tr.graph_id, tr.op_name), entered, after_gap)}  # fmt: skip
+        phase = Phase.BACKWARD if backward else Phase.FORWARD
+        passed = {
+            j.new(
+                TRACES,
+                i,
+                tr.step,
+                phase,
+                tr.wall_time,
+                (tr.graph_id, tr.op_name),
+                entered,
+                after_gap,
+            )
+        }
     j.member_of[i] = passed
     for li in passed:
         j.note(li, TRACES, i, kinds.get(li, out), tr.step, backward)
@@ -390,7 +408,7 @@ def _execution(j: _Joint, e: int, run: _Run | None, gaps: list[int]) -> None:
         _call(j, ex, run, read, contributors, training)
         return
     if not ex.health.any_nonfinite:
-        if _absorbs(ex):
+        if absorbs(ex):
             for t in read:
                 j.unread.pop(t, None)
             for li in contributors:
@@ -399,22 +417,35 @@ def _execution(j: _Joint, e: int, run: _Run | None, gaps: list[int]) -> None:
         return
     for t in read:
         j.unread.pop(t, None)
-    out = _kinds(ex.health)
+    out = nonfinite_kinds(ex.health)
     group = contributors
     if contributors:
-        passed = _passed_on(contributors, out, j.lineages)
+        passed = passed_on(contributors, out, j.lineages)
         for li in contributors - passed:
             j.absorb(li, EXECUTIONS, e)
     else:
-        came_in = any(_kinds(h) for h in ex.input_health)
+        came_in = any(nonfinite_kinds(h) for h in ex.input_health)
         after_gap = came_in and any(g < e for g in gaps)
-        passed = {j.new(EXECUTIONS, e, ex.step, ex.phase, ex.wall_time,
-                        (ex.op_type, ex.stack_frame_ids, ex.module_path), came_in, after_gap)}  # fmt: skip
-    _returned(j, ex, group or passed, training, lambda slot, h: passed if _kinds(h) else set())
+        passed = {
+            j.new(
+                EXECUTIONS,
+                e,
+                ex.step,
+                ex.phase,
+                ex.wall_time,
+                (ex.op_type, ex.stack_frame_ids, ex.module_path),
+                came_in,
+                after_gap,
+            )
+        }
+    _returned(
+        j, ex, group or passed, training, lambda slot, h: passed if nonfinite_kinds(h) else set()
+    )
 
 
-def _call(j: _Joint, ex: Execution, run: _Run, read: list[int], contributors: set[int],
-          training: bool) -> None:  # fmt: skip
+def _call(
+    j: _Joint, ex: Execution, run: _Run, read: list[int], contributors: set[int], training: bool
+) -> None:
     """A call whose traces were followed: its results carry what reached its outputs."""
     for t in read:
         j.unread.pop(t, None)
@@ -423,15 +454,23 @@ def _call(j: _Joint, ex: Execution, run: _Run, read: list[int], contributors: se
     pool = run.left or run.inside or contributors
     born: int | None = None
     if ex.health.any_nonfinite and not pool:
-        came_in = any(_kinds(h) for h in ex.input_health)
-        born = j.new(EXECUTIONS, ex.index, ex.step, ex.phase, ex.wall_time,
-                     (ex.op_type, ex.stack_frame_ids, ex.module_path), came_in, False)  # fmt: skip
+        came_in = any(nonfinite_kinds(h) for h in ex.input_health)
+        born = j.new(
+            EXECUTIONS,
+            ex.index,
+            ex.step,
+            ex.phase,
+            ex.wall_time,
+            (ex.op_type, ex.stack_frame_ids, ex.module_path),
+            came_in,
+            False,
+        )
         pool = {born}
 
     def carried(slot: int, h: Health | None) -> set[int]:
         key = (ex.graph_id, slot)
         if h is not None:
-            out = j.held[key] = _kinds(h)
+            out = j.held[key] = nonfinite_kinds(h)
             found = run.by_health.get(_health_key(h)) if out else None
             if found:
                 # The traced value with this output's own counts: what made it.
@@ -451,7 +490,7 @@ def _call(j: _Joint, ex: Execution, run: _Run, read: list[int], contributors: se
             out = j.held.get(key, set())
         else:
             out = set()  # no Inf/NaN in the guards: none anywhere in the call
-        return _passed_on(pool, out, j.lineages) if out else set()
+        return passed_on(pool, out, j.lineages) if out else set()
 
     kept = _returned(j, ex, pool, training, carried, run.left)
     # What the call read or computed and did not return was absorbed inside it.
@@ -459,17 +498,26 @@ def _call(j: _Joint, ex: Execution, run: _Run, read: list[int], contributors: se
         j.absorb(li, EXECUTIONS, ex.index)
 
 
-def _returned(j: _Joint, ex: Execution, passed: set[int], training: bool,
-              carried: Callable[[int, Health | None], set[int]],
-              computed: set[int] | None = None) -> set[int]:  # fmt: skip
+def _returned(
+    j: _Joint,
+    ex: Execution,
+    passed: set[int],
+    training: bool,
+    carried: Callable[[int, Health | None], set[int]],
+    computed: set[int] | None = None,
+) -> set[int]:
     """Mark the outputs of ``ex`` with the lineages each carries (``carried(slot, health)``,
     chosen among ``passed``); the lineages returned."""
     kept: set[int] = set()
-    kinds: dict[int, set[str]] = {}
+    kinds: dict[int, set[NonFinite]] = {}
     for slot, t in enumerate(ex.output_tensor_ids):
         h = ex.output_health[slot] if slot < len(ex.output_health) else ex.health
         lins = carried(slot, h)
-        out = _kinds(h) if h is not None else set().union(*(j.lineages[k].carries for k in lins))
+        out = (
+            nonfinite_kinds(h)
+            if h is not None
+            else set().union(*(j.lineages[k].carries for k in lins))
+        )
         for li in lins:
             kinds.setdefault(li, set()).update(_explained(j, li, passed, out))
         if t:
@@ -482,7 +530,7 @@ def _returned(j: _Joint, ex: Execution, passed: set[int], training: bool,
                 j.unread.pop(t, None)
         kept |= lins
     for li in kept:
-        j.note(li, EXECUTIONS, ex.index, kinds[li], ex.step, ex.phase == BACKWARD)
+        j.note(li, EXECUTIONS, ex.index, kinds[li], ex.step, ex.phase == Phase.BACKWARD)
         # A training step that computed them into its results (not an argument it returned
         # as it was, like a mask kept in a module's state) at a step after their birth.
         if training and ex.step > j.lineages[li].birth_step and li in (computed or ()):
@@ -494,17 +542,17 @@ def _health_key(h: Health) -> tuple[object, ...]:
     return (h.size, h.neg_inf, h.pos_inf, h.nan, h.neg, h.zero, h.pos, h.dtype)
 
 
-def _explained(j: _Joint, li: int, group: set[int], out: set[str]) -> set[str]:
+def _explained(j: _Joint, li: int, group: set[int], out: set[NonFinite]) -> set[NonFinite]:
     """What lineage ``li`` carries on out of an output holding ``out``, met there by the
     lineages ``group``: a NaN only if it carried NaN already, or none of them did (then
     the op made it, from their infinities)."""
     lineages = j.lineages
     if (
-        "nan" in out
-        and "nan" not in lineages[li].carries
-        and any("nan" in lineages[k].carries for k in group)
+        NonFinite.NAN in out
+        and NonFinite.NAN not in lineages[li].carries
+        and any(NonFinite.NAN in lineages[k].carries for k in group)
     ):
-        return out - {"nan"}
+        return out - {NonFinite.NAN}
     return out
 
 

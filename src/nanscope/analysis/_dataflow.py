@@ -71,8 +71,15 @@ def consumers(
             continue
         for in_slot, tid in enumerate(ex.input_tensor_ids):
             if tid in wanted:
-                found.append({"kind": EXECUTIONS, "index": j, "op_type": ex.op_type,
-                              "input_slot": in_slot, "output_slot": wanted[tid]})  # fmt: skip
+                found.append(
+                    {
+                        "kind": EXECUTIONS,
+                        "index": j,
+                        "op_type": ex.op_type,
+                        "input_slot": in_slot,
+                        "output_slot": wanted[tid],
+                    }
+                )
                 break
         # A tensor id written again by a later op is a new tensor: stop following the old one.
         for tid in ex.output_tensor_ids:
@@ -163,13 +170,25 @@ def graph_op_edges(
     inputs = []
     for in_slot, (src, src_slot) in enumerate(op.inputs):
         src_op = graph.ops.get(src)
-        inputs.append({"op_name": src, "op_type": src_op.op_type if src_op else "",
-                       "output_slot": src_slot, "input_slot": in_slot,
-                       "trace_index": trace_of(src, src_slot, False)})  # fmt: skip
+        inputs.append(
+            {
+                "op_name": src,
+                "op_type": src_op.op_type if src_op else "",
+                "output_slot": src_slot,
+                "input_slot": in_slot,
+                "trace_index": trace_of(src, src_slot, False),
+            }
+        )
     outputs = []
     for out_slot, dst, in_slot in graph.consumers(op_name)[:200]:
         dst_op = graph.ops.get(dst)
-        outputs.append({"op_name": dst, "op_type": dst_op.op_type if dst_op else "",
-                        "output_slot": out_slot, "input_slot": in_slot,
-                        "trace_index": trace_of(dst, None, True)})  # fmt: skip
+        outputs.append(
+            {
+                "op_name": dst,
+                "op_type": dst_op.op_type if dst_op else "",
+                "output_slot": out_slot,
+                "input_slot": in_slot,
+                "trace_index": trace_of(dst, None, True),
+            }
+        )
     return inputs, outputs

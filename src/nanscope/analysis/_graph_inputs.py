@@ -26,11 +26,11 @@ overflow.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nanscope.analysis._explain import short_name
+from nanscope.analysis._lineage import Lineage
 from nanscope.reader import (
     EXECUTIONS,
     UNREADABLE,
@@ -39,9 +39,6 @@ from nanscope.reader import (
     GraphInfo,
     GraphOpInfo,
 )
-
-if TYPE_CHECKING:
-    from nanscope.analysis._lineages import Lineage
 
 # Ops whose output elements are some of their inputs' (moved, selected, repeated, copied
 # with the same dtype kind), and neg/abs, which cannot make a non-finite value either.
@@ -137,8 +134,10 @@ class CallInputs:
 
     def came_in(self, graph: GraphInfo, op: GraphOpInfo, tr: GraphExecutionTrace) -> bool:
         """Whether ``op`` read a graph input that held Inf/NaN at ``tr``'s call."""
-        if not any(graph.ops.get(src) is not None and graph.ops[src].op_type == "Placeholder"
-                   for src, _ in op.inputs):  # fmt: skip
+        if not any(
+            graph.ops.get(src) is not None and graph.ops[src].op_type == "Placeholder"
+            for src, _ in op.inputs
+        ):
             return False
         bad = self._nonfinite(graph, tr)
         return bool(bad) and any(src in bad for src, _ in op.inputs)  # type: ignore[operator]

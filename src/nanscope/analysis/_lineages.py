@@ -26,14 +26,30 @@ infinities by those that carried infinities.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from nanscope.analysis._aliases import is_load, is_row_softmax, is_view
+from nanscope.analysis._boundaries import is_jax, joint_lineages
 from nanscope.analysis._dataflow import nearest_trace
 from nanscope.analysis._explain import short_name
 from nanscope.analysis._graph_inputs import CAME_IN, CallInputs, came_in_from, moves_values
+from nanscope.analysis._lineage import (
+    DECODE_LIMIT,
+    END,
+    GRADIENTS,
+    GRAPH_OUTPUT,
+    LATER_STEP,
+    LOSS,
+    OPTIMIZER_UPDATE,
+    VARIABLE,
+    Lineage,
+    absorbs,
+    in_place,
+    nonfinite_kinds,
+    passed_on,
+    reaches_backward,
+    verdict_of,
+)
 from nanscope.analysis._recompute import Recomputations
 from nanscope.analysis._tf_graphs import (
     LossScaleChecks,
@@ -42,70 +58,16 @@ from nanscope.analysis._tf_graphs import (
     is_backward_op,
     writes_variable,
 )
-from nanscope.format.health import Health
-from nanscope.format.modes import HEALTH_MODES
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Execution
+from nanscope.vocabulary import NonFinite, Phase
 
-# Events decoded per process after its first Inf/NaN; beyond this, lineages are not followed.
-DECODE_LIMIT = 200_000
 # Non-finite graph traces followed per process (each costs a few index scans).
 TRACE_LIMIT = 500
 UNSCALE_OP = "aten._amp_foreach_non_finite_check_and_unscale_"
-GRAPH_OUTPUT = "a graph output, still non-finite"
-VARIABLE = "a variable (a parameter, an optimizer state or a metric)"
 SEED_OP = "aten.ones_like"
 
-FORWARD, BACKWARD, OPTIMIZER = 1, 2, 3
-
-
-@dataclass
-class Lineage:
-    """One birth and what became of its values."""
-
-    kind: str  # "execution" or "graph_execution_trace" (the events' kind)
-    process: int
-    birth: int  # index of the birth event
-    birth_step: int
-    birth_phase: int
-    wall_time: float
-    # What groups births "of the same kind" in a report: op and where it was created.
-    signature: tuple[object, ...] = ()
-    entered: bool = False  # the values came in from outside the recorded ops
-    after_gap: bool = False  # ... after events the circular buffer dropped
-    members: list[int] = field(default_factory=list)  # events holding its values, birth first
-    carries: set[str] = field(default_factory=set)  # "inf", "nan"
-    first_nan: int | None = None
-    absorbed_at: int | None = None
-    handled_at: int | None = None
-    reaches: list[str] = field(default_factory=list)
-    verdict: str = "benign"  # "harmful", "benign" or "handled"
-    # Events that repeated its birth in activation checkpointing's rerun (analysis/_recompute.py).
-    recomputed: list[int] = field(default_factory=list)
-
-    def add(self, index: int, out: set[str]) -> None:
-        """Event ``index`` holds this lineage's values, of the kinds in ``out``."""
-        self.members.append(index)
-        self.carries |= out
-        if "nan" in out and self.first_nan is None:
-            self.first_nan = index
-
-    def reach(self, what: str) -> None:
-        if what not in self.reaches:
-            self.reaches.append(what)
-
-
-def _kinds(h: Health | None) -> set[str]:
-    """What non-finite values a health says are there ("inf", "nan"; both when not counted)."""
-    if h is None or not h.any_nonfinite:
-        return set()
-    if not h.known:
-        return {"inf", "nan"}
-    out = set()
-    if (h.neg_inf or 0) + (h.pos_inf or 0):
-        out.add("inf")
-    if h.nan:
-        out.add("nan")
-    return out
+# Re-exported for the callers that find lineages here.
+__all__ = ["DECODE_LIMIT", "Lineage", "execution_lineages", "find_lineages", "trace_lineages"]
 
 
 def _shape_only(op_type: str) -> bool:
@@ -119,50 +81,18 @@ def _next_is_backward(reader: DumpReader, order: np.ndarray, i: int) -> bool:
     """Whether the event after ``i`` (in its process) ran in the backward pass."""
     rows = reader.index(EXECUTIONS)
     j = int(np.searchsorted(order, i)) + 1
-    return j < len(order) and int(rows["phase"][order[j]]) == BACKWARD
+    return j < len(order) and int(rows["phase"][order[j]]) == Phase.BACKWARD
 
 
-def _absorbs(ex: Execution) -> bool:
-    """Whether an op with finite outputs ends the lineages it read: a float output made from
-    their values (``softmax``, ``where``, ``1/inf = 0``), or an integer or bool one (a cast
-    to an integer, a comparison, ``isnan``, an argmax, a sort's indices), which holds no
-    Inf/NaN at all. A Python number (``.item()``, no output tensor) keeps them: it may be a
-    NaN loss that the program prints. In the health modes every float output is summarized,
-    so an output with no summary is an integer or bool tensor."""
-    if not any(ex.output_tensor_ids):
-        return False
-    if not ex.recorded:
-        return ex.tensor_debug_mode in HEALTH_MODES
-    dtype = ex.health.dtype
-    return not dtype or dtype.startswith(("float", "bfloat", "complex"))
-
-
-def _in_place(op_type: str) -> bool:
-    """``aten.addcdiv_.default``, ``aten._foreach_add_.List``: ops that write an input."""
-    name = short_name(op_type)
-    return name.endswith("_") and not name.startswith("_amp_")
-
-
-def _masked_row(ex: Execution, out: set[str]) -> bool:
+def _masked_row(ex: Execution, out: set[NonFinite]) -> bool:
     """Whether a softmax made NaN from -inf alone: its inputs held -inf and no +inf or NaN
     (by their recorded summaries), so some row was -inf throughout."""
-    if "nan" not in out or not is_row_softmax(ex.op_type):
+    if NonFinite.NAN not in out or not is_row_softmax(ex.op_type):
         return False
     held = [h for h in ex.input_health if h is not None and h.any_nonfinite]
     return bool(held) and all(
         h.known and (h.neg_inf or 0) > 0 and not h.pos_inf and not h.nan for h in held
     )
-
-
-def _passed_on(contributors: set[int], out: set[str], lineages: list[Lineage]) -> set[int]:
-    """The lineages among ``contributors`` that explain an output holding ``out``."""
-    passed: set[int] = set()
-    if "nan" in out:
-        carriers = {i for i in contributors if "nan" in lineages[i].carries}
-        passed |= carriers or contributors
-    if "inf" in out:
-        passed |= {i for i in contributors if "inf" in lineages[i].carries}
-    return passed or contributors
 
 
 def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage], bool]:
@@ -237,7 +167,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             if ex.op_type.startswith(SEED_OP) and _next_is_backward(reader, order, i):
                 for t in ex.input_tensor_ids:
                     for li in bad.get(t, ()):
-                        lineages[li].reach("the loss (backward() was called on it)")
+                        lineages[li].reach(LOSS)
                         unread.pop(t, None)
             for t in ex.output_tensor_ids:
                 bad.pop(t, None)
@@ -258,7 +188,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
         if not ex.health.any_nonfinite:
             # Only an op that turns the values into finite numbers absorbs them; a check
             # (isnan, eq, .item(): booleans, integers, Python numbers) leaves them as they were.
-            if _absorbs(ex):
+            if absorbs(ex):
                 for t in read:
                     unread.pop(t, None)
                 for li in contributors:
@@ -271,17 +201,19 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             continue
         for t in read:
             unread.pop(t, None)
-        out = _kinds(ex.health)
+        out = nonfinite_kinds(ex.health)
         # The inputs' own summaries (recorded with every op that made Inf/NaN) tell
         # whether non-finite values came in, even when their producer is not in the dump.
         # (Python numbers, id 0, are part of the op: ``full(-inf)`` is a birth.)
         # (input_health is empty where the inputs' summaries were not recorded.)
         came_in = any(
-            _kinds(h) for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False) if t
+            nonfinite_kinds(h)
+            for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False)
+            if t
         )
         # An in-place op's written input has no summary of its own (the op overwrote it):
         # after dropped events, an unknown producer may have put Inf/NaN there.
-        if not came_in and 0 <= first_gap < i and _in_place(ex.op_type):
+        if not came_in and 0 <= first_gap < i and in_place(ex.op_type):
             came_in = any(t and t not in seen for t in ex.input_tensor_ids)
         if not contributors and came_in and alive_at_gap:
             contributors = set(alive_at_gap)
@@ -300,7 +232,7 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             contributors = set()
             came_in = False
         if contributors:
-            passed = _passed_on(contributors, out, lineages)
+            passed = passed_on(contributors, out, lineages)
             for li in contributors - passed:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = i
@@ -318,26 +250,31 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             passed = {again}
         else:
             lineages.append(
-                Lineage(EXECUTIONS, process, i, ex.step,
-                        FORWARD if rerun.recomputed(ex) else ex.phase, ex.wall_time,
-                        (ex.op_type, ex.stack_frame_ids, ex.module_path), came_in,
-                        after_gap=came_in and 0 <= first_gap < i)
-            )  # fmt: skip
+                Lineage(
+                    EXECUTIONS,
+                    process,
+                    i,
+                    ex.step,
+                    Phase.FORWARD if rerun.recomputed(ex) else ex.phase,
+                    ex.wall_time,
+                    (ex.op_type, ex.stack_frame_ids, ex.module_path),
+                    came_in,
+                    after_gap=came_in and 0 <= first_gap < i,
+                )
+            )
             passed = {len(lineages) - 1}
             rerun.born(ex, len(lineages) - 1)
-        phase = FORWARD if rerun.recomputed(ex) else ex.phase  # a rerun is forward work
+        phase = Phase.FORWARD if rerun.recomputed(ex) else ex.phase  # a rerun is forward work
         for li in passed:
             _note_member(lineages[li], ex, out, phase)
-        in_place = _in_place(ex.op_type)
+        writes = in_place(ex.op_type)
         for slot, t in enumerate(ex.output_tensor_ids):
             seen.add(t)
             h = ex.output_health[slot] if slot < len(ex.output_health) else ex.health
-            written = (
-                ex.input_tensor_ids[slot] if in_place and slot < len(ex.input_tensor_ids) else 0
-            )
+            written = ex.input_tensor_ids[slot] if writes and slot < len(ex.input_tensor_ids) else 0
             if t and written:
                 join(t, written)  # the written tensor's new version shares its storage
-            if t and _kinds(h):
+            if t and nonfinite_kinds(h):
                 bad[t] = set(passed)
                 unread[t] = set(passed)
                 if written:
@@ -359,9 +296,9 @@ def execution_lineages(reader: DumpReader, process: int) -> tuple[list[Lineage],
             if lin.absorbed_at is not None or (lin.signature and is_load(str(lin.signature[0]))):
                 continue
             if complete and lin.members[-1] > last_gap:
-                lin.reach("the end of the recording, still non-finite")
+                lin.reach(END)
     for lin in lineages:
-        lin.verdict = _verdict(lin)
+        lin.verdict = verdict_of(lin)
     return lineages, complete
 
 
@@ -373,24 +310,17 @@ def _traced_graph(reader: DumpReader, ex: Execution, process: int) -> bool:
     return graph is not None and bool(graph.ops)
 
 
-def _note_member(lin: Lineage, ex: Execution, out: set[str], phase: int | None = None) -> None:
+def _note_member(
+    lin: Lineage, ex: Execution, out: set[NonFinite], phase: int | None = None
+) -> None:
     lin.add(ex.index, out)
     phase = ex.phase if phase is None else phase
-    if lin.birth_phase != BACKWARD and lin.birth_phase != OPTIMIZER and phase == BACKWARD:
-        lin.reach("the loss and the gradients")
+    if reaches_backward(lin) and phase == Phase.BACKWARD:
+        lin.reach(GRADIENTS)
     # Values held into a later step are harm only where they are held: a parameter or an
     # optimizer state (written in place in the optimizer step, below), not a cached mask.
-    if ex.phase == OPTIMIZER and _in_place(ex.op_type) and lin.handled_at is None:
-        lin.reach("an in-place update in the optimizer step (a parameter or its state)")
-
-
-def _verdict(lin: Lineage) -> str:
-    harmful = [r for r in lin.reaches if not r.startswith("the end")]
-    if lin.handled_at is not None and not harmful:
-        return "handled"
-    if lin.reaches:
-        return "harmful"
-    return "benign"
+    if ex.phase == Phase.OPTIMIZER and in_place(ex.op_type) and lin.handled_at is None:
+        lin.reach(OPTIMIZER_UPDATE)
 
 
 def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
@@ -428,7 +358,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 j = input_trace(reader, process, graph, src, slot, i - 1)
                 if j is not None:
                     contributors |= member_of.get(j, set())
-        out = _kinds(tr.health)
+        out = nonfinite_kinds(tr.health)
         if not contributors and op is not None and op.op_type == "ReadVariableOp" and op.inputs:
             # A variable that a graph op of this graph wrote Inf/NaN into (in this call or
             # an earlier one): the values read back are that lineage's.
@@ -440,29 +370,39 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
             if left:
                 contributors = {left[-1]}
                 if tr.step > lineages[left[-1]].birth_step:
-                    lineages[left[-1]].reach(
-                        "a later step (kept in a parameter or an optimizer state)"
-                    )
+                    lineages[left[-1]].reach(LATER_STEP)
         if (
-            not contributors and op is not None and graph is not None
+            not contributors
+            and op is not None
+            and graph is not None
             and (moves_values(op.op_type) or call_inputs.came_in(graph, op, tr))
-        ):  # fmt: skip
+        ):
             # Moving or selecting values makes none: they came in through the graph's
             # inputs, which are not traced (analysis/_graph_inputs.py).
             k = came_in_from(lineages, i, _left_graph)
             if k is None:
                 if came_in < 0:
-                    lineages.append(Lineage(TRACES, process, i, tr.step, FORWARD, tr.wall_time,
-                                            (CAME_IN,), entered=True))  # fmt: skip
+                    lineages.append(
+                        Lineage(
+                            TRACES,
+                            process,
+                            i,
+                            tr.step,
+                            Phase.FORWARD,
+                            tr.wall_time,
+                            (CAME_IN,),
+                            entered=True,
+                        )
+                    )
                     came_in = len(lineages) - 1
                 k = came_in
             elif tr.step > lineages[k].birth_step:
-                lineages[k].reach("a later step (kept in a parameter or an optimizer state)")
+                lineages[k].reach(LATER_STEP)
             contributors = {k}
         if contributors:
-            passed = _passed_on(contributors, out, lineages)
+            passed = passed_on(contributors, out, lineages)
         else:
-            phase = BACKWARD if is_backward_op(tr.op_name) else FORWARD
+            phase = Phase.BACKWARD if is_backward_op(tr.op_name) else Phase.FORWARD
             lineages.append(
                 Lineage(TRACES, process, i, tr.step, phase, tr.wall_time, (tr.graph_id, tr.op_name))
             )
@@ -470,8 +410,8 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         member_of[i] = passed
         for li in passed:
             lineages[li].add(i, out)
-            if lineages[li].birth_phase == FORWARD and is_backward_op(tr.op_name):
-                lineages[li].reach("the loss and the gradients")
+            if lineages[li].birth_phase == Phase.FORWARD and is_backward_op(tr.op_name):
+                lineages[li].reach(GRADIENTS)
         consumers, leaves = (
             consumers_through(graph, tr.op_name, tr.output_slot) if graph else ([], False)
         )
@@ -510,7 +450,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
     for lin in lineages:
         if lin.absorbed_at is None and not lin.reaches and lin.handled_at is None:
             lin.reach(GRAPH_OUTPUT)
-        lin.verdict = _verdict(lin)
+        lin.verdict = verdict_of(lin)
     return lineages
 
 
@@ -522,8 +462,6 @@ def _left_graph(lin: Lineage) -> bool:
 def find_lineages(reader: DumpReader, skip: set[int] | None = None) -> tuple[list[Lineage], bool]:
     """Every lineage of the dump (but those of the processes in ``skip``), births in order of
     wall time, and whether all were followed to the end."""
-    from nanscope.analysis._boundaries import is_jax, joint_lineages
-
     out: list[Lineage] = []
     complete = True
     for p in range(len(reader.processes)):

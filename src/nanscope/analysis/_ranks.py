@@ -26,6 +26,7 @@ import numpy as np
 from nanscope.format.collectives import OP_PREFIXES
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, UNREADABLE, Collective, DumpReader, EventRef
+from nanscope.vocabulary import RankDecision, RankRole
 
 # Records decoded while searching one rank for one operation, and around a birth.
 SEARCH_LIMIT = 64
@@ -52,9 +53,15 @@ class OpCopy:
         return (self.collective.group, self.collective.kind, self.collective.sequence)
 
     def to_json(self) -> dict[str, Any]:
-        return {"process": self.process, "index": self.index, "op_type": self.op_type,
-                "step": self.step, "wall_time": self.wall_time, "sent_nonfinite": self.sent,
-                "collective": self.collective.to_json()}  # fmt: skip
+        return {
+            "process": self.process,
+            "index": self.index,
+            "op_type": self.op_type,
+            "step": self.step,
+            "wall_time": self.wall_time,
+            "sent_nonfinite": self.sent,
+            "collective": self.collective.to_json(),
+        }
 
 
 @dataclass
@@ -68,8 +75,7 @@ class RankState:
     first_nan: EventRef | None
     first_op: str = ""  # the first Inf/NaN's op type and step
     first_step: int | None = None
-    # "origin", "born" (on its own, not the origin), "received", "clean"
-    role: str = "clean"
+    role: RankRole = RankRole.CLEAN
     via: OpCopy | None = None  # received: its copy of the operation that brought it
     source: OpCopy | None = None  # received: the (first) sender's copy of that operation
     senders: list[int] = field(default_factory=list)  # received: the processes that sent it
@@ -83,14 +89,27 @@ class RankState:
         def ref(r: EventRef | None) -> dict[str, Any] | None:
             if r is None:
                 return None
-            return {"kind": r.kind, "index": r.index, "wall_time": r.wall_time,
-                    "aligned_time": self.aligned(r.wall_time)}  # fmt: skip
+            return {
+                "kind": r.kind,
+                "index": r.index,
+                "wall_time": r.wall_time,
+                "aligned_time": self.aligned(r.wall_time),
+            }
 
-        return {"process": self.process, "rank": self.rank, "label": self.label,
-                "role": self.role, "first": ref(self.first), "first_op": self.first_op,
-                "first_step": self.first_step, "first_nan": ref(self.first_nan),
-                "birth": ref(self.birth), "via": self.via.to_json() if self.via else None,
-                "senders": self.senders, "clock_offset": self.clock_offset}  # fmt: skip
+        return {
+            "process": self.process,
+            "rank": self.rank,
+            "label": self.label,
+            "role": self.role,
+            "first": ref(self.first),
+            "first_op": self.first_op,
+            "first_step": self.first_step,
+            "first_nan": ref(self.first_nan),
+            "birth": ref(self.birth),
+            "via": self.via.to_json() if self.via else None,
+            "senders": self.senders,
+            "clock_offset": self.clock_offset,
+        }
 
 
 @dataclass
@@ -99,7 +118,7 @@ class RankVerdict:
 
     origin_process: int | None
     origin: EventRef | None  # the origin rank's first Inf/NaN
-    decided_by: str  # "collective", "clock" or "single" (one process had Inf/NaN)
+    decided_by: RankDecision
     states: list[RankState]
     # The operation that first carried it off the origin's rank: each rank's copy, and
     # the processes it brought Inf/NaN to.
@@ -117,14 +136,24 @@ class RankVerdict:
         if self.spread:
             first = self.spread[0]
             reached = self.reached
-            spread = {"collective": first.collective.to_json(), "op_type": first.op_type,
-                      "step": first.step, "copies": [c.to_json() for c in self.spread],
-                      "from": [c.process for c in self.spread if c.sent], "reached": reached}  # fmt: skip
-        return {"origin_process": self.origin_process,
-                "origin": None if self.origin is None else
-                {"kind": self.origin.kind, "index": self.origin.index},
-                "decided_by": self.decided_by, "spread": spread,
-                "processes": [s.to_json() for s in self.states], "notes": self.notes}  # fmt: skip
+            spread = {
+                "collective": first.collective.to_json(),
+                "op_type": first.op_type,
+                "step": first.step,
+                "copies": [c.to_json() for c in self.spread],
+                "from": [c.process for c in self.spread if c.sent],
+                "reached": reached,
+            }
+        return {
+            "origin_process": self.origin_process,
+            "origin": None
+            if self.origin is None
+            else {"kind": self.origin.kind, "index": self.origin.index},
+            "decided_by": self.decided_by,
+            "spread": spread,
+            "processes": [s.to_json() for s in self.states],
+            "notes": self.notes,
+        }
 
 
 def _any(healths: tuple[Health | None, ...]) -> bool | None:
@@ -171,8 +200,17 @@ class _Ops:
             # A receive's input is the buffer it writes into (torch.empty: garbage, NaN at
             # times), not anything this rank sent.
             sent = _any(ex.input_health) if ex.collective.kind != "recv" else None
-            op = OpCopy(process, index, ex.collective, ex.wall_time, ex.step, ex.op_type,
-                        sent, bool(ex.health.any_nonfinite), ex.input_tensor_ids)  # fmt: skip
+            op = OpCopy(
+                process,
+                index,
+                ex.collective,
+                ex.wall_time,
+                ex.step,
+                ex.op_type,
+                sent,
+                bool(ex.health.any_nonfinite),
+                ex.input_tensor_ids,
+            )
         self._cache[index] = op
         return op
 
@@ -326,8 +364,11 @@ def _received_by_recv(reader: DumpReader, ops: _Ops, first: EventRef) -> OpCopy 
         ex = reader.execution(first.index)
     except UNREADABLE:
         return None
-    bad_inputs = {t for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False)
-                  if t and h is not None and h.any_nonfinite}  # fmt: skip
+    bad_inputs = {
+        t
+        for t, h in zip(ex.input_tensor_ids, ex.input_health, strict=False)
+        if t and h is not None and h.any_nonfinite
+    }
     if not bad_inputs:
         return None
     mine = ops.of(first.process)
@@ -374,38 +415,43 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
         if entry is not None and _not_after(entry, mark) and not entry.sent:
             senders = [c for c in copies.all(entry) if c.process != s.process and c.sent]
             if senders:
-                s.role, s.via, s.senders = "received", entry, [c.process for c in senders]
+                s.role, s.via, s.senders = RankRole.RECEIVED, entry, [c.process for c in senders]
                 s.source = senders[0]
                 continue
         recv = _received_by_recv(reader, ops, mark)
         if recv is not None:
             peer = by_rank.get(recv.collective.peer) if recv.collective.peer is not None else None
-            send = (ops.find_send(peer, s.rank, recv.collective.sequence, recv.collective.group)
-                    if peer is not None else None)  # fmt: skip
+            send = (
+                ops.find_send(peer, s.rank, recv.collective.sequence, recv.collective.group)
+                if peer is not None
+                else None
+            )
             if send is not None and send.sent:
-                s.role, s.via, s.senders, s.source = "received", recv, [send.process], send
+                s.role, s.via, s.senders, s.source = RankRole.RECEIVED, recv, [send.process], send
                 continue
-        s.role, s.birth = "born", _birth(reader, ops, mark)
+        s.role, s.birth = RankRole.BORN, _birth(reader, ops, mark)
 
-    born = [s for s in states if s.role == "born"]
+    born = [s for s in states if s.role == RankRole.BORN]
     _received_by_order(ops, born, copies)
-    born = [s for s in states if s.role == "born"]
-    received = [s for s in states if s.role == "received"]
+    born = [s for s in states if s.role == RankRole.BORN]
+    received = [s for s in states if s.role == RankRole.RECEIVED]
     if not born:
         # Every rank received from another: a cycle only damaged or partial records make.
-        notes.append("Every rank with Inf/NaN received it from another (records are missing?); "
-                     "the origin is chosen by clock.")  # fmt: skip
+        notes.append(
+            "Every rank with Inf/NaN received it from another (records are missing?); "
+            "the origin is chosen by clock."
+        )
         born = [s for s in states if s.first is not None]
         for s in born:
             s.birth = s.first_nan or s.first
     # 2. Among ranks that went bad on their own, the earliest by the collectives' order.
     origin, decided_by = _earliest(reader, ops, born, copies, notes)
     if len(born) == 1 and not received:
-        decided_by = "single"
+        decided_by = RankDecision.SINGLE
     for s in born:
         if s is not origin:
-            s.role = "born"
-    origin.role = "origin"
+            s.role = RankRole.BORN
+    origin.role = RankRole.ORIGIN
     # 3. Clocks aligned on the origin's, by the operations each rank shares with it.
     _align(ops, states, origin, copies)
     spread, reached = _spread(origin, received, copies)
@@ -443,17 +489,17 @@ def _received_by_order(ops: _Ops, born: list[RankState], copies: _Copies) -> Non
             continue
         for s in members:
             assert s.birth is not None
-            s.role, s.via, s.birth = "received", ops.copy(s.process, s.birth.index), None
+            s.role, s.via, s.birth = RankRole.RECEIVED, ops.copy(s.process, s.birth.index), None
             s.senders, s.source = [c.process for c in senders], senders[0]
 
 
 def _earliest(
     reader: DumpReader, ops: _Ops, born: list[RankState], copies: _Copies, notes: list[str]
-) -> tuple[RankState, str]:
+) -> tuple[RankState, RankDecision]:
     """The first of several births: one that a collective orders before every other, else
     the earliest by aligned clocks among those no collective orders."""
     if len(born) == 1:
-        return born[0], "collective"
+        return born[0], RankDecision.COLLECTIVE
     births = {s.birth.index for s in born if s.birth is not None and s.birth.kind == EXECUTIONS}
     entries = [ops.copy(s.process, s.birth.index) for s in born if s.birth is not None]
     if len(births) == len(born) and all(e is not None for e in entries):
@@ -467,18 +513,22 @@ def _earliest(
                 f"Every rank's values were finite going into {label} "
                 "and Inf/NaN coming out: the collective made it (its result overflowed?)."
             )
-            return lowest, "collective"
+            return lowest, RankDecision.COLLECTIVE
     after = {s.process: ops.near(s.process, s.birth.index, after=True) for s in born if s.birth}
     before = {s.process: ops.near(s.process, s.birth.index, after=False) for s in born if s.birth}
 
     def precedes(a: RankState, b: RankState) -> bool:
         na, pb = after.get(a.process), before.get(b.process)
-        return (na is not None and pb is not None and na.collective.group == pb.collective.group
-                and na.collective.sequence <= pb.collective.sequence)  # fmt: skip
+        return (
+            na is not None
+            and pb is not None
+            and na.collective.group == pb.collective.group
+            and na.collective.sequence <= pb.collective.sequence
+        )
 
     earliest = [b for b in born if not any(precedes(a, b) for a in born if a is not b)]
     if len(earliest) == 1:
-        return earliest[0], "collective"
+        return earliest[0], RankDecision.COLLECTIVE
     # Concurrent: the same collectives on either side. Their clocks, aligned on the
     # next collective they shared.
     ref = earliest[0]
@@ -508,7 +558,7 @@ def _earliest(
             else "; clocks not aligned)."
         )
     )
-    return earliest[0], "clock"
+    return earliest[0], RankDecision.CLOCK
 
 
 def _align(ops: _Ops, states: list[RankState], origin: RankState, copies: _Copies) -> None:

@@ -1,16 +1,21 @@
-"""The analysis every surface renders: alerts, the origin of the first Inf/NaN, and why."""
+"""The analysis every surface renders: alerts, the origin of the first Inf/NaN, and why.
+
+:func:`analyze` finds the facts with one helper each (the alerts, the origin, the
+lineages and their verdicts, the cause, what the circular buffer dropped) and assembles
+one frozen :class:`Analysis` from their results at the end. The sentences made of those
+facts (the headline, the notes) are written in ``_sentences.py``.
+"""
 
 from __future__ import annotations
 
 import re
-from collections import Counter
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from nanscope._paths import is_library_file, is_user_file
+from nanscope.analysis import _sentences as say
 from nanscope.analysis._aliases import is_load
 from nanscope.analysis._explain import (
     HARMFUL_MASK,
@@ -20,21 +25,25 @@ from nanscope.analysis._explain import (
     short_name,
 )
 from nanscope.analysis._headroom import Headroom, analyze_headroom
-from nanscope.analysis._lineages import OPTIMIZER, Lineage, _in_place, find_lineages
+from nanscope.analysis._lineage import Lineage, in_place
+from nanscope.analysis._lineages import find_lineages
 from nanscope.analysis._ranks import RankVerdict, analyze_ranks
+from nanscope.analysis._sentences import evicted_span
 from nanscope.analysis._views import EventView, Source, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
+from nanscope.vocabulary import LineageVerdict, NonFinite, OriginKind, Phase, RankRole, Verdict
 
 SCHEMA = "nanscope.report/2"
 CHAIN_LIMIT = 50
 
-# The verdicts, and the exit status of ``nanscope report`` for each (docs/REPORT_JSON.md).
-HARMFUL = "harmful"  # a harmful Inf/NaN was found: exit 1
-INCOMPLETE = "incomplete"  # none found, but events are missing: no all-clear, exit 2
-ABSORBED = "absorbed"  # Inf/NaN recorded, every lineage absorbed or handled: exit 0
-CLEAN = "clean"  # no Inf/NaN recorded in a whole dump: exit 0
-EXIT_STATUS = {HARMFUL: 1, INCOMPLETE: 2, ABSORBED: 0, CLEAN: 0}
+# The verdicts (docs/REPORT_JSON.md), under the names this package has always exported.
+HARMFUL = Verdict.HARMFUL
+INCOMPLETE = Verdict.INCOMPLETE
+ABSORBED = Verdict.ABSORBED
+CLEAN = Verdict.CLEAN
+
+__all__ = ["Alerts", "Analysis", "LineageGroup", "analyze", "count_alerts", "evicted_span"]
 
 
 @dataclass
@@ -50,11 +59,11 @@ class Alerts:
     by_step: list[dict[str, Any]] = field(default_factory=list)  # step, count, first
 
 
-@dataclass
+@dataclass(frozen=True)
 class LineageGroup:
     """Lineages whose births are the same op at the same place, with the same verdict."""
 
-    kind: str  # "harmful", "benign" or "handled"
+    kind: LineageVerdict
     birth: EventView  # the first birth of the group
     count: int
     reaches: list[str]
@@ -67,14 +76,20 @@ class LineageGroup:
     recomputed: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "birth": self.birth.to_json(), "count": self.count,
-                "reaches": self.reaches, "absorbed_at": self.absorbed_at,
-                "handled_at": self.handled_at, "skipped_steps": self.skipped_steps,
-                "birth_evicted": self.birth_evicted,
-                "recomputed": self.recomputed}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "birth": self.birth.to_json(),
+            "count": self.count,
+            "reaches": self.reaches,
+            "absorbed_at": self.absorbed_at,
+            "handled_at": self.handled_at,
+            "skipped_steps": self.skipped_steps,
+            "birth_evicted": self.birth_evicted,
+            "recomputed": self.recomputed,
+        }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
     """The one result that the terminal report, the JSON report and the GUI render."""
 
@@ -87,8 +102,12 @@ class Analysis:
     num_graph_execution_traces: int
     steps: list[int] | None
     alerts: Alerts
+    # The last step holds only work after the program's last optimizer step (an evaluation,
+    # a final print): a step ends when the optimizer step returns, so a loop of n steps
+    # records steps 0..n. Not in the JSON; the text report's header says it.
+    after_last_step: bool = False
     origin: EventView | None = None
-    origin_kind: str | None = None  # "born" or "entered"
+    origin_kind: OriginKind | None = None
     first_inf: EventView | None = None
     first_nan: EventView | None = None
     # The birth to fix: of the harmful lineage that made the first NaN, else of the first
@@ -102,7 +121,7 @@ class Analysis:
     # the optimizer's) under the user's own frame; for a backward op, its forward op's.
     library_sources: dict[tuple[str, int], Source] = field(default_factory=dict)
     # (kind, index) of each birth -> its lineage's verdict: what every note says of a birth.
-    birth_verdicts: dict[tuple[str, int], str] = field(default_factory=dict)
+    birth_verdicts: dict[tuple[str, int], LineageVerdict] = field(default_factory=dict)
     found_harmful: bool = False
     # When parameters or optimizer state became non-finite: the in-place write of the
     # optimizer phase (``_fused_adamw_``, ``_foreach_addcdiv_``, ``addcdiv_``) whose Inf/NaN
@@ -129,21 +148,21 @@ class Analysis:
         return self.alerts.total > 0
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """:data:`HARMFUL`, :data:`INCOMPLETE`, :data:`ABSORBED` or :data:`CLEAN`.
 
         Harm found is harm whatever else is missing; without it, a dump that lost events
         gets no all-clear, since what is missing may be the Inf/NaN."""
         if self.found_harmful:
-            return HARMFUL
+            return Verdict.HARMFUL
         if self.incomplete:
-            return INCOMPLETE
-        return ABSORBED if self.found else CLEAN
+            return Verdict.INCOMPLETE
+        return Verdict.ABSORBED if self.found else Verdict.CLEAN
 
     @property
     def exit_status(self) -> int:
         """``nanscope report``'s exit status: 1 harmful, 2 incomplete, 0 otherwise."""
-        return EXIT_STATUS[self.verdict]
+        return self.verdict.exit_status
 
     @property
     def headline(self) -> str | None:
@@ -152,60 +171,20 @@ class Analysis:
         with no harm found, says that no verdict can be given."""
         o = self.cause
         if o is None:
-            if self.verdict == INCOMPLETE:
-                n = len(self.incomplete)
-                seen = "only absorbed or handled Inf/NaN" if self.found else "no Inf/NaN"
-                return (
-                    f"no verdict: the dump is incomplete ({n} problem{'s' if n != 1 else ''}); "
-                    f"{seen} in the events that could be read"
-                )
+            if self.verdict == Verdict.INCOMPLETE:
+                return say.no_verdict(len(self.incomplete), self.found)
             if not self.found:
                 return None
             if self.found_harmful:
                 # No lineage to name (events that could not be decoded): harmful to be safe.
                 first = self.first_nan or self.origin
-                at = f" ({first.op_name} #{first.index})" if first is not None else ""
-                return (
-                    f"harmful Inf/NaN, counted so to be safe: its lineage could not be "
-                    f"followed; the first {'NaN' if first is self.first_nan else 'Inf/NaN'}"
-                    f"{at} is shown"
-                )
-            kinds = Counter(g.kind for g in self.lineages for _ in range(g.count))
-            told = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            return f"no harmful Inf/NaN: every lineage was absorbed or handled ({told})"
-        text = self._cause_sentence(o)
-        if self.cause_evicted is not None:
-            lost = self.cause_evicted
-            return (
-                f"the harmful Inf/NaN was born in {evicted_span(lost)}; the earliest kept: {text}"
-            )
-        fwd = o.forward_source
-        if fwd is not None:
-            # A backward op: the line to fix is the forward call the user wrote.
-            code = f" `{fwd.code}`" if fwd.code else ""
-            what = o.forward_op or "the op called there"
-            return f"{Path(fwd.file).name}:{fwd.line}{code}: the backward of {what}: {text}"
-        return text
-
-    def _cause_sentence(self, o: EventView) -> str:
-        """``aten.log.default produced -inf at step 3: log of zero...``."""
-        c = o.counts
-        if c.nan:
-            what = "NaN"
-        elif c.neg_inf and not c.pos_inf:
-            what = "-inf"
-        elif c.pos_inf and not c.neg_inf:
-            what = "+inf"
-        else:
-            what = "Inf/NaN"
+                return say.harmful_unfollowed(first, first is self.first_nan)
+            return say.nothing_harmful([(g.kind, g.count) for g in self.lineages])
         # The cause's own kind, not the origin's: they may be different events.
-        verb = "passed on" if _origin_kind(o) == "entered" else "produced"
-        where = [f"step {o.step}"] if self.steps is not None else []
-        if o.rank is not None and len(self.processes) > 1:
-            where.append(f"rank {o.rank}")
-        name = o.op_type if o.op_name == o.op_type else f"{o.op_name} ({o.op_type})"
-        text = f"{name} {verb} {what}" + (f" at {', '.join(where)}" if where else "")
-        return f"{text}: {o.explanation}" if o.explanation else text
+        text = say.cause_sentence(
+            o, _origin_kind(o), steps_known=self.steps is not None, processes=len(self.processes)
+        )
+        return say.cause_headline(text, o, self.cause_evicted)
 
     @property
     def first_harm(self) -> tuple[int, int, int] | None:
@@ -275,30 +254,6 @@ class Analysis:
         }
 
 
-def evicted_span(lost: dict[str, Any]) -> str:
-    """``the 412 executions the circular buffer dropped (steps 2–38)``."""
-    steps = lost.get("steps")
-    span = ""
-    if steps is not None:
-        span = f" (steps {steps[0]}–{steps[1]})" if steps[0] != steps[1] else f" (step {steps[0]})"
-    n, kind = lost["events"], lost["kind"].replace("_", " ")
-    return f"the {n:,} {kind}{'s' if n != 1 else ''} the circular buffer dropped{span}"
-
-
-NOTHING_HARMFUL = (
-    "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
-    "(see the lineages): nothing harmful."
-)
-LINEAGES_NOT_FOLLOWED = (
-    "The lineages of the Inf/NaN could not be followed (their events could not be decoded): "
-    "they are counted harmful, to be safe."
-)
-NOTHING_HARMFUL_READ = (
-    "Every Inf/NaN in the events that could be read was absorbed by a later op or handled by "
-    "the program (see the lineages); the dump is incomplete, so this is no all-clear."
-)
-
-
 def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
     """Inf/NaN events counted by op type and by step, from the index alone.
 
@@ -336,22 +291,27 @@ def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
             entry[1] = min(entry[1], first)
     a.total = a.executions + a.graph_execution_traces
     a.by_op_type = sorted(
-        ({"op_type": op, "kind": kind, "count": n, "first_index": first}
-         for (op, kind), (n, first) in per_op.items()),
+        (
+            {"op_type": op, "kind": kind, "count": n, "first_index": first}
+            for (op, kind), (n, first) in per_op.items()
+        ),
         key=lambda d: (-d["count"], d["op_type"]),
-    )  # fmt: skip
+    )
     a.by_step = [
-        {"step": s, "count": steps[s][0],
-         "first": {"kind": steps[s][1][1], "index": steps[s][1][2]}}
+        {
+            "step": s,
+            "count": steps[s][0],
+            "first": {"kind": steps[s][1][1], "index": steps[s][1][2]},
+        }
         for s in sorted(steps)
-    ]  # fmt: skip
+    ]
     return a
 
 
-def _origin_kind(origin: EventView) -> str:
-    """``entered`` (from outside the recorded ops), ``born`` here, or ``unknown``."""
+def _origin_kind(origin: EventView) -> OriginKind:
+    """Entered (from outside the recorded ops), born here, or unknown."""
     if origin.external_input:
-        return "entered"
+        return OriginKind.ENTERED
     # Inputs made by a recorded op but not summarised are integers or booleans
     # (or filtered out); only inputs from nowhere with no values are unknown.
     unknown = [
@@ -363,8 +323,8 @@ def _origin_kind(origin: EventView) -> str:
     ]
     if unknown and not born_from_output(origin.op_type, origin.counts):
         # An input whose values were not recorded may have carried the Inf/NaN in.
-        return "unknown"
-    return "born"
+        return OriginKind.UNKNOWN
+    return OriginKind.BORN
 
 
 def analyze(
@@ -373,185 +333,293 @@ def analyze(
     """Find the alerts, the origin, the first -inf/+inf, the first NaN and the chain between,
     and how close values came to overflow and underflow (measured against
     ``headroom_format``, e.g. ``"float8_e4m3fn"``, or else each value's own format)."""
-    result = _analyze(reader, lookback)
-    result.headroom = analyze_headroom(reader, headroom_format, result.first_harm)
+    found = _analyze(reader, lookback)
     # Again at the end: decoding the events found damage that indexing from a sidecar did not.
-    result.problems = [p.to_json() for p in reader.problems]
-    result.incomplete = [p.to_json() for p in reader.incomplete]
-    if result.incomplete and result.found and not result.found_harmful:
+    incomplete = [p.to_json() for p in reader.incomplete]
+    notes = found.notes
+    if incomplete and found.found and not found.found_harmful:
         # Said of what was read; what is missing may hold what it would change.
-        result.notes = [n.replace(NOTHING_HARMFUL, NOTHING_HARMFUL_READ) for n in result.notes]
-    return result
+        notes = [n.replace(say.NOTHING_HARMFUL, say.NOTHING_HARMFUL_READ) for n in notes]
+    return replace(
+        found,
+        headroom=analyze_headroom(reader, headroom_format, found.first_harm),
+        problems=[p.to_json() for p in reader.problems],
+        incomplete=incomplete,
+        notes=notes,
+    )
 
 
-def _analyze(reader: DumpReader, lookback: int) -> Analysis:
+def _after_last_step(reader: DumpReader) -> bool:
+    """Whether the last step holds only what ran after the last training step: nothing in
+    it trained (no event of the backward pass or the optimizer phase, no call of a graph
+    with backward equations), while an earlier step did."""
+    last = max(
+        (int(reader.index(k)["step"].max()) for k in (EXECUTIONS, TRACES) if reader.num(k)),
+        default=0,
+    )
+    trained_before = False
+    for kind in (EXECUTIONS, TRACES):
+        rows = reader.index(kind)
+        if not len(rows):
+            continue
+        training = rows["phase"] >= Phase.BACKWARD
+        if kind == EXECUTIONS:
+            training |= _calls_training_graph(reader, rows)
+        at_last = rows["step"] == last
+        if np.any(training & at_last):
+            return False
+        trained_before |= bool(np.any(training & ~at_last))
+    return trained_before
+
+
+def _calls_training_graph(reader: DumpReader, rows: np.ndarray) -> np.ndarray:
+    """Which executions call a graph that holds backward equations (a jitted training
+    step: JAX writes its backward equations with a forward source)."""
+    out = np.zeros(len(rows), dtype=bool)
+    processes = range(len(reader.processes))
+    for sid in np.unique(rows["graph"]).tolist():
+        graph_id = reader.string(sid)
+        if not graph_id:
+            continue  # eager ops
+        trains = [
+            p
+            for p in processes
+            if (g := reader.graph(graph_id, p)) is not None
+            and any(op.forward_stack_frame_ids for op in g.ops.values())
+        ]
+        if trains:
+            hit = rows["graph"] == sid
+            if len(trains) < len(processes):
+                hit &= np.isin(reader.processes_of(EXECUTIONS), trains)
+            out |= hit
+    return out
+
+
+def _dump_facts(reader: DumpReader) -> dict[str, Any]:
+    """What every analysis says of its dump, Inf/NaN or not: which run, what was recorded,
+    the steps, and the alerts."""
     mode = reader.tensor_debug_mode
     rows_e = reader.index(EXECUTIONS)
     rows_t = reader.index(TRACES)
     # Each kind's own min and max: no copy of every step (25M of them at 256 ranks).
     bounds = [(int(r["step"].min()), int(r["step"].max())) for r in (rows_e, rows_t) if len(r)]
-    result = Analysis(
-        logdir=str(reader.logdir),
-        logdirs=[str(d) for d in reader.logdirs],
-        run_id=reader.run_id,
-        framework=reader.framework,
-        tensor_debug_mode=mode.name if mode is not None else None,
-        processes=[p.to_json() for p in reader.processes],
-        num_executions=reader.num_executions(),
-        num_graph_execution_traces=reader.num_graph_execution_traces(),
-        # Steps nobody counted (TensorFlow's dumps without a training function): say
-        # "unknown" rather than "step 0".
-        steps=[min(b[0] for b in bounds), max(b[1] for b in bounds)]
+    # Steps nobody counted (TensorFlow's dumps without a training function): say
+    # "unknown" rather than "step 0".
+    steps = (
+        [min(b[0] for b in bounds), max(b[1] for b in bounds)]
         if bounds and reader.steps_known
-        else None,
-        alerts=count_alerts(reader),
-        problems=[p.to_json() for p in reader.problems],
+        else None
     )
-    if result.steps is None:
-        result.alerts.by_step = []  # every event reads step 0: no step to name
+    alerts = count_alerts(reader)
+    if steps is None:
+        alerts = replace(alerts, by_step=[])  # every event reads step 0: no step to name
+    return {
+        "logdir": str(reader.logdir),
+        "logdirs": [str(d) for d in reader.logdirs],
+        "run_id": reader.run_id,
+        "framework": reader.framework,
+        "tensor_debug_mode": mode.name if mode is not None else None,
+        "processes": [p.to_json() for p in reader.processes],
+        "num_executions": reader.num_executions(),
+        "num_graph_execution_traces": reader.num_graph_execution_traces(),
+        "steps": steps,
+        "alerts": alerts,
+        "problems": [p.to_json() for p in reader.problems],
+        "after_last_step": steps is not None and _after_last_step(reader),
+    }
+
+
+class _Views:
+    """The analysis's event views, each built once; an event that cannot be decoded is
+    None, and noted."""
+
+    def __init__(self, reader: DumpReader, lookback: int, notes: list[str]) -> None:
+        self.builder = ViewBuilder(reader, lookback)
+        self.notes = notes
+        self.cache: dict[tuple[str, int], EventView] = {}
+
+    def __call__(self, kind: str, index: int) -> EventView | None:
+        key = (kind, index)
+        if key not in self.cache:
+            try:
+                self.cache[key] = self.builder.view(kind, index)
+            except UNREADABLE as exc:
+                self.notes.append(say.undecodable(kind, index, exc))
+                return None
+        return self.cache[key]
+
+
+def _analyze(reader: DumpReader, lookback: int) -> Analysis:
+    facts = _dump_facts(reader)
+    mode = reader.tensor_debug_mode
     if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:
-        result.notes.append(
-            f"This dump was written in {mode.name} mode, which records which ops ran but not "
-            "whether their values were finite: no Inf/NaN can be found in it. Record again with "
-            "tensor_debug_mode='FULL_HEALTH'."
-        )
-        return result
-    if mode == TensorDebugMode.CURT_HEALTH:
-        result.notes.append(
-            "CURT_HEALTH records only whether each tensor had any Inf/NaN: counts, the first "
-            "-inf/+inf versus the first NaN, and most explanations need CONCISE_HEALTH or FULL_HEALTH."
-        )
-    _eviction(reader, result)
+        return Analysis(**facts, notes=[say.no_health(mode.name)])
+    # The notes in the order they are found; each helper adds its own.
+    notes: list[str] = [say.CURT_HEALTH] if mode == TensorDebugMode.CURT_HEALTH else []
+    evicted, dropped = _eviction(reader)
+    notes += dropped
     first = reader.first_nonfinite()
-    _tensorflow_buffer(reader, result, found=first is not None)
+    notes += _tensorflow_buffer(reader, found=first is not None)
     if first is None:
-        return result
+        return Analysis(**facts, evicted=evicted, notes=notes)
     # Several processes: the rank where it was born, by the collectives that carried it.
-    result.ranks = analyze_ranks(reader)
+    ranks = analyze_ranks(reader)
     origin_process: int | None = None
-    if result.ranks is not None and result.ranks.origin is not None:
-        first = result.ranks.origin
-        origin_process = result.ranks.origin_process
-    views = ViewBuilder(reader, lookback)
+    if ranks is not None and ranks.origin is not None:
+        first = ranks.origin
+        origin_process = ranks.origin_process
+    view = _Views(reader, lookback, notes)
     try:
-        origin = views.view(first.kind, first.index)
+        origin = view.builder.view(first.kind, first.index)
     except UNREADABLE as exc:
-        result.notes.append(f"The first event with Inf/NaN could not be decoded: {exc}")
-        return result
-    result.origin = origin
-    result.origin_kind = _origin_kind(origin)
+        notes.append(say.undecodable_origin(exc))
+        return Analysis(**facts, evicted=evicted, ranks=ranks, notes=notes)
+    view.cache[(origin.kind, origin.index)] = origin
     # A circular buffer may have evicted the producer: say when the inputs are unknown.
     if (
         origin.kind == EXECUTIONS
         and not origin.external_input
         and any(i.producer is None and i.counts is None for i in origin.inputs)
     ):
-        result.notes.append(
-            "Some inputs of the origin were produced before the recorded window or outside "
-            "the recorded ops; their values are unknown."
-        )
-    cache: dict[tuple[str, int], EventView] = {(origin.kind, origin.index): origin}
-
-    def view(kind: str, index: int) -> EventView | None:
-        key = (kind, index)
-        if key not in cache:
-            try:
-                cache[key] = views.view(kind, index)
-            except UNREADABLE as exc:
-                result.notes.append(
-                    f"{kind.replace('_', ' ')} #{index} could not be decoded: {exc}"
-                )
-                return None
-        return cache[key]
-
+        notes.append(say.ORIGIN_INPUTS_UNKNOWN)
     # The first -inf/+inf and NaN: the origin's rank's (every other rank's came later).
-    inf_at = reader.first_where("inf", process=origin_process)[1] or reader.first_where("inf")[1]
-    nan_at = reader.first_where("nan", process=origin_process)[1] or reader.first_where("nan")[1]
-    result.first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
-    result.first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
-    _judge(reader, result, view)
-    if result.ranks is not None and result.found_harmful:
+    inf_at = (
+        reader.first_where(NonFinite.INF, process=origin_process)[1]
+        or reader.first_where(NonFinite.INF)[1]
+    )
+    nan_at = (
+        reader.first_where(NonFinite.NAN, process=origin_process)[1]
+        or reader.first_where(NonFinite.NAN)[1]
+    )
+    first_inf = view(inf_at.kind, inf_at.index) if inf_at else None
+    first_nan = view(nan_at.kind, nan_at.index) if nan_at else None
+    judged = _judge(reader, view, ranks, first_nan, found=facts["alerts"].total > 0)
+    notes += _verdict_notes(judged, origin, first_nan, found=facts["alerts"].total > 0)
+    if ranks is not None and judged.found_harmful:
         # Where benign masks were made on every rank is no news: only harm gets the ranks' say.
-        result.notes.extend(result.ranks.notes)
-    for v in (result.origin, result.cause, result.first_inf, result.first_nan):
+        notes += ranks.notes
+    for v in (origin, judged.cause, first_inf, first_nan):
         if v is not None:
-            views.add_context(v)
+            view.builder.add_context(v)
     # Where in a library each event the report names ran (``library_source``).
-    for v in (result.origin, result.cause, result.first_inf, result.first_nan,
-              result.state_nonfinite):  # fmt: skip
-        if v is not None and (lib := _library_source(reader, v)) is not None:
-            result.library_sources[(v.kind, v.index)] = lib
-    return result
+    library_sources = {
+        (v.kind, v.index): lib
+        for v in (origin, judged.cause, first_inf, first_nan, judged.state_nonfinite)
+        if v is not None and (lib := _library_source(reader, v)) is not None
+    }
+    return Analysis(
+        **facts,
+        origin=origin,
+        origin_kind=_origin_kind(origin),
+        first_inf=first_inf,
+        first_nan=first_nan,
+        cause=judged.cause,
+        cause_evicted=judged.cause_evicted,
+        library_sources=library_sources,
+        birth_verdicts=judged.birth_verdicts,
+        found_harmful=judged.found_harmful,
+        state_nonfinite=judged.state_nonfinite,
+        lineages=judged.lineages,
+        evicted=evicted,
+        chain=judged.chain,
+        notes=notes,
+        ranks=ranks,
+    )
 
 
-def _judge(reader: DumpReader, result: Analysis, view: Any) -> None:
+class _Judged(NamedTuple):
+    """The lineages' verdicts, and the cause they point to."""
+
+    found_harmful: bool
+    birth_verdicts: dict[tuple[str, int], LineageVerdict]
+    lineages: list[LineageGroup]
+    cause_lineage: Lineage | None
+    cause: EventView | None
+    cause_evicted: dict[str, Any] | None
+    state_nonfinite: EventView | None
+    chain: list[EventView]
+
+
+def _judge(
+    reader: DumpReader,
+    view: _Views,
+    ranks: RankVerdict | None,
+    first_nan: EventView | None,
+    *,
+    found: bool,
+) -> _Judged:
     """Lineages, the cause, whether any Inf/NaN was harmful, and the chain to the first NaN."""
+    notes = view.notes
     # Ranks that received their Inf/NaN from another need no lineages of their own: their
     # values are the origin's (and following them on every rank of a large run is slow).
-    skip = (
-        {st.process for st in result.ranks.states if st.role == "received"}
-        if result.ranks
-        else set()
-    )
+    skip = {st.process for st in ranks.states if st.role == RankRole.RECEIVED} if ranks else set()
     lineages, complete = find_lineages(reader, skip=skip)
     written = _state_write(reader, lineages)
-    result.state_nonfinite = view(EXECUTIONS, written) if written is not None else None
+    state_nonfinite = view(EXECUTIONS, written) if written is not None else None
     if not complete:
-        result.notes.append(
-            "Lineages were followed through the first "
-            "events after the first Inf/NaN only (the dump is very long); later events may "
-            "change their verdict."
-        )
+        notes.append(say.LINEAGES_CUT_SHORT)
     # Lineages first seen after events the circular buffer dropped: their births are gone.
     cut = [lin for lin in lineages if lin.after_gap]
     if cut:
-        result.notes.append(
-            f"{len(cut)} Inf/NaN value{'s' if len(cut) != 1 else ''} came from events the "
-            "circular buffer dropped; record with circular_buffer_size=-1 to see their births."
-        )
+        notes.append(say.births_dropped(len(cut)))
     # Where no lineage could be built (undecodable events), stay on the safe side.
-    result.found_harmful = any(lin.verdict == "harmful" for lin in lineages) or (
-        result.found and not lineages
+    found_harmful = any(lin.verdict == LineageVerdict.HARMFUL for lin in lineages) or (
+        found and not lineages
     )
-    result.birth_verdicts = {(lin.kind, lin.birth): lin.verdict for lin in lineages}
     kept = [lin for lin in lineages if not lin.after_gap]
-    harmful = [lin for lin in kept if lin.verdict == "harmful"]
-    result.lineages = _groups(reader, kept, view)
-    cause = _pick_cause(harmful, result.first_nan)
+    harmful = [lin for lin in kept if lin.verdict == LineageVerdict.HARMFUL]
+    groups = _groups(reader, kept, view)
+    cause = _pick_cause(harmful, first_nan)
     made = _made_elsewhere(cause, harmful)
     if cause is not None and made is not None:
-        result.notes.append(
-            f"The values that {short_name(str(cause.signature[0]))} #{cause.birth} brought into "
-            f"{reader.processes[cause.process].label} were made in another process "
-            f"({reader.processes[made.process].label}: a DataLoader worker or another process "
-            "the program started); the cause is where that process made them."
+        notes.append(
+            say.made_elsewhere(
+                short_name(str(cause.signature[0])),
+                cause.birth,
+                reader.processes[cause.process].label,
+                reader.processes[made.process].label,
+            )
         )
         cause = made
+    cause_evicted: dict[str, Any] | None = None
     if cause is None:
         # Harm whose birth was dropped: name the earliest event kept of it (the one that
         # holds the first NaN first), and what was lost (docs/ROOT_CAUSE.md, "Circular buffers").
-        cause = _pick_cause([lin for lin in cut if lin.verdict == "harmful"], result.first_nan)
+        cause = _pick_cause(
+            [lin for lin in cut if lin.verdict == LineageVerdict.HARMFUL], first_nan
+        )
         if cause is not None:
-            result.cause_evicted = _lost_before(reader, cause)
-            if (g := _groups(reader, [cause], view)) and result.cause_evicted is not None:
-                g[0].birth_evicted = True
-                result.lineages.append(g[0])
+            cause_evicted = _lost_before(reader, cause)
+            evicted_groups = _groups(reader, [cause], view, evicted=cause_evicted is not None)
+            if evicted_groups and cause_evicted is not None:
+                groups.append(evicted_groups[0])
+    cause_view: EventView | None = None
+    chain: list[EventView] = []
     if cause is not None:
-        result.cause = view(cause.kind, cause.birth)
-        if result.cause is not None and result.cause_evicted is not None:
+        cause_view = view(cause.kind, cause.birth)
+        if cause_view is not None and cause_evicted is not None:
             # Its input's producer was dropped, not outside the program: say so, in every
             # place the event is shown (the cause box, the lineage list, the headline).
-            result.cause.explanation = explain_dropped(result.cause.counts)
-        elif result.cause is not None:
-            _no_intended_mask(result.cause)
+            cause_view.explanation = explain_dropped(cause_view.counts)
+        elif cause_view is not None:
+            _no_intended_mask(cause_view)
         # The lineage's own first NaN (the first NaN of all when it is in this lineage).
         end = view(cause.kind, cause.first_nan) if cause.first_nan is not None else None
-        if result.cause is not None:
-            result.chain = _chain(reader, result.cause, end, view) if end else [result.cause]
-    for group in result.lineages:
-        if group.kind == "harmful":
+        if cause_view is not None:
+            chain = _chain(reader, cause_view, end, view) if end else [cause_view]
+    for group in groups:
+        if group.kind == LineageVerdict.HARMFUL:
             _no_intended_mask(group.birth)
-    result.notes.extend(_verdict_notes(result, cause))
+    return _Judged(
+        found_harmful=found_harmful,
+        birth_verdicts={(lin.kind, lin.birth): lin.verdict for lin in lineages},
+        lineages=groups,
+        cause_lineage=cause,
+        cause=cause_view,
+        cause_evicted=cause_evicted,
+        state_nonfinite=state_nonfinite,
+        chain=chain,
+    )
 
 
 def _no_intended_mask(v: EventView) -> None:
@@ -617,10 +685,12 @@ def _made_elsewhere(cause: Lineage | None, harmful: list[Lineage]) -> Lineage | 
     if cause is None or not cause.signature or not is_load(str(cause.signature[0])):
         return None
     made = [
-        lin for lin in harmful
-        if lin.process != cause.process and lin.wall_time <= cause.wall_time
+        lin
+        for lin in harmful
+        if lin.process != cause.process
+        and lin.wall_time <= cause.wall_time
         and not (lin.signature and is_load(str(lin.signature[0])))
-    ]  # fmt: skip
+    ]
     return min(made, key=lambda lin: lin.wall_time) if made else None
 
 
@@ -656,77 +726,60 @@ def _lost_before(reader: DumpReader, lin: Lineage) -> dict[str, Any] | None:
     following = mine[np.searchsorted(mine, gaps[-1][0], side="right")]
     first = int(rows["step"][after]) if after >= 0 else 0
     steps = [first, int(rows["step"][following])] if reader.steps_known else None
-    return {"kind": lin.kind, "process": lin.process, "steps": steps,
-            "events": sum(n for _, n in gaps)}  # fmt: skip
+    return {
+        "kind": lin.kind,
+        "process": lin.process,
+        "steps": steps,
+        "events": sum(n for _, n in gaps),
+    }
 
 
-def _verdict_notes(result: Analysis, cause: Lineage | None) -> list[str]:
+def _verdict_notes(
+    judged: _Judged, origin: EventView, first_nan: EventView | None, *, found: bool
+) -> list[str]:
     """What the notes say of the verdict, each claim derived from the lineages' verdicts
-    (``result.birth_verdicts``) so that no note contradicts the lineage list."""
-    notes: list[str] = []
-    origin = result.origin
+    (``judged.birth_verdicts``) so that no note contradicts the lineage list."""
+    cause = judged.cause_lineage
     if cause is None:
-        if result.found_harmful:
-            notes.append(LINEAGES_NOT_FOLLOWED)
-        elif result.found:
-            notes.append(NOTHING_HARMFUL)
+        if judged.found_harmful:
+            return [say.LINEAGES_NOT_FOLLOWED]
+        return [say.NOTHING_HARMFUL] if found else []
+    notes: list[str] = []
+    if judged.cause_evicted is not None:
+        notes.append(say.cause_evicted(judged.cause_evicted, judged.cause))
+    if (origin.kind, origin.index) == (cause.kind, cause.birth):
         return notes
-    if result.cause_evicted is not None:
-        lost = result.cause_evicted
-        notes.append(
-            f"The cause's birth is not in the dump: it was among {evicted_span(lost)}. The "
-            f"cause shown ({_name(result.cause)}) is the earliest event kept that holds its "
-            "values; record with circular_buffer_size=-1 to see the birth."
+    made_first_nan = (
+        first_nan.index
+        if first_nan is not None
+        and first_nan.kind == cause.kind
+        and first_nan.index in cause.members
+        else None
+    )
+    notes.append(
+        say.first_is_not_the_cause(
+            origin,
+            judged.birth_verdicts.get((origin.kind, origin.index)),
+            judged.cause,
+            made_first_nan,
+            cause.birth,
         )
-    if origin is None or (origin.kind, origin.index) == (cause.kind, cause.birth):
-        return notes
-    named = _name(result.cause)
-    fnan = result.first_nan
-    if fnan is not None and fnan.kind == cause.kind and fnan.index in cause.members:
-        made = "which" if fnan.index == cause.birth else f"whose values (#{fnan.index})"
-        named += f", {made} made the first NaN"
-    verdict = result.birth_verdicts.get((origin.kind, origin.index))
-    first = f"The first Inf/NaN ({_name(origin)})"
-    if verdict == "harmful":
-        notes.append(
-            f"{first} is harmful too (see the lineages); the cause is a separate birth, {named}."
-        )
-    elif verdict in ("benign", "handled"):
-        how = "absorbed by a later op" if verdict == "benign" else "handled by the loss scaler"
-        notes.append(
-            f"{first} was {verdict} ({how}); the harmful values were born separately: the "
-            f"cause is {named}."
-        )
-    else:
-        notes.append(f"{first} is not in the cause's lineage; the cause is {named}.")
+    )
     return notes
 
 
-def _name(v: EventView | None) -> str:
-    return f"{v.op_name} #{v.index}" if v is not None else "?"
+def _eviction(reader: DumpReader) -> tuple[dict[str, int], list[str]]:
+    """How many events the circular buffers dropped, and a note for each kind with gaps."""
+    evicted = {kind: reader.evicted(kind) for kind in (EXECUTIONS, TRACES)}
+    notes = [
+        say.evicted(kind, n, reader.num(kind), len(reader.gaps(kind)))
+        for kind, n in evicted.items()
+        if n
+    ]
+    return evicted, notes
 
 
-def _eviction(reader: DumpReader, result: Analysis) -> None:
-    """How many events the circular buffers dropped, and a note where the recording has gaps."""
-    result.evicted = {kind: reader.evicted(kind) for kind in (EXECUTIONS, TRACES)}
-    for kind, n in result.evicted.items():
-        if not n:
-            continue
-        gaps = reader.gaps(kind)
-        kept = reader.num(kind)
-        result.notes.append(
-            f"The circular buffer dropped {n:,} {kind.replace('_', ' ')}s of {n + kept:,} "
-            f"({len(gaps)} gap{'s' if len(gaps) != 1 else ''}; windows around each new kind of "
-            "Inf/NaN and the first NaN are kept). Record with circular_buffer_size=-1 to keep "
-            "everything."
-        )
-
-
-# TensorFlow's enable_dump_debug_info keeps this many events of each kind by default.
-TF_DEFAULT_BUFFER = 1000
-
-
-def _tensorflow_buffer(reader: DumpReader, result: Analysis, *, found: bool) -> None:
+def _tensorflow_buffer(reader: DumpReader, *, found: bool) -> list[str]:
     """A note where TensorFlow wrote the dump itself and may have let go of its first events.
 
     Its files do not say whether a circular buffer was used (nanscope's reader reports
@@ -740,58 +793,60 @@ def _tensorflow_buffer(reader: DumpReader, result: Analysis, *, found: bool) -> 
             continue  # nanscope's writers say what they let go of
         if reader.incomplete_events(proc.index):
             continue  # the reader found what is missing: its problems say so
+        if not found:
+            return [say.tensorflow_buffer_unknown()]
         counts = {
             kind: int(np.count_nonzero(reader.processes_of(kind) == proc.index))
             for kind in (EXECUTIONS, TRACES)
         }
-        if not found:
-            result.notes.append(
-                "TensorFlow wrote this dump, and its files do not say whether it kept every "
-                "event: with a circular buffer (enable_dump_debug_info keeps the last "
-                f"{TF_DEFAULT_BUFFER} executions and {TF_DEFAULT_BUFFER} graph execution traces "
-                "by default) the first events may not have been kept, and an Inf/NaN among them "
-                "is not seen here. Record with circular_buffer_size=-1, or with nanscope run, "
-                "to be sure."
-            )
-            return
-        full = [k for k, n in counts.items() if n == TF_DEFAULT_BUFFER]
+        full = [k for k, n in counts.items() if n == say.TF_DEFAULT_BUFFER]
         if full:
-            what = " and ".join(f"{TF_DEFAULT_BUFFER} {k.replace('_', ' ')}s" for k in full)
-            result.notes.append(
-                f"TensorFlow wrote this dump, and it holds exactly {what}, as many as "
-                "enable_dump_debug_info's circular buffer keeps by default: earlier events may "
-                "not have been kept, and the first Inf/NaN of the run with them. Record with "
-                "circular_buffer_size=-1, or with nanscope run, to be sure."
-            )
-            return
+            return [say.tensorflow_buffer_full(full)]
+    return []
 
 
-def _groups(reader: DumpReader, lineages: list[Lineage], view: Any) -> list[LineageGroup]:
-    """Lineages grouped by verdict and birth place, in order of their first birth."""
-    groups: dict[tuple[Any, ...], LineageGroup] = {}
+def _groups(
+    reader: DumpReader, lineages: list[Lineage], view: _Views, *, evicted: bool = False
+) -> list[LineageGroup]:
+    """Lineages grouped by verdict and birth place, in order of their first birth (a birth
+    that cannot be decoded starts no group: the next of its place does)."""
+    births: dict[tuple[Any, ...], EventView] = {}
+    members: dict[tuple[Any, ...], list[Lineage]] = {}
     for lin in lineages:
         key = (lin.verdict, lin.kind, lin.process, lin.signature)
-        g = groups.get(key)
-        if g is None:
+        if key not in births:
             birth = view(lin.kind, lin.birth)
             if birth is None:
                 continue
-            g = groups[key] = LineageGroup(
-                kind=lin.verdict,
-                birth=birth,
-                count=0,
-                reaches=list(lin.reaches),
-                absorbed_at=_absorber(reader, lin),
-                handled_at=_ref(lin.kind, lin.handled_at),
-            )
-        g.count += 1
-        g.recomputed += len(lin.recomputed)
-        g.reaches.extend(r for r in lin.reaches if r not in g.reaches)
-        if lin.verdict == "handled" and lin.handled_at is not None:
+            births[key] = birth
+            members[key] = []
+        members[key].append(lin)
+    return [_group(reader, births[key], lins, evicted) for key, lins in members.items()]
+
+
+def _group(
+    reader: DumpReader, birth: EventView, lins: list[Lineage], evicted: bool
+) -> LineageGroup:
+    first = lins[0]
+    reaches: list[str] = []
+    skipped: list[int] = []
+    for lin in lins:
+        reaches.extend(r for r in lin.reaches if r not in reaches)
+        if lin.verdict == LineageVerdict.HANDLED and lin.handled_at is not None:
             step = int(reader.index(lin.kind)["step"][lin.handled_at])
-            if step not in g.skipped_steps:
-                g.skipped_steps.append(step)
-    return list(groups.values())
+            if step not in skipped:
+                skipped.append(step)
+    return LineageGroup(
+        kind=first.verdict,
+        birth=birth,
+        count=len(lins),
+        reaches=reaches,
+        absorbed_at=_absorber(reader, first),
+        handled_at=_ref(first.kind, first.handled_at),
+        skipped_steps=skipped,
+        birth_evicted=evicted,
+        recomputed=sum(len(lin.recomputed) for lin in lins),
+    )
 
 
 # Events of a lineage looked at for the write that made the weights non-finite.
@@ -807,7 +862,7 @@ def _state_write(reader: DumpReader, lineages: list[Lineage]) -> int | None:
     last such write of the first step that had one."""
     found: int | None = None
     for lin in lineages:
-        if lin.kind != EXECUTIONS or lin.verdict != "harmful":
+        if lin.kind != EXECUTIONS or lin.verdict != LineageVerdict.HARMFUL:
             continue
         outputs: dict[int, tuple[int, int]] = {}  # tensor id -> (write, its step)
         last: tuple[int, int] | None = None  # the first step's last write
@@ -822,7 +877,7 @@ def _state_write(reader: DumpReader, lineages: list[Lineage]) -> int | None:
             if any(ex.step > step for _, step in hit):
                 found = min(w for w, step in hit if ex.step > step)
                 break
-            if ex.phase == OPTIMIZER and _in_place(ex.op_type):
+            if ex.phase == Phase.OPTIMIZER and in_place(ex.op_type):
                 for t in ex.output_tensor_ids:
                     if t:
                         outputs[t] = (i, ex.step)

@@ -66,5 +66,11 @@ def values_json(value: np.ndarray, limit: int) -> dict[str, Any]:
         values = [int(v) for v in shown]
     else:
         values = [_json_number(float(v)) for v in shown]
-    return {"dtype": str(arr.dtype), "shape": list(arr.shape), "size": int(arr.size),
-            "values": values, "truncated": int(arr.size) > limit, "stats": statistics(arr)}  # fmt: skip
+    return {
+        "dtype": str(arr.dtype),
+        "shape": list(arr.shape),
+        "size": int(arr.size),
+        "values": values,
+        "truncated": int(arr.size) > limit,
+        "stats": statistics(arr),
+    }

@@ -29,15 +29,43 @@ from nanscope.reader import TRACES, DumpReader, GraphInfo
 
 # The predicate of the loss scaler's cond: an AND of IsFinite checks, maybe reshaped.
 _CHECK = "IsFinite"
-_AND_OPS = frozenset({"All", "LogicalAnd", "Pack", "ConcatV2", "Identity", "Reshape", "Squeeze",
-                      "ExpandDims", "StopGradient", "Snapshot"})  # fmt: skip
+_AND_OPS = frozenset(
+    {
+        "All",
+        "LogicalAnd",
+        "Pack",
+        "ConcatV2",
+        "Identity",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "StopGradient",
+        "Snapshot",
+    }
+)
 _CONDS = frozenset({"If", "StatelessIf"})
 
 # Ops that write their value inputs into a variable: parameters, optimizer states, metrics.
-_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                     "Assign", "AssignAdd", "AssignSub"})  # fmt: skip
-_WRITE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ApplyGradientDescent", "ApplyAdam",
-                   "ResourceScatter", "ScatterUpdate", "ScatterAdd", "ScatterSub")  # fmt: skip
+_WRITES = frozenset(
+    {
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+        "Assign",
+        "AssignAdd",
+        "AssignSub",
+    }
+)
+_WRITE_PREFIXES = (
+    "ResourceApply",
+    "ResourceSparseApply",
+    "ApplyGradientDescent",
+    "ApplyAdam",
+    "ResourceScatter",
+    "ScatterUpdate",
+    "ScatterAdd",
+    "ScatterSub",
+)
 
 
 def is_backward_op(op_name: str) -> bool:

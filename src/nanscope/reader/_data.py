@@ -11,13 +11,14 @@ import numpy as np
 from nanscope._paths import is_user_file
 from nanscope.format.health import Health
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
+from nanscope.vocabulary import Phase
 
 # Outputs listed for an execution that records no tensor ids: ``num_outputs`` says how many
 # there are, and a record may say 2**31 (docs/FORMAT.md, "Limits").
 MAX_LISTED_OUTPUTS = 4096
 
 # nanscope's ``Execution.phase`` numbers, as reports name them.
-PHASES = {0: "", 1: "forward", 2: "backward", 3: "optimizer"}
+PHASES = {p.value: p.label for p in Phase}
 
 
 def _numbers(vector: np.ndarray) -> list[float | str]:

@@ -52,12 +52,13 @@ from nanscope.reader._drops import WriterDrops, read_drops
 from nanscope.reader._eventfile import INDEX_DTYPE, EventFile, FileReplaced
 from nanscope.reader._logs import RecordLog, describe
 from nanscope.reader._tfsteps import TfHistory
+from nanscope.vocabulary import EventKind
 
 SUPPORTED_FILE_VERSION = 1
 # One dump root, or several roots read as one dump (one per host, say).
 DumpRoots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-EXECUTIONS = "execution"
-TRACES = "graph_execution_trace"
+EXECUTIONS = EventKind.EXECUTION
+TRACES = EventKind.GRAPH_EXECUTION_TRACE
 # The event file of each kind.
 _SUFFIX_OF = {EXECUTIONS: files.EXECUTION, TRACES: files.GRAPH_EXECUTION_TRACES}
 

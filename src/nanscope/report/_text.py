@@ -16,7 +16,6 @@ from rich.table import Table
 from rich.text import Text
 
 from nanscope.analysis import (
-    INCOMPLETE,
     Analysis,
     EventView,
     Headroom,
@@ -26,8 +25,19 @@ from nanscope.analysis import (
     RankVerdict,
     Source,
 )
+from nanscope.analysis import _lineage as reach
+from nanscope.analysis._explain import short_name
+from nanscope.analysis._headroom import WATCH
 from nanscope.format.health import Health
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+from nanscope.vocabulary import (
+    EventKind,
+    LineageVerdict,
+    OriginKind,
+    RankDecision,
+    RankRole,
+    Verdict,
+)
 
 _HEALTH_MODE_NAMES = {m.name for m in HEALTH_MODES} | {TensorDebugMode.FULL_TENSOR.name}
 
@@ -76,9 +86,16 @@ def _source_block(label: str, src: Source) -> list[object]:
         first = src.context[0][0]
         code = "\n".join(line for _, line in src.context)
         out.append(
-            Syntax(code, "python", line_numbers=True, start_line=first,
-                   highlight_lines={src.line}, theme="ansi_dark", word_wrap=True)
-        )  # fmt: skip
+            Syntax(
+                code,
+                "python",
+                line_numbers=True,
+                start_line=first,
+                highlight_lines={src.line},
+                theme="ansi_dark",
+                word_wrap=True,
+            )
+        )
     elif src.code:
         out.append(Text(f"    {src.code}"))
     return out
@@ -124,32 +141,134 @@ def _library_line(src: Source) -> Text:
     return Text(f"in library code: {src.file}:{src.line} in {src.function}", style="bold")
 
 
-_VERDICT_STYLE = {"harmful": "red", "handled": "cyan", "benign": "green"}
+_VERDICT_STYLE = {
+    LineageVerdict.HARMFUL: "red",
+    LineageVerdict.HANDLED: "cyan",
+    LineageVerdict.BENIGN: "green",
+}
+
+# Where a lineage's values went, in the few words a one-line lineage has room for.
+_REACH_SHORT = {
+    reach.GRAPH_OUTPUT: "a graph output",
+    reach.VARIABLE: "a variable",
+    reach.LATER_STEP: "a later step",
+    reach.GRADIENTS: "the gradients",
+    reach.LOSS: "the loss",
+    reach.OPTIMIZER_UPDATE: "the optimizer update",
+    reach.END: "the end, unread",
+}
+
+# Graph ops that only read a variable: a birth there is a variable an earlier update had
+# already made non-finite, not a new cause.
+_VARIABLE_READS = ("ReadVariableOp", "ResourceGather", "VarHandleOp")
 
 
-def _lineage_line(g: LineageGroup, steps_known: bool = True) -> Text:
+def _place(b: EventView) -> str:
+    return f"{Path(b.source.file).name}:{b.source.line}" if b.source else b.module_path or "?"
+
+
+def _steps_text(steps: list[int]) -> str:
+    lo, hi = min(steps), max(steps)
+    return f"step {lo}" if lo == hi else f"steps {lo}–{hi}"
+
+
+class _Row:
+    """Lineage groups that read the same on one line: one verdict, op and place."""
+
+    def __init__(self, g: LineageGroup) -> None:
+        self.groups = [g]
+
+    @property
+    def first(self) -> LineageGroup:
+        return self.groups[0]
+
+    @property
+    def count(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    @property
+    def steps(self) -> list[int]:
+        return [g.birth.step for g in self.groups]
+
+    @property
+    def reaches(self) -> list[str]:
+        out: list[str] = []
+        for g in self.groups:
+            out.extend(r for r in g.reaches if r not in out)
+        return out
+
+
+def _lineage_rows(groups: list[LineageGroup]) -> list[_Row]:
+    """Groups merged where only their step differs (the same birth, step after step)."""
+    rows: dict[tuple[str, str, str, bool], _Row] = {}
+    for g in groups:
+        key = (str(g.kind), g.birth.op_name, _place(g.birth), g.birth_evicted)
+        if key in rows:
+            rows[key].groups.append(g)
+        else:
+            rows[key] = _Row(g)
+    return list(rows.values())
+
+
+def _is_variable_read(g: LineageGroup) -> bool:
+    return g.birth.op_type in _VARIABLE_READS
+
+
+def _lineage_line(row: _Row, steps_known: bool = True) -> Text:
+    """One lineage row on one line: verdict, op, how many, where, when, and its fate."""
+    g = row.first
     b = g.birth
-    where = f"{Path(b.source.file).name}:{b.source.line}" if b.source else b.module_path or "?"
-    times = f" ×{g.count}" if g.count > 1 else ""
+    times = f" ×{row.count}" if row.count > 1 else ""
     t = Text(f"  {g.kind:<8}", style=_VERDICT_STYLE.get(g.kind, ""))
-    t.append(
-        f" {b.op_name} #{b.index}{times} at {where}" + (f", step {b.step}" if steps_known else "")
-    )
+    t.append(f" {b.op_name} #{b.index}{times} at {_place(b)}")
+    if steps_known:
+        t.append(f", {_steps_text(row.steps)}")
     if g.birth_evicted:
-        t.append(" (its birth was dropped by the circular buffer: the earliest event kept)")
-    if g.recomputed:
-        t.append(" (recomputed in the backward pass by activation checkpointing)", style="dim")
-    if g.kind == "handled":
-        steps = ", ".join(str(s) for s in g.skipped_steps)
-        t.append(f": the loss scaler's inf check saw it; step {steps} skipped", style="dim")
-    elif g.kind == "benign" and g.absorbed_at is not None:
+        t.append(" (birth dropped by the circular buffer: the earliest event kept)")
+    recomputed = sum(x.recomputed for x in row.groups)
+    if recomputed:
+        t.append(" (recomputed by activation checkpointing)", style="dim")
+    if g.kind == LineageVerdict.HANDLED:
+        skipped = sorted({s for x in row.groups for s in x.skipped_steps})
+        steps = ", ".join(str(s) for s in skipped)
+        t.append(f": the loss scaler skipped step {steps}", style="dim")
+    elif g.kind == LineageVerdict.BENIGN and g.absorbed_at is not None:
         by = g.absorbed_at.get("op_type")
         t.append(
-            f": absorbed at #{g.absorbed_at['index']}" + (f" ({by})" if by else ""), style="dim"
+            f": absorbed at #{g.absorbed_at['index']}" + (f" ({short_name(by)})" if by else ""),
+            style="dim",
         )
-    elif g.reaches:
-        t.append(f": reaches {'; '.join(g.reaches)}", style="dim")
+    elif row.reaches:
+        told = ", ".join(_REACH_SHORT.get(r, r) for r in row.reaches)
+        t.append(f": reaches {told}", style="dim")
     return t
+
+
+def _lineages_section(a: Analysis, console: Console, steps_known: bool) -> None:
+    """One short line per birth place; variables read back non-finite after the cause
+    (TensorFlow's ``ReadVariableOp`` of a weight an update made NaN) folded into one."""
+    cause = a.cause
+    groups: list[LineageGroup] = []
+    reads: list[LineageGroup] = []
+    for g in a.lineages:
+        later_read = (
+            cause is not None
+            and _is_variable_read(g)
+            and g.birth.step >= cause.step
+            and (g.birth.kind, g.birth.index) != (cause.kind, cause.index)
+        )
+        (reads if later_read else groups).append(g)
+    console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
+    for row in _lineage_rows(groups):
+        # One line each, however narrow the terminal: the end is cut, not wrapped.
+        console.print(_lineage_line(row, steps_known), no_wrap=True, overflow="ellipsis")
+    if reads:
+        n = sum(g.count for g in reads)
+        when = f", {_steps_text([g.birth.step for g in reads])}" if steps_known else ""
+        said = f"  and {n} read{'s' if n != 1 else ''} of variables that already held Inf/NaN"
+        console.print(
+            Text(f"{said}{when}, after the cause", style="dim"), no_wrap=True, overflow="ellipsis"
+        )
 
 
 # Rows of the per-rank table beyond the origin and other births (a large run's ranks
@@ -172,9 +291,9 @@ def _ranks_section(v: RankVerdict, console: Console) -> None:
     if origin is None:
         return
     how = {
-        "collective": "told by the collectives that carried it, not by clocks",
-        "clock": "told by clock: no collective orders the births",
-        "single": "the only rank with Inf/NaN",
+        RankDecision.COLLECTIVE: "told by the collectives that carried it, not by clocks",
+        RankDecision.CLOCK: "told by clock: no collective orders the births",
+        RankDecision.SINGLE: "the only rank with Inf/NaN",
     }[v.decided_by]
     console.print(Text(f"Ranks: born on {origin.label} ({how})", style="bold"))
     if v.spread:
@@ -191,14 +310,14 @@ def _ranks_section(v: RankVerdict, console: Console) -> None:
         table.add_column(col, justify="right" if col in ("step", "when") else "left")
     start = origin.first or origin.birth
     t0 = start.wall_time if start is not None else 0.0
-    roles = {"origin": 0, "born": 1, "received": 2}
+    roles = {RankRole.ORIGIN: 0, RankRole.BORN: 1, RankRole.RECEIVED: 2}
     rows = sorted(v.states, key=lambda st: (roles.get(st.role, 3), _rank_order(st)))
-    shown = [st for st in rows if st.role in ("origin", "born")]
-    shown += [st for st in rows if st.role not in ("origin", "born")][
+    shown = [st for st in rows if st.role in (RankRole.ORIGIN, RankRole.BORN)]
+    shown += [st for st in rows if st.role not in (RankRole.ORIGIN, RankRole.BORN)][
         : max(0, RANK_ROWS - len(shown))
     ]
     for st in shown:
-        role = st.role
+        role: str = st.role
         if st.via is not None:
             src = ", ".join(by_process[p].label for p in st.senders if p in by_process)
             p2p = st.via.collective.kind != "collective"  # its label names the peer
@@ -253,8 +372,13 @@ def _headroom_section(h: Headroom, console: Console) -> None:
             lows = [r["min_nonzero_abs"] for r in by_step.values() if r["min_nonzero_abs"]]
             last = by_step[max(by_step)]
             cells = [f"{by_step[st]['max_abs']:.4g}" if st in by_step else "—" for st in steps]
-            table.add_row(name, last["dtype"], f"{min(lows):.3g}" if lows else "—", *cells,
-                          _level(last["level"]))  # fmt: skip
+            table.add_row(
+                name,
+                last["dtype"],
+                f"{min(lows):.3g}" if lows else "—",
+                *cells,
+                _level(last["level"]),
+            )
         console.print(table)
 
 
@@ -279,57 +403,118 @@ def _incomplete_panel(a: Analysis) -> Panel:
     )
 
 
-def render_text(a: Analysis, console: Console) -> None:
-    """Print the report for ``a``."""
+def _header(a: Analysis, console: Console) -> None:
+    """The dump: where, which run, and the steps as the program counted them."""
     console.print(Text(f"nanscope report: {', '.join(a.logdirs or [a.logdir])}", style="bold"))
     procs = len(a.processes)
-    steps = f"steps {a.steps[0]}–{a.steps[1]}" if a.steps else "no steps"
     console.print(
         f"run {a.run_id or '?'} · {a.framework or 'unknown framework'} · "
         f"{a.tensor_debug_mode or 'unknown mode'} · {procs} process{'es' if procs != 1 else ''} · "
-        f"{steps}"
+        f"{steps_header(a)}"
     )
     console.print(
         f"{a.num_executions:,} executions · {a.num_graph_execution_traces:,} graph execution traces"
     )
+
+
+def steps_header(a: Analysis) -> str:
+    """``steps 0–5``, numbered from 0 as a training loop's ``for step in range(n)`` counts.
+
+    A step ends when the optimizer step returns, so what a program runs after its last
+    update (an evaluation, a final print of the loss) is counted in one step more than the
+    loop ran: the header names the loop's steps, and that work after them apart, so that
+    it reads as the program printed its steps."""
+    if not a.steps:
+        return "no steps"
+    first, last = a.steps
+    if a.after_last_step and last > first:
+        return f"steps {first}–{last - 1} (step {last}: after the last)"
+    return f"steps {first}–{last}" if last != first else f"step {first}"
+
+
+def _verdict_line(a: Analysis) -> Text | None:
+    """The answer, one line, before anything else (but what is missing from the dump)."""
+    if a.verdict == Verdict.INCOMPLETE:
+        return Text(f"? {a.headline}", style="bold red")
+    if a.found_harmful and a.headline:
+        # The same sentence as the JSON's headline and the GUI's.
+        return Text(f"✗ {a.headline}", style="bold red")
+    if a.found_harmful:
+        return Text("✗ harmful Inf/NaN", style="bold red")
+    if a.found:
+        return Text(f"✓ {a.headline}", style="bold green")
+    health = a.tensor_debug_mode is None or a.tensor_debug_mode in _HEALTH_MODE_NAMES
+    if health:
+        return Text("✓ no Inf/NaN recorded", style="bold green")
+    return Text(f"? {a.tensor_debug_mode} records no health: see the note below")
+
+
+def _op_rows(a: Analysis) -> list[dict[str, Any]]:
+    """The alert table's rows: the cause's op type first (the answer leads), then the
+    others, most events first."""
+    rows = a.alerts.by_op_type
+    cause = a.cause
+    if cause is not None:
+        mine = [r for r in rows if r["op_type"] == cause.op_type and r["kind"] == cause.kind]
+        rows = mine + [r for r in rows if r not in mine]
+    return rows
+
+
+# Op types listed in the alert table; the rest are counted on one line.
+OP_ROWS = 8
+
+
+def _alerts(a: Analysis, console: Console) -> None:
+    """How many events held Inf/NaN, of which op types: the evidence under the answer."""
+    al = a.alerts
+    style = "bold" if a.found_harmful else "dim"
+    console.print(
+        Text(
+            f"Inf/NaN in {al.total:,} event{'s' if al.total != 1 else ''} "
+            f"({al.executions:,} executions, {al.graph_execution_traces:,} graph execution "
+            "traces)",
+            style=style,
+        )
+    )
+    table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
+    table.add_column("op type")
+    table.add_column("events", justify="right")
+    table.add_column("first", justify="right")
+    rows = _op_rows(a)
+    cause = a.cause
+    for row in rows[:OP_ROWS]:
+        where = " (graph)" if row["kind"] != EventKind.EXECUTION else ""
+        mark = ""
+        if cause is not None and (row["op_type"], row["kind"]) == (cause.op_type, cause.kind):
+            mark = "  ← the cause"
+        table.add_row(row["op_type"] + where + mark, f"{row['count']:,}", f"#{row['first_index']}")
+    if len(rows) > OP_ROWS:
+        table.add_row(f"... {len(rows) - OP_ROWS} more op types", "", "")
+    console.print(table)
+    if al.by_step:
+        first = al.by_step[0]
+        console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
+
+
+def _headroom_near(h: Headroom) -> bool:
+    """Whether any value came within reach of its format's limit: a warning, or a module
+    whose largest |x| before the first Inf reached the level headroom watches from."""
+    return bool(h.warnings) or any((r.get("level") or 0) >= WATCH for r in h.before_inf)
+
+
+def render_text(a: Analysis, console: Console) -> None:
+    """Print the report for ``a``: the answer first, then the evidence for it."""
+    _header(a, console)
     if a.incomplete:
         console.print(_incomplete_panel(a))
+    verdict = _verdict_line(a)
+    if verdict is not None:
+        console.print(verdict)
     for note in a.notes:
         console.print(Text(f"note: {note}", style="yellow"))
-    if a.verdict == INCOMPLETE:
-        console.print(Text(f"? {a.headline}", style="bold red"))
-    elif not a.found:
-        health = a.tensor_debug_mode is None or a.tensor_debug_mode in _HEALTH_MODE_NAMES
-        if health:
-            console.print(Text("✓ no Inf/NaN recorded", style="bold green"))
-        else:
-            console.print(Text(f"? {a.tensor_debug_mode} records no health: see the note above"))
-    elif not a.found_harmful:
-        console.print(Text(f"✓ {a.headline}", style="bold green"))
     if a.found:
-        al = a.alerts
-        console.print(
-            Text(f"✗ Inf/NaN in {al.total:,} event{'s' if al.total != 1 else ''} "
-                 f"({al.executions:,} executions, {al.graph_execution_traces:,} graph execution "
-                 "traces)", style="bold red")
-        )  # fmt: skip
-        table = Table(box=None, show_header=True, header_style="dim", pad_edge=False)
-        table.add_column("op type")
-        table.add_column("events", justify="right")
-        table.add_column("first", justify="right")
-        for row in al.by_op_type[:8]:
-            where = " (graph)" if row["kind"] != "execution" else ""
-            table.add_row(row["op_type"] + where, f"{row['count']:,}", f"#{row['first_index']}")
-        if len(al.by_op_type) > 8:
-            table.add_row(f"... {len(al.by_op_type) - 8} more op types", "", "")
-        console.print(table)
-        if al.by_step:
-            first = al.by_step[0]
-            console.print(f"first step with Inf/NaN: {first['step']} ({first['count']} events)")
+        _alerts(a, console)
     known = a.steps is not None
-    if a.found_harmful and a.headline:
-        # The answer in one sentence, the same as the JSON's headline and the GUI's.
-        console.print(Text(f"✗ {a.headline}", style="bold red"))
     # Each event is shown once, in the first box that names it; later ones say which box.
     shown: dict[tuple[str, int], str] = {}
 
@@ -354,7 +539,7 @@ def render_text(a: Analysis, console: Console) -> None:
             title = "where the harmful Inf/NaN was born"
         box("Cause", title, a.cause, "red")
     if a.origin is not None:
-        kind = "entered from outside" if a.origin_kind == "entered" else "born"
+        kind = "entered from outside" if a.origin_kind == OriginKind.ENTERED else "born"
         if not same_as(f"Origin (the first Inf/NaN {kind})", a.origin):
             style = "red" if a.cause is None and a.found_harmful else "yellow"
             box("Origin", f"where the first Inf/NaN was {kind}", a.origin, style)
@@ -369,15 +554,16 @@ def render_text(a: Analysis, console: Console) -> None:
     if a.state_nonfinite is not None:
         w = a.state_nonfinite
         at = f" at {Path(w.source.file).name}:{w.source.line}" if w.source is not None else ""
-        console.print(Text(
-            f"parameters or optimizer state non-finite from step {w.step}: {w.op_name} "
-            f"#{w.index}{at} wrote {_counts(w.counts)}", style="red",
-        ))  # fmt: skip
+        console.print(
+            Text(
+                f"parameters or optimizer state non-finite from step {w.step}: {w.op_name} "
+                f"#{w.index}{at} wrote {_counts(w.counts)}",
+                style="red",
+            )
+        )
     if a.lineages:
-        console.print(Text("lineages (births of Inf/NaN and what became of them):", style="bold"))
-        for g in a.lineages:
-            console.print(_lineage_line(g, known))
-    if a.headroom is not None:
+        _lineages_section(a, console, known)
+    if a.headroom is not None and _headroom_near(a.headroom):
         _headroom_section(a.headroom, console)
     if any(a.evicted.values()):
         dropped = ", ".join(f"{n:,} {k.replace('_', ' ')}s" for k, n in a.evicted.items() if n)
