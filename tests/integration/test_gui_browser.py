@@ -309,7 +309,8 @@ def test_url_hash_restores_the_selection(page: Any, server: Any, demo: str) -> N
 def test_keyboard_moves_the_selection(page: Any, server: Any, demo: str) -> None:
     alerts = api(server, "/api/alerts", run=demo)
     first = alerts["first"]["index"]
-    open_run(page, server, demo)
+    open_run(page, server, demo, "&sel=e3")  # not the first view's root cause
+    wait_selected(page, "e3")
     wait_rows_loaded(page)
     page.click("#graph-execs .vrow[data-index='3']")
     wait_selected(page, "e3")
@@ -387,7 +388,7 @@ def test_alerts_of_one_process(page: Any, server: Any) -> None:
     whole = api(server, "/api/alerts", run="ranks")
     rank1 = api(server, "/api/alerts", run="ranks", process=1)
     assert (whole["total"], rank1["total"]) == (6, 2)
-    open_run(page, server, "ranks", "&tab=executions")
+    open_run(page, server, "ranks", "&tab=executions&sel=e0")  # not the root cause's tab
     assert page.text_content("#alert-total") == "6 NaN/∞"
     assert page.locator("#alerts .arow.step").count() == 3
     page.wait_for_selector("#rootcause .rc-title")
@@ -460,7 +461,8 @@ def test_source_file_picker_lists_the_recorded_files(page: Any, server: Any) -> 
     assert len(files) > 10
     user = [f for f in files if f["user"]]
     lib = next(f for f in files if f["path"].endswith("/op_callbacks.py"))
-    open_run(page, server, "tf")
+    # A source line in the URL, no event: nothing selected (not the root cause's first view).
+    open_run(page, server, "tf", f"&sp=0&sf={user[0]['file_index']}&sl=1")
     picker = page.locator("#source-file")
     wait_js(
         page,
@@ -521,7 +523,7 @@ def test_timeline_zooms_pans_and_selects_by_click(page: Any, server: Any, demo: 
 
 
 def test_virtual_list_scrolls_200k_traces_with_bounded_dom(page: Any, server: Any) -> None:
-    open_run(page, server, "big", "&tab=traces")
+    open_run(page, server, "big", "&tab=traces&sel=t0")  # not scrolled to the root cause
     wait_rows_loaded(page)
     assert list_indices(page)[0] == 0
     vp = "#graph-execs .vl-viewport"

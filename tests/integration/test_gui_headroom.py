@@ -217,7 +217,10 @@ def _nearest_step(data: dict[str, Any], warning: dict[str, Any]) -> int:
 def test_healthy_run_has_no_warnings(page: Any, server: Any, healthy: str) -> None:
     data = api(server, "/api/headroom", run=healthy)
     assert data["recorded"] and data["warnings"] == []
-    _open_chart(page, server, healthy)
+    open_run(page, server, healthy)
+    page.wait_for_selector("#headroom[data-collapsed='1']", state="attached")  # nothing near
+    page.click("#headroom-toggle")  # opened on request
+    page.wait_for_selector("#headroom svg.hr-svg")
     assert page.is_visible("#headroom")
     assert page.locator("#headroom polyline.hr-line").count() >= 2
     assert page.locator("#headroom .hr-warn").count() == 0

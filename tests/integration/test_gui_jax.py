@@ -123,7 +123,7 @@ def test_executions_of_the_jax_dump(server: Any, page: Any) -> None:
     assert [r["op_type"] for r in rows] == ["train_step", "train_step", "predict", "log", "exp"]
     log = rows[3]["index"]
 
-    open_run(page, server, RUN, "&tab=executions")
+    open_run(page, server, RUN, "&tab=executions&sel=e0")  # not the root cause's tab (traces)
     wait_js(page, "document.querySelector('.tl-wrap').dataset.total === '5'")
     wait_rows_loaded(page)
     assert list_indices(page) == [r["index"] for r in rows]

@@ -126,12 +126,23 @@ class HeadroomWarning:
         return head + tail + ")"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "process": self.process, "rank": self.rank,
-                "module": self.module, "phase": self.phase, "format": self.format,
-                "value": self.value, "limit": self.limit, "step": self.step,
-                "since_step": self.since_step, "growth_per_100": self.growth_per_100,
-                "steps_left": self.steps_left, "index": self.index,
-                "first_inf_step": self.first_inf_step, "message": self.message}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "process": self.process,
+            "rank": self.rank,
+            "module": self.module,
+            "phase": self.phase,
+            "format": self.format,
+            "value": self.value,
+            "limit": self.limit,
+            "step": self.step,
+            "since_step": self.since_step,
+            "growth_per_100": self.growth_per_100,
+            "steps_left": self.steps_left,
+            "index": self.index,
+            "first_inf_step": self.first_inf_step,
+            "message": self.message,
+        }
 
 
 @dataclass
@@ -146,9 +157,13 @@ class Headroom:
     scaler: bool = False  # a loss scaler ran: backward overflow is handled
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "warnings": [w.to_json() for w in self.warnings],
-                "before_step": self.before_step, "before_inf": self.before_inf,
-                "scaler": self.scaler}  # fmt: skip
+        return {
+            "target": self.target,
+            "warnings": [w.to_json() for w in self.warnings],
+            "before_step": self.before_step,
+            "before_inf": self.before_inf,
+            "scaler": self.scaler,
+        }
 
 
 @dataclass
@@ -194,9 +209,17 @@ def _rows(reader: DumpReader, until_step: int | None) -> _Rows | None:
     hist = reader.range_history()
     covered = set(np.unique(hist["process"]).tolist())
     parts: list[tuple[np.ndarray, ...]] = [
-        (hist["process"], hist["module"], hist["phase"], hist["step_hi"], hist["amax"],
-         hist["amin"], hist["range_dtype"], np.full(len(hist), -1, dtype=np.int64)),
-    ]  # fmt: skip
+        (
+            hist["process"],
+            hist["module"],
+            hist["phase"],
+            hist["step_hi"],
+            hist["amax"],
+            hist["amin"],
+            hist["range_dtype"],
+            np.full(len(hist), -1, dtype=np.int64),
+        ),
+    ]
     steps = reader.index(EXECUTIONS)["step"]
     budget = MAX_DECODED
     missing = [p.index for p in reader.processes if p.index not in covered]
@@ -276,8 +299,18 @@ def _decoded(reader: DumpReader, indices: np.ndarray) -> tuple[np.ndarray, ...]:
         pairs = list(ex.output_ranges)
         row = combine([int(DTYPE_NAMES.get(d, 0)) for d in dtypes], pairs)
         if row.dtype:
-            out.append((ex.process, reader.intern(ex.module_path), ex.phase, ex.step,
-                        row.amax, row.amin, row.dtype, i))  # fmt: skip
+            out.append(
+                (
+                    ex.process,
+                    reader.intern(ex.module_path),
+                    ex.phase,
+                    ex.step,
+                    row.amax,
+                    row.amin,
+                    row.dtype,
+                    i,
+                )
+            )
     if not out:
         return tuple(np.zeros(0) for _ in range(8))
     cols = [np.array(c) for c in zip(*out, strict=True)]
@@ -389,9 +422,17 @@ def analyze_headroom(
             continue
         level, low = pts.level[a:b], pts.low[a:b]
         f = pts.formats[int(pts.group[a])]
-        base = dict(process=proc, rank=ranks.get(proc), module=reader.string(module),
-                    phase=PHASES.get(phase, ""), format=f.name, step=int(steps[-1]),
-                    index=int(pts.index[b - 1]), first_inf_step=inf_step)  # fmt: skip
+        # The fields both kinds of warning share (Any: they go in through **).
+        base: dict[str, Any] = dict(
+            process=proc,
+            rank=ranks.get(proc),
+            module=reader.string(module),
+            phase=PHASES.get(phase, ""),
+            format=f.name,
+            step=int(steps[-1]),
+            index=int(pts.index[b - 1]),
+            first_inf_step=inf_step,
+        )
         logs = np.log2(np.maximum(level, 1e-300))
         slope, r2 = _rolling_fit(steps.astype(np.float64), logs, WINDOW)
         growth = float(2.0 ** (slope[-1] * 100)) if r2[-1] >= MIN_R2 else None
@@ -403,15 +444,27 @@ def analyze_headroom(
             held = (level >= NEAR) | growing
             if held[-1]:
                 steps_left = int(max(0.0, left[-1])) if growing[-1] and level[-1] < 1 else None
-                w = HeadroomWarning(kind="overflow", value=float(pts.amax[b - 1]), limit=f.max,
-                                    since_step=_run_start(held, steps), growth_per_100=growth,
-                                    steps_left=steps_left, **base)  # type: ignore[arg-type]  # fmt: skip
+                w = HeadroomWarning(
+                    kind="overflow",
+                    value=float(pts.amax[b - 1]),
+                    limit=f.max,
+                    since_step=_run_start(held, steps),
+                    growth_per_100=growth,
+                    steps_left=steps_left,
+                    **base,
+                )
                 found.append(((1, float(level[-1])), w))
         under = (low < 1) & (low > 0)
         if len(under) >= UNDERFLOW_STEPS and under[-UNDERFLOW_STEPS:].all():
-            w = HeadroomWarning(kind="underflow", value=float(pts.amax[b - 1]), limit=f.tiny,
-                                since_step=_run_start(under, steps), growth_per_100=growth,
-                                steps_left=None, **base)  # type: ignore[arg-type]  # fmt: skip
+            w = HeadroomWarning(
+                kind="underflow",
+                value=float(pts.amax[b - 1]),
+                limit=f.tiny,
+                since_step=_run_start(under, steps),
+                growth_per_100=growth,
+                steps_left=None,
+                **base,
+            )
             found.append(((0, -float(low[-1])), w))
     found.sort(key=lambda t: t[0], reverse=True)
     result.warnings = [w for _, w in found[:MAX_WARNINGS]]
@@ -421,22 +474,37 @@ def analyze_headroom(
             w.index = int(nearest(w.process, np.array([w.step]), np.array([-1]))[0])
     if first_inf is not None:
         result.before_step = inf_step
-        result.before_inf = _table(reader, first_inf)
+        result.before_inf = headroom_table(reader, first_inf, target)
     return result
 
 
-def _table(reader: DumpReader, first_inf: tuple[int, int, int]) -> list[dict[str, Any]]:
-    """The last :data:`TABLE_STEPS` steps of per-module ranges before the first Inf (in its
-    process; the events of its step that ran before it), the modules whose levels came
-    highest first."""
+def headroom_table(
+    reader: DumpReader, first_inf: tuple[int, int, int], target: str | None = None
+) -> list[dict[str, Any]]:
+    """The ranges before the first harmful Inf, measured against ``target``, ordered.
+
+    The last :data:`TABLE_STEPS` steps of per-module ranges before the first Inf at
+    ``first_inf`` = ``(process, step, index)`` (in its process; of its own step, the events
+    that ran before it). One row per module, phase and step: ``module``, ``phase``,
+    ``step``, ``dtype`` (the tensor's own), ``format`` (the format measured against:
+    ``target``, else the tensor's own), ``max_abs``, ``min_nonzero_abs`` (``None``: no
+    non-zero value), ``level`` (``max_abs`` over the format's largest value: 1 is
+    overflow) and ``of_normal`` (``max_abs`` over the format's smallest normal value:
+    below 1, every value is subnormal). The :data:`TABLE_MODULES` modules whose level came
+    highest are kept, nearest to overflow first: by their level at their last step in the
+    table, then by their highest; each module's steps in order.
+    """
+    fmt = FORMATS.get(target) if target is not None else None
+    if target is not None and fmt is None:
+        raise ValueError(f"unknown format {target!r}; use one of: {', '.join(FORMATS)}")
     process, step, index = first_inf
     table: dict[tuple[int, int, int], dict[str, Any]] = {}
     # The steps before from the history (or the records), the first Inf's own step from its
     # records before the first Inf (the history's point holds the whole step).
     before = _rows(reader, step - 1)
     if before is not None:
-        _tabulate(reader, before, (before.process == process) & (before.step > step - TABLE_STEPS),
-                  table)  # fmt: skip
+        recent = (before.process == process) & (before.step > step - TABLE_STEPS)
+        _tabulate(reader, before, recent, table, fmt)
     rows = reader.index(EXECUTIONS)
     lo = index - 1
     procs = reader.processes_of(EXECUTIONS)
@@ -445,12 +513,17 @@ def _table(reader: DumpReader, first_inf: tuple[int, int, int]) -> list[dict[str
     mine = np.arange(lo + 1, index)
     own = _Rows(*_decoded(reader, mine[procs[mine] == process]))
     if len(own.step):
-        _tabulate(reader, own, own.amax >= 0, table)
-    # Modules ordered by their highest level over the window; each module's steps in order.
+        _tabulate(reader, own, own.amax >= 0, table, fmt)
+    # The modules whose level came highest over the window, listed nearest to overflow
+    # first: by their level at their last step (where the first Inf came; the level a
+    # report shows for the module), then by their highest. Each module's steps in order.
     peak: dict[tuple[int, int], float] = {}
-    for (m, ph, _), e in table.items():
+    last: dict[tuple[int, int], float] = {}
+    for (m, ph, _), e in sorted(table.items()):  # keys sort by step: the last one stays
         peak[(m, ph)] = max(peak.get((m, ph), 0.0), e["level"])
-    keep = sorted(peak, key=lambda k: -peak[k])[:TABLE_MODULES]
+        last[(m, ph)] = e["level"]
+    kept = sorted(peak, key=lambda k: -peak[k])[:TABLE_MODULES]
+    keep = sorted(kept, key=lambda k: (-last[k], -peak[k]))
     out: list[dict[str, Any]] = []
     for k in keep:
         out.extend(table[key] for key in sorted(table) if key[:2] == k)
@@ -461,24 +534,44 @@ def _table(reader: DumpReader, first_inf: tuple[int, int, int]) -> list[dict[str
 
 
 def _tabulate(
-    reader: DumpReader, r: _Rows, sel: np.ndarray, table: dict[tuple[int, int, int], dict[str, Any]]
+    reader: DumpReader,
+    r: _Rows,
+    sel: np.ndarray,
+    table: dict[tuple[int, int, int], dict[str, Any]],
+    target: FloatFormat | None = None,
 ) -> None:
-    """Fold the selected rows into ``table``: per (module, phase, step), the extremes."""
+    """Fold the selected rows into ``table``: per (module, phase, step), the extremes, each
+    measured against ``target`` (else its own format)."""
     for i in np.flatnonzero(sel).tolist():
-        fmt = format_of(int(r.dtype[i]))
-        if fmt is None:
+        own = format_of(int(r.dtype[i]))
+        if own is None:
             continue
+        fmt = target or own
         key = (int(r.module[i]), int(r.phase[i]), int(r.step[i]))
         amax, amin = float(r.amax[i]), float(r.amin[i])
         level = amax / fmt.max
         e = table.get(key)
         if e is None:
-            table[key] = {"module": reader.string(key[0]), "phase": PHASES.get(key[1], ""),
-                          "step": key[2], "dtype": fmt.name, "max_abs": amax,
-                          "min_nonzero_abs": amin, "level": level}  # fmt: skip
+            table[key] = {
+                "module": reader.string(key[0]),
+                "phase": PHASES.get(key[1], ""),
+                "step": key[2],
+                "dtype": own.name,
+                "format": fmt.name,
+                "max_abs": amax,
+                "min_nonzero_abs": amin,
+                "level": level,
+                "of_normal": amax / fmt.tiny,
+            }
             continue
         if level > e["level"]:
-            e.update(max_abs=amax, level=level, dtype=fmt.name)
+            e.update(
+                max_abs=amax,
+                level=level,
+                dtype=own.name,
+                format=fmt.name,
+                of_normal=amax / fmt.tiny,
+            )
         e["min_nonzero_abs"] = min(e["min_nonzero_abs"], amin)
 
 
@@ -510,9 +603,12 @@ class _Nearest:
 
 
 def headroom_series(
-    reader: DumpReader, target: str | None = None, process: int | None = None,
-    top: int = 8, points: int = 600,
-) -> dict[str, Any]:  # fmt: skip
+    reader: DumpReader,
+    target: str | None = None,
+    process: int | None = None,
+    top: int = 8,
+    points: int = 600,
+) -> dict[str, Any]:
     """Per module: its level (largest ``|x|`` over the format's max) at each step, for a chart.
 
     The ``top`` modules whose levels came highest, each downsampled to at most ``points``
@@ -545,8 +641,17 @@ def headroom_series(
         proc, module, phase = (int(v) for v in pts.keys[g])
         index = nearest(proc, steps, index)
         f = pts.formats[g]
-        series.append({"process": proc, "module": reader.string(module),
-                       "phase": PHASES.get(phase, ""), "format": f.name, "max": f.max,
-                       "peak": peaks[g], "steps": steps.tolist(),
-                       "level": [float(v) for v in level], "index": index.tolist()})  # fmt: skip
+        series.append(
+            {
+                "process": proc,
+                "module": reader.string(module),
+                "phase": PHASES.get(phase, ""),
+                "format": f.name,
+                "max": f.max,
+                "peak": peaks[g],
+                "steps": steps.tolist(),
+                "level": [float(v) for v in level],
+                "index": index.tolist(),
+            }
+        )
     return {"target": target, "series": series}

@@ -6,9 +6,10 @@
 // -----------------
 //   Sections: #alerts (with #rootcause and #alert-lists), #timeline (canvas .tl-canvas in
 //   .tl-wrap, which carries data-begin, data-span, data-total, data-selected = the selected
-//   list position), #exec-detail (data-kind, data-index of the shown event; #detail-op the
-//   op type), #graph-structure (.gnode buttons with data-kind/data-index), #graph-execs
-//   (tabs #tab-executions / #tab-traces, checkbox #only-nonfinite, rows .vrow with
+//   list position, data-state = loading / empty / ready / error), #exec-detail (data-kind,
+//   data-index of the shown event; #detail-op the op type), #graph-structure (.gnode
+//   buttons with data-kind/data-index), #graph-execs (tabs #tab-executions / #tab-traces,
+//   checkbox #only-nonfinite, rows .vrow with
 //   data-index = event index and data-pos = list position; .vrow.selected; .vrow.nan /
 //   .vrow.inf for Inf/NaN rows; #list-foot-text "N executions"), #source
 //   (data-path, data-line; lines .ln[data-line], the marked one .ln.marked; picker
@@ -32,10 +33,13 @@
 //   #tl-zoom-out, #tl-left, #tl-right, #tl-fit, #tl-center. Alert navigation: #prev-alert,
 //   #next-alert, #alert-pos ("k / N").
 //   Headroom (the dump records value ranges): #headroom (hidden otherwise; <body
-//   class="has-headroom"> while shown), #headroom-sub, #headroom-format (the format measured
-//   against; "" = each value's own), #headroom-body. The chart .hr-chart (data-clicked-step,
-//   data-clicked-index, data-clicked-module once a point was clicked) holds svg.hr-svg
-//   (data-lo, data-hi: its decades) with polyline.hr-line[data-key][data-module][data-phase]
+//   class="has-headroom"> while shown; data-collapsed="1", <body class="headroom-collapsed">
+//   and #headroom-toggle[aria-expanded="false"] while only its head shows: collapsed when
+//   nothing is near a limit, i.e. no warning, until the toggle is used), #headroom-sub,
+//   #headroom-format (the format measured against; "" = each value's own), #headroom-body.
+//   The chart .hr-chart (data-clicked-step, data-clicked-index, data-clicked-module once a
+//   point was clicked) holds svg.hr-svg (data-lo, data-hi: its decades) with
+//   polyline.hr-line[data-key][data-module][data-phase]
 //   (one per module and phase; circle.hr-dot for a single point), line.hr-overflow and
 //   text.hr-overflow-label, line.hr-half, line.hr-inf[data-step] (first Inf), g.hr-warn-mark
 //   [data-module][data-phase][data-step] (where each warning began); tooltip .hr-tip. Legend
@@ -44,6 +48,11 @@
 //   or .hr-ok when there are none. line.hr-sel[data-step]: the selected event's step.
 //   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
 //   run's alerts are shown; data-selected="e401" / "t12" once the selection's detail is shown.
+//   The first view: a URL naming no selection opens on the root cause (the cause, else the
+//   first Inf/NaN, of a harmful verdict) once the analysis is in, unless something was
+//   selected, clicked, scrolled by wheel or typed meanwhile; "#sel=e401" without run= opens that event in the first run. Until
+//   the run is known the timeline (.tl-wrap[data-state="loading"]) and the list say
+//   "loading…", never that nothing was recorded.
 //
 // This module: the App (state, runs and polling, the lists and the timeline, alerts,
 // selection, source). Elsewhere: the URL's hash in urlstate.js (reloading restores the view;
@@ -64,7 +73,7 @@ import { Timeline } from "./timeline.js";
 import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
 import { renderDetail, renderDetailError } from "./detail.js";
 import { RANKS_WINDOW, renderRanks, renderRanksLoading, renderRanksError, hideRanks, markRanksSelection } from "./ranks.js";
-import { renderHeadroom, renderHeadroomLoading, renderHeadroomError, hideHeadroom, headroomShown } from "./headroom.js";
+import { renderHeadroom, renderHeadroomLoading, renderHeadroomError, hideHeadroom, headroomShown, headroomNearLimit, setHeadroomCollapsed } from "./headroom.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
 import { SourceView } from "./source.js";
 import { renderStack } from "./stack.js";
@@ -181,6 +190,11 @@ class App {
     $("#headroom-format").addEventListener("change", () => {
       if (this.analysis) this.loadHeadroom(this.analysis);
     });
+    // Open or collapse the chart; the choice stands for the run (over formats and refreshes).
+    $("#headroom-toggle").addEventListener("click", () => {
+      this.headroomOpen = $("#headroom").dataset.collapsed === "1";
+      this.collapseHeadroom(!this.headroomOpen);
+    });
     // The headroom chart is drawn at its panel's width: again when that changes.
     const redrawHeadroom = debounce(() => {
       if (this.headroomChart && !$("#headroom").hidden) this.headroomChart.redraw();
@@ -213,6 +227,8 @@ class App {
       const pop = $("#problems-pop");
       pop.hidden = !pop.hidden;
     });
+    // The user took the view in hand before the analysis came in: the view stays theirs.
+    for (const type of ["pointerdown", "wheel", "keydown"]) document.addEventListener(type, () => (this.pickRootCause = false), { capture: true, passive: true });
     $("#timeline").addEventListener("pointerdown", () => this.setFocus("timeline"));
     $("#graph-execs").addEventListener("pointerdown", () => this.setFocus("list"));
     bindKeys(this);
@@ -300,9 +316,12 @@ class App {
       this.markReady();
       return;
     }
-    if (this.state.run === null || !this.runs.some((r) => r.run === this.state.run)) {
+    if (this.state.run === null) {
+      // The URL names no run (e.g. "#sel=e401"): the first readable one, with the rest of the view kept.
+      this.state.run = (this.runs.find((r) => !r.error) || this.runs[0]).run;
+    } else if (!this.runs.some((r) => r.run === this.state.run)) {
       const good = this.runs.find((r) => !r.error) || this.runs[0];
-      if (this.state.run !== null) this.toast(`no run "${this.state.run}" in ${this.logdir}; showing "${good.run}"`, 5000);
+      this.toast(`no run "${this.state.run}" in ${this.logdir}; showing "${good.run}"`, 5000);
       Object.assign(this.state, { run: good.run, sel: null, src: null, tab: null, process: null, nf: false, op: "" });
     }
     $("#run-select").value = this.state.run;
@@ -313,10 +332,12 @@ class App {
     this.analysis = null;
     this.staleAnalysis = null;
     this.detail = null;
+    ++this.selSeq; // a selection still loading is of the run before (its root cause, say)
     this.listPos = null;
     hideRanks($("#ranks"));
     hideHeadroom($("#headroom"));
     this.headroomChart = null;
+    this.headroomOpen = null; // open when something is near a limit, until the user chooses
     if (info.error) {
       this.showBanner(`This run cannot be read: ${info.error}`, true);
       this.clearPanels();
@@ -324,6 +345,8 @@ class App {
       return;
     }
     this.showBanner(null);
+    // The first view: a URL that names no selection opens on the root cause once it is known.
+    this.pickRootCause = !this.state.sel && !this.state.src;
     this.updateMeta();
     this.fillProcesses();
     if (!this.state.tab) this.state.tab = info.num_graph_execution_traces > 0 ? "traces" : "executions";
@@ -354,12 +377,18 @@ class App {
     delete d.dataset.index;
     $("#detail-title").textContent = "Event";
     $("#detail-sub").textContent = "";
-    setChildren($("#detail-body"), el("div", { className: "empty-state", text: "Select an alert, a timeline event or a list row (r: the root cause, n: the next alert, ?: keys)." }));
+    this.showDetailHint();
     renderGraphMessage($("#graph-body"), $("#graph-sub"), "Inputs and consumers of the selected op.");
     $("#stack-sub").textContent = "";
     setChildren($("#stack-body"), el("div", { className: "empty-state", text: "Innermost frame first; click a frame to open it." }));
     if (!this.state.src) this.source.clear("The selected event's source line shows here.");
     this.source.setStack(null);
+  }
+
+  /** The detail pane with nothing selected: what will show there, or how to select. */
+  showDetailHint() {
+    const hint = this.pickRootCause ? "Finding the root cause to show it here…" : "Select an alert, a timeline event or a list row (r: the root cause, n: the next alert, ?: keys).";
+    setChildren($("#detail-body"), el("div", { className: "empty-state", text: hint }));
   }
 
   markReady() {
@@ -609,11 +638,34 @@ class App {
       if (seq !== this.alertSeq || run !== this.state.run) return;
       this.analysis = an;
       renderRootCause($("#rootcause"), an, this);
+      this.openOnRootCause(an);
       this.loadRanks(an);
       this.loadHeadroom(an);
     } catch (e) {
-      if (seq === this.alertSeq) renderRootCauseError($("#rootcause"), e.message);
+      if (seq === this.alertSeq) {
+        renderRootCauseError($("#rootcause"), e.message);
+        this.openOnRootCause(null);
+      }
     }
+  }
+
+  /** The event the root cause box names first: the cause, else the first Inf/NaN (null: none). */
+  rootCauseRef(an = this.analysis) {
+    const ev = an ? an.cause || an.origin : null;
+    if (!ev || ev.index === null || ev.index === undefined) return null;
+    return { kind: ev.kind || EXEC, index: ev.index };
+  }
+
+  /**
+   * The first view: select the root cause (its detail, graph, source and stack) when the
+   * analysis found harm and nothing was selected meanwhile (by the URL or by the user).
+   */
+  openOnRootCause(an) {
+    const pick = this.pickRootCause;
+    this.pickRootCause = false;
+    const ref = an && an.verdict === "harmful" ? this.rootCauseRef(an) : null;
+    if (pick && ref && !this.state.sel) this.select(ref, { from: "rootcause" });
+    else if (!this.state.sel) this.showDetailHint();
   }
 
   /** The Ranks panel, when the analysis found Inf/NaN across several processes. */
@@ -646,14 +698,25 @@ class App {
     try {
       const data = await this.api.headroom(format);
       if (seq !== this.headroomSeq || run !== this.state.run || this.analysis !== an) return;
-      if (headroomShown(data)) this.headroomChart = renderHeadroom($("#headroom"), $("#headroom-body"), $("#headroom-sub"), data, this);
-      else {
+      if (headroomShown(data)) {
+        this.headroomChart = renderHeadroom($("#headroom"), $("#headroom-body"), $("#headroom-sub"), data, this);
+        this.collapseHeadroom(!(this.headroomOpen ?? headroomNearLimit(data)));
+      } else {
         this.headroomChart = null;
         hideHeadroom($("#headroom"));
       }
     } catch (e) {
-      if (seq === this.headroomSeq && run === this.state.run) renderHeadroomError($("#headroom"), $("#headroom-body"), e.message);
+      if (seq === this.headroomSeq && run === this.state.run) {
+        renderHeadroomError($("#headroom"), $("#headroom-body"), e.message);
+        this.collapseHeadroom(false);
+      }
     }
+  }
+
+  /** Collapse the Headroom chart to its head, or open it (drawn again at its width). */
+  collapseHeadroom(collapsed) {
+    setHeadroomCollapsed($("#headroom"), $("#headroom-body"), $("#headroom-toggle"), collapsed);
+    if (!collapsed && this.headroomChart) this.headroomChart.redraw();
   }
 
   /** "k / N" in the Alerts head: the selection's place among the alerts of its kind. */
@@ -787,8 +850,8 @@ class App {
 
   /**
    * Select an event: {kind, index}. opts.from: alert | list | timeline | graph | link | url |
-   * key | refresh; opts.pos (its position in the list in view), opts.tlPos (timeline
-   * position), opts.alertPos ({position, exact, total} among the alerts), opts.src (the source
+   * key | refresh | rootcause (the first view); opts.pos (its position in the list in view),
+   * opts.tlPos (timeline position), opts.alertPos ({position, exact, total} among the alerts), opts.src (the source
    * location to show instead of the event's own line).
    */
   async select(ref, opts = {}) {

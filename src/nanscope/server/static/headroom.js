@@ -6,6 +6,10 @@
 // line (the nearest point under the cursor) selects that point's execution through the
 // app's selection, so the timeline and the detail follow. Rendering only: fetching and
 // selecting are the app's. SVG attributes only (stroke, fill): the CSP forbids style="".
+//
+// Collapsed (#headroom[data-collapsed="1"], <body class="headroom-collapsed">, the chart
+// hidden, #headroom-toggle's aria-expanded "false") when nothing is near a limit: no
+// warning against the format measured. The head still says how high the values came.
 
 import { el, setChildren, fmtInt } from "./util.js";
 
@@ -79,7 +83,7 @@ function seriesLabel(s) {
 /** Hide the panel (no ranges recorded, or nothing to plot). */
 export function hideHeadroom(panel) {
   panel.hidden = true;
-  document.body.classList.remove("has-headroom");
+  document.body.classList.remove("has-headroom", "headroom-collapsed");
 }
 
 function showPanel(panel) {
@@ -99,6 +103,21 @@ export function renderHeadroomError(panel, body, message) {
   setChildren(body, el("div", { className: "error", text: message }));
 }
 
+/** Whether anything in /api/headroom's answer is near a limit: a warning (overflow or underflow). */
+export function headroomNearLimit(data) {
+  return Boolean(data && (data.warnings || []).length);
+}
+
+/** Show the chart (open) or only the panel's head (collapsed). */
+export function setHeadroomCollapsed(panel, body, toggle, collapsed) {
+  panel.dataset.collapsed = collapsed ? "1" : "0";
+  document.body.classList.toggle("headroom-collapsed", collapsed);
+  body.hidden = collapsed;
+  toggle.setAttribute("aria-expanded", String(!collapsed));
+  toggle.textContent = collapsed ? "▸" : "▾";
+  toggle.title = collapsed ? "show the chart" : "hide the chart";
+}
+
 /** Whether /api/headroom's answer has anything to show. */
 export function headroomShown(data) {
   return Boolean(data && data.recorded && (data.series || []).length);
@@ -115,7 +134,8 @@ export function renderHeadroom(panel, body, subEl, data, app) {
   const byKey = new Map(series.map((s) => [s.key, s]));
   const warnings = data.warnings || [];
   const formats = [...new Set(series.map((s) => s.format))];
-  subEl.textContent = `${data.target ? `against ${data.target}` : "each module's own format"} · ${warnings.length ? `${warnings.length} warning${warnings.length === 1 ? "" : "s"}` : "no warnings"}`;
+  const top = Math.max(0, ...series.map((s) => s.peak).filter(Number.isFinite));
+  subEl.textContent = `${data.target ? `against ${data.target}` : "each module's own format"} · ${warnings.length ? `${warnings.length} warning${warnings.length === 1 ? "" : "s"}` : "no warnings"} · highest ${fmtPercent(top)} of max`;
 
   const chartHost = el("div", { className: "hr-chart", attrs: { role: "img", "aria-label": "largest |x| per step over the format's largest value, log scale" } });
   const tip = el("div", { className: "hr-tip", hidden: true });

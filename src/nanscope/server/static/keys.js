@@ -128,7 +128,7 @@ function onKey(app, e) {
       break;
     case "r":
       handled();
-      if (app.analysis && app.analysis.origin) app.select(app.analysis.origin, { from: "key" });
+      if (app.rootCauseRef()) app.select(app.rootCauseRef(), { from: "key" });
       break;
     case "/":
       handled();

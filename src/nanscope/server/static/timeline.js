@@ -34,6 +34,7 @@ export class Timeline {
     this.hover = null;
     this.fetchSeq = 0;
     this.error = null;
+    this.loaded = false; // no source given yet: the run's size is not known, so nothing is "empty"
 
     this.canvas = el("canvas", { className: "tl-canvas", attrs: { "aria-label": "execution timeline" } });
     this.ocanvas = el("canvas", { className: "tl-overview", attrs: { "aria-label": "whole run" } });
@@ -61,7 +62,8 @@ export class Timeline {
   }
 
   setSource(kind, process, total) {
-    const changed = kind !== this.kind || process !== this.process;
+    const changed = kind !== this.kind || process !== this.process || !this.loaded;
+    this.loaded = true;
     this.kind = kind;
     this.process = process;
     if (changed) {
@@ -158,6 +160,7 @@ export class Timeline {
 
   /** "i – j of N" for the toolbar. */
   rangeText() {
+    if (!this.loaded) return "";
     if (!this.total) return "no events";
     const b = Math.floor(this.viewBegin);
     const e = Math.min(this.total, Math.ceil(this.viewBegin + this.viewSpan));
@@ -244,6 +247,7 @@ export class Timeline {
     this.wrap.dataset.span = String(Math.round(this.viewSpan));
     this.wrap.dataset.total = String(this.total);
     this.wrap.dataset.selected = this.selectedPos === null ? "" : String(this.selectedPos);
+    this.wrap.dataset.state = this.error ? "error" : !this.loaded ? "loading" : this.total ? "ready" : "empty";
     const { ctx, w, h } = this.prepare(this.canvas);
     ctx.clearRect(0, 0, w, h);
     const top = 16;
@@ -253,6 +257,9 @@ export class Timeline {
     if (this.error) {
       ctx.fillStyle = "#f85149";
       ctx.fillText(this.error, 6, h / 2);
+    } else if (!this.loaded) {
+      ctx.fillStyle = "#8b949e";
+      ctx.fillText("loading…", 6, h / 2);
     } else if (!this.total) {
       ctx.fillStyle = "#8b949e";
       ctx.fillText("no executions recorded", 6, h / 2);

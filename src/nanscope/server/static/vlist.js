@@ -34,6 +34,7 @@ export class VList {
     this.raf = 0;
     this.loadTimer = 0;
     this.error = null;
+    this.loaded = false; // no source given yet: "loading…", never the empty text
 
     this.viewport = el("div", { className: "vl-viewport", attrs: { tabindex: "0" } });
     this.spacer = el("div", { className: "vl-spacer" });
@@ -56,6 +57,7 @@ export class VList {
 
   /** Point the list at another list (kind + filter); resets the scroll position. */
   setSource(kind, filter, total) {
+    this.loaded = true;
     this.kind = kind;
     this.filter = { ...filter };
     this.total = total;
@@ -184,7 +186,7 @@ export class VList {
     }
     this.empty.classList.remove("error");
     if (!this.total) {
-      this.empty.textContent = this.emptyText;
+      this.empty.textContent = this.loaded ? this.emptyText : "loading…";
       this.empty.hidden = false;
       this.rows.replaceChildren();
       return;
