@@ -57,8 +57,8 @@ from nanscope.vocabulary import EventKind
 SUPPORTED_FILE_VERSION = 1
 # One dump root, or several roots read as one dump (one per host, say).
 DumpRoots: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-EXECUTIONS = EventKind.EXECUTION
-TRACES = EventKind.GRAPH_EXECUTION_TRACE
+EXECUTIONS: str = EventKind.EXECUTION
+TRACES: str = EventKind.GRAPH_EXECUTION_TRACE
 # The event file of each kind.
 _SUFFIX_OF = {EXECUTIONS: files.EXECUTION, TRACES: files.GRAPH_EXECUTION_TRACES}
 
