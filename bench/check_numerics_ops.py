@@ -100,10 +100,10 @@ def measure(make: Callable[[], Callable[[], Any]], rounds: int, repeat: int) -> 
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     chain = measure(_chain, args.rounds, 1)
     per_op = {k: v / (2 * CHAIN) * 1e6 for k, v in chain.items()}

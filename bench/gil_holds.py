@@ -41,12 +41,12 @@ def _timed(owner: Any, name: str, kind: str, into: dict[str, list[tuple[float, f
     setattr(owner, name, wrapper)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", default="FULL_HEALTH")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=20)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import torch
 
@@ -86,15 +86,19 @@ def main() -> None:
         seen = {k: list(v) for k, v in times.items()}
     walls.sort()
     p99 = walls[min(len(walls) - 1, int(0.99 * len(walls)))]
-    print(f"{args.mode}, {args.steps} steps: median {statistics.median(walls) * 1e3:.2f} ms, "
-          f"p99 {p99 * 1e3:.2f} ms, max {walls[-1] * 1e3:.2f} ms")  # fmt: skip
+    print(
+        f"{args.mode}, {args.steps} steps: median {statistics.median(walls) * 1e3:.2f} ms, "
+        f"p99 {p99 * 1e3:.2f} ms, max {walls[-1] * 1e3:.2f} ms"
+    )
     print("| work | calls | mean ms (CPU) | max ms (CPU) | total ms (CPU) | max ms (wall) |")
     print("|---|---|---|---|---|---|")
     for kind, v in sorted(seen.items()):
         if v:
             cpu = [c for _, c in v]
-            print(f"| {kind} | {len(v)} | {statistics.mean(cpu) * 1e3:.3f} | {max(cpu) * 1e3:.3f} | "
-                  f"{sum(cpu) * 1e3:.1f} | {max(w for w, _ in v) * 1e3:.3f} |")  # fmt: skip
+            print(
+                f"| {kind} | {len(v)} | {statistics.mean(cpu) * 1e3:.3f} | {max(cpu) * 1e3:.3f} | "
+                f"{sum(cpu) * 1e3:.1f} | {max(w for w, _ in v) * 1e3:.3f} |"
+            )
 
 
 if __name__ == "__main__":

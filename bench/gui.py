@@ -101,8 +101,11 @@ def start_nanscope(dump: Path) -> tuple[subprocess.Popen[str], str]:
     """``nanscope serve DUMP --port 0`` in a new process group, and its URL once printed."""
     proc = subprocess.Popen(
         [*bin_of("nanscope"), "serve", str(dump), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     while True:
         line = proc.stdout.readline()
@@ -145,12 +148,19 @@ def nanscope_round(dump: Path, rng: random.Random) -> dict[str, Any]:
             f"{urllib.request.quote(detail['op_name'])}&near={bad['index']}"
         )
         return {
-            "ready": ready, "first_alerts": first_alerts, "analysis": analysis_s,
-            "trace_page_median": statistics.median(trace_pages), "trace_page_max": max(trace_pages),
-            "exec_page_median": statistics.median(exec_pages), "exec_page_max": max(exec_pages),
-            "timeline_median": statistics.median(timeline), "detail": detail_s, "graph_op": graph_s,
-            "alerts_total": alerts["total"], "headline": analysis["headline"],
-        }  # fmt: skip
+            "ready": ready,
+            "first_alerts": first_alerts,
+            "analysis": analysis_s,
+            "trace_page_median": statistics.median(trace_pages),
+            "trace_page_max": max(trace_pages),
+            "exec_page_median": statistics.median(exec_pages),
+            "exec_page_max": max(exec_pages),
+            "timeline_median": statistics.median(timeline),
+            "detail": detail_s,
+            "graph_op": graph_s,
+            "alerts_total": alerts["total"],
+            "headline": analysis["headline"],
+        }
     finally:
         stop(proc)
 
@@ -169,10 +179,22 @@ def tensorboard_round(dump: Path, expected_alerts: int, budget: float) -> dict[s
     env = child_env({"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [*bin_of("tensorboard"), "--logdir", str(dump), "--host", "127.0.0.1", "--port",
-         str(port), "--load_fast", "false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-    )  # fmt: skip
+        [
+            *bin_of("tensorboard"),
+            "--logdir",
+            str(dump),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     out: dict[str, Any] = {"first_alerts": None, "trace_page": None}
     try:
         while time.perf_counter() - t0 < budget:
@@ -200,9 +222,16 @@ def browser_round(dump: Path) -> dict[str, Any]:
 
     proc, url = start_nanscope(dump)
     try:
-        args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--enable-precise-memory-info"]  # fmt: skip
+        args = [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-precise-memory-info",
+        ]
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=args)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -216,9 +245,10 @@ def browser_round(dump: Path) -> dict[str, Any]:
             heap, rows = [], []
             for k in range(51):
                 page.eval_on_selector(
-                    scroller, "(el, f) => { el.scrollTop = f * (el.scrollHeight - el.clientHeight) }",
+                    scroller,
+                    "(el, f) => { el.scrollTop = f * (el.scrollHeight - el.clientHeight) }",
                     k / 50,
-                )  # fmt: skip
+                )
                 page.wait_for_timeout(150)
                 page.wait_for_function(
                     "() => document.body.dataset.pending === '0'", timeout=30_000
@@ -231,8 +261,14 @@ def browser_round(dump: Path) -> dict[str, Any]:
                 "#graph-execs [data-index]", "els => Math.max(...els.map(e => +e.dataset.index))"
             )
             browser.close()
-        return {"paint": paint, "heap_start": heap[0], "heap_peak": max(heap), "heap_end": heap[-1],
-                "rows_max": max(rows), "last_index": last}  # fmt: skip
+        return {
+            "paint": paint,
+            "heap_start": heap[0],
+            "heap_peak": max(heap),
+            "heap_end": heap[-1],
+            "rows_max": max(rows),
+            "last_index": last,
+        }
     finally:
         stop(proc)
 
@@ -244,7 +280,7 @@ def fmt(x: float | None, unit: str = "s") -> str:
     return f"{x * 1000:.0f} ms" if unit == "ms" else f"{x:.2f} s"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """The command line: the dump, the rounds, and the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=int, default=1_000_000)
@@ -254,7 +290,7 @@ def main() -> int:
     ap.add_argument("--skip-tb", action="store_true", help="do not run TensorBoard")
     ap.add_argument("--tb-budget", type=float, default=300.0, help="give TensorBoard this long (s)")
     ap.add_argument("--browser", action="store_true", help="also measure in headless Chromium")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nanscope-gui-bench-") as tmp:
         dump = Path(args.keep or Path(tmp) / "dump")
         ensure_dump(dump, args.traces, args.executions)
@@ -265,31 +301,44 @@ def main() -> int:
             None if args.skip_tb else tensorboard_round(dump, ns[0]["alerts_total"], args.tb_budget)
         )
         br = browser_round(dump) if args.browser else None
-    print(f"\nnanscope serve vs TensorBoard Debugger V2, {dump} "
-          f"(median of {args.repeats} cold starts for nanscope)\n")  # fmt: skip
+    print(
+        f"\nnanscope serve vs TensorBoard Debugger V2, {dump} "
+        f"(median of {args.repeats} cold starts for nanscope)\n"
+    )
     print(f"headline: {ns[0]['headline']}\n")
     cols = ["measure", "nanscope", "TensorBoard", "TensorBoard / nanscope"]
     print("\n".join(table_head(cols, numeric=False)))
     tb_alerts = tb["first_alerts"] if tb else None
     ratio = fmt_ratio(tb_alerts or None, med["first_alerts"], ".1f")
-    print(f"| process start to alerts answered | {fmt(med['first_alerts'])} | {fmt(tb_alerts)} | {ratio} |")  # fmt: skip
+    print(
+        f"| process start to alerts answered | {fmt(med['first_alerts'])} | {fmt(tb_alerts)} | {ratio} |"
+    )
     tb_page = tb["trace_page"] if tb else None
     ratio = fmt_ratio(tb_page or None, med["trace_page_median"], ".1f")
-    print(f"| page of {PAGE} traces (median) | {fmt(med['trace_page_median'], 'ms')} | {fmt(tb_page, 'ms')} | {ratio} |")  # fmt: skip
-    for label, key in [("page of 200 traces (worst of 20)", "trace_page_max"),
-                       ("page of 200 executions (median)", "exec_page_median"),
-                       ("page of 200 executions (worst of 20)", "exec_page_max"),
-                       ("timeline, 2000 buckets over all traces", "timeline_median"),
-                       ("one trace in full", "detail"), ("graph neighbourhood", "graph_op"),
-                       ("root-cause analysis", "analysis"),
-                       ("process start to URL printed", "ready")]:  # fmt: skip
+    print(
+        f"| page of {PAGE} traces (median) | {fmt(med['trace_page_median'], 'ms')} | {fmt(tb_page, 'ms')} | {ratio} |"
+    )
+    for label, key in [
+        ("page of 200 traces (worst of 20)", "trace_page_max"),
+        ("page of 200 executions (median)", "exec_page_median"),
+        ("page of 200 executions (worst of 20)", "exec_page_max"),
+        ("timeline, 2000 buckets over all traces", "timeline_median"),
+        ("one trace in full", "detail"),
+        ("graph neighbourhood", "graph_op"),
+        ("root-cause analysis", "analysis"),
+        ("process start to URL printed", "ready"),
+    ]:
         print(f"| {label} | {fmt(med[key], 'ms')} | - | - |")
     if br:
         print(f"| browser: navigation to alerts painted | {fmt(br['paint'])} | - | - |")
-        print(f"| browser: JS heap, top / peak / bottom of the list | {br['heap_start']:.1f} / "
-              f"{br['heap_peak']:.1f} / {br['heap_end']:.1f} MiB | - | - |")  # fmt: skip
-        print(f"| browser: rows in the DOM (max while scrolling), last index reached | "
-              f"{br['rows_max']}, {br['last_index']:,} | - | - |")  # fmt: skip
+        print(
+            f"| browser: JS heap, top / peak / bottom of the list | {br['heap_start']:.1f} / "
+            f"{br['heap_peak']:.1f} / {br['heap_end']:.1f} MiB | - | - |"
+        )
+        print(
+            f"| browser: rows in the DOM (max while scrolling), last index reached | "
+            f"{br['rows_max']}, {br['last_index']:,} | - | - |"
+        )
     return 0
 
 

@@ -7,8 +7,9 @@ in bench/, listed in that module's ``CHILDREN`` (``kind -> function(cfg) -> resu
 :func:`start_child` runs it from a few-line ``python -c`` stub, so that the Python
 stack under the child's work is a short script's (a stub, then functions), or as
 ``python SCRIPT --child KIND CFG``; the child's result comes back as one JSON line
-tagged with :data:`RESULT_TAG` on its stdout. Imported as a sibling (``python bench/x.py`` puts bench/ first
-on ``sys.path``).
+tagged with :data:`RESULT_TAG` on its stdout. Imported as a sibling: ``python bench/x.py`` puts
+bench/ first on ``sys.path``, and so does importing the package (``python -m bench``, see
+bench/__init__.py).
 """
 
 from __future__ import annotations

@@ -176,12 +176,12 @@ def loop_child(cfg: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"fit": fit_child}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = random.Random(0)
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
@@ -197,16 +197,38 @@ def main() -> None:
             except ChildFailed as exc:
                 exc.exit()
     print(f"\n{machine()}; {source_state()}; {args.rounds} rounds of {args.steps} steps")
-    print("\n".join(table_head(["variant", "median step (ms)", "wall ratio", "CPU ratio",
-                                "after the last step (s)", "against"])))  # fmt: skip
+    print(
+        "\n".join(
+            table_head(
+                [
+                    "variant",
+                    "median step (ms)",
+                    "wall ratio",
+                    "CPU ratio",
+                    "after the last step (s)",
+                    "against",
+                ]
+            )
+        )
+    )
     for variant in VARIANTS:
         mine, plain = results[variant], results[BASELINE[variant]]
         ratios = [m["median_step_s"] / p["median_step_s"] for m, p in zip(mine, plain, strict=True)]
         cpu = sum(m["cpu_s"] for m in mine) / sum(p["cpu_s"] for p in plain)
         step_ms = statistics.median(m["median_step_s"] for m in mine) * 1e3
         end_s = statistics.median(m["end_s"] for m in mine)
-        print(table_row([variant, f"{step_ms:.2f}", fmt_ratio(statistics.median(ratios), 1.0, ".2f"),
-                         fmt_ratio(cpu, 1.0, ".2f"), f"{end_s:.2f}", BASELINE[variant]]))  # fmt: skip
+        print(
+            table_row(
+                [
+                    variant,
+                    f"{step_ms:.2f}",
+                    fmt_ratio(statistics.median(ratios), 1.0, ".2f"),
+                    fmt_ratio(cpu, 1.0, ".2f"),
+                    f"{end_s:.2f}",
+                    BASELINE[variant],
+                ]
+            )
+        )
     sys.stdout.flush()
 
 

@@ -69,9 +69,14 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     variant, steps = cfg["variant"], cfg["warmup"] + cfg["steps"]
     config = GPT2Config(
-        n_layer=cfg["n_layer"], n_head=2, n_embd=cfg["n_embd"], vocab_size=64,
-        n_positions=32, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        n_layer=cfg["n_layer"],
+        n_head=2,
+        n_embd=cfg["n_embd"],
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     gen = torch.Generator().manual_seed(0)
     start = torch.randint(0, 64, (8 * steps, 1), generator=gen)
     stride = torch.randint(1, 4, (8 * steps, 1), generator=gen)
@@ -100,11 +105,18 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
             0, NanscopeCallback(cfg["logdir"], stop_on_harmful=variant.endswith("stop"))
         )
     args = TrainingArguments(
-        output_dir=cfg["logdir"] + "-trainer", max_steps=steps, per_device_train_batch_size=8,
-        learning_rate=3e-3, logging_steps=10, save_strategy="no", report_to="none",
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=cfg["logdir"] + "-trainer",
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
         debug="underflow_overflow" if variant == "underflow_overflow" else "",
-    )  # fmt: skip
+    )
     trainer = Trainer(
         model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks
     )
@@ -123,14 +135,14 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"train": train}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--n-embd", type=int, default=32)
     parser.add_argument("--n-layer", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     start = source_state()
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,34 +150,54 @@ def main() -> int:
             order = list(VARIANTS)
             random.shuffle(order)
             for v in order:
-                cfg = {"variant": v, "steps": args.steps, "warmup": args.warmup,
-                       "n_embd": args.n_embd, "n_layer": args.n_layer,
-                       "logdir": str(Path(tmp) / f"{v}-{r}")}  # fmt: skip
+                cfg = {
+                    "variant": v,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "n_embd": args.n_embd,
+                    "n_layer": args.n_layer,
+                    "logdir": str(Path(tmp) / f"{v}-{r}"),
+                }
                 try:
-                    res = run_child("integrations_transformers", "train", cfg, env=ONE_THREAD_ENV,
-                                    timeout=900)  # fmt: skip
+                    res = run_child(
+                        "integrations_transformers", "train", cfg, env=ONE_THREAD_ENV, timeout=900
+                    )
                 except ChildFailed as exc:
                     exc.exit()
                 log(f"round {r + 1}/{args.rounds} {v}: {res['step_s'] * 1e3:.1f} ms/step")
                 results[v].append(res)
     plain = results["plain"]
-    print(f"Machine: {machine()}. GPT-2 n_layer={args.n_layer} n_embd={args.n_embd}, "
-          f"batch 8 x 16 tokens, Trainer on the CPU, one compute thread; {args.rounds} rounds "
-          f"x {args.steps} timed steps (after {args.warmup}).")  # fmt: skip
+    print(
+        f"Machine: {machine()}. GPT-2 n_layer={args.n_layer} n_embd={args.n_embd}, "
+        f"batch 8 x 16 tokens, Trainer on the CPU, one compute thread; {args.rounds} rounds "
+        f"x {args.steps} timed steps (after {args.warmup})."
+    )
     print(source_line(start, source_state()))
     print()
-    print("\n".join(table_head(["variant", "step ms (median)", "step ratio", "CPU ms/step",
-                                "CPU ratio", "end s"])))  # fmt: skip
+    print(
+        "\n".join(
+            table_head(
+                ["variant", "step ms (median)", "step ratio", "CPU ms/step", "CPU ratio", "end s"]
+            )
+        )
+    )
     for v in VARIANTS:
         rs = results[v]
         ratio = statistics.median(a["step_s"] / b["step_s"] for a, b in zip(rs, plain, strict=True))
         cpu = sum(a["cpu_per_step_s"] for a in rs) / len(rs)
         cpu_plain = sum(a["cpu_per_step_s"] for a in plain) / len(plain)
-        print(table_row([
-            f"`{v}`", f"{statistics.median(a['step_s'] for a in rs) * 1e3:.1f}",
-            f"{ratio:.1f}x", f"{cpu * 1e3:.1f}", fmt_ratio(cpu, cpu_plain),
-            f"{statistics.median(a['end_s'] for a in rs):.2f}",
-        ]))  # fmt: skip
+        print(
+            table_row(
+                [
+                    f"`{v}`",
+                    f"{statistics.median(a['step_s'] for a in rs) * 1e3:.1f}",
+                    f"{ratio:.1f}x",
+                    f"{cpu * 1e3:.1f}",
+                    fmt_ratio(cpu, cpu_plain),
+                    f"{statistics.median(a['end_s'] for a in rs):.2f}",
+                ]
+            )
+        )
     return 0
 
 

@@ -62,7 +62,8 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
     from jax._src import core
 
     from nanscope.backends.jax.check_numerics import JaxCheckNumerics
-    from nanscope.backends.jax.instrument import Selection, instrument
+    from nanscope.backends.jax.plan import Selection
+    from nanscope.backends.jax.rewrite import instrument
     from nanscope.backends.jax.session import JaxDumpSession
     from nanscope.format.modes import TensorDebugMode
 
@@ -146,13 +147,13 @@ def child_breakdown(cfg: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"breakdown": child_breakdown}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
     ap.add_argument("--rounds", type=int, default=3, help="children per variant (default 3)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"from {VARIANTS}")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS) - {"CURT_HEALTH", "CONCISE_HEALTH"})
     if unknown:
@@ -192,11 +193,15 @@ def main() -> None:
         "",
         *table_head(
             [
-                "variant", "guards / values", "step", "program alone", "JAX's Python path",
+                "variant",
+                "guards / values",
+                "step",
+                "program alone",
+                "JAX's Python path",
                 "the rest (nanscope's host work)",
             ]
         ),
-    ]  # fmt: skip
+    ]
     for v in variants:
         runs = results[v]
         if not runs:

@@ -192,12 +192,14 @@ def print_breakdown(res: dict[str, Any]) -> None:
     us = _print_ladder("MLP", "variant", lad, ops, wall_ratio=False)
     parts = [
         ("dispatch-mode floor (a no-op TorchDispatchMode)", us("floor", "plain")),
-        ("nanscope bookkeeping (_record without stack, summaries, writer)",
-         us("NT-nostack-nowriter", "floor")),
+        (
+            "nanscope bookkeeping (_record without stack, summaries, writer)",
+            us("NT-nostack-nowriter", "floor"),
+        ),
         ("stack capture", us("NT-nowriter", "NT-nostack-nowriter")),
         ("writer enqueue on the training thread", us("NO_TENSOR", "NT-nowriter")),
         ("FULL_HEALTH summaries", us("FH-nowriter", "NT-nowriter")),
-    ]  # fmt: skip
+    ]
     for v in ("NO_TENSOR", "FULL_HEALTH"):
         parts.append(
             (f"writer thread, {v} (other threads' CPU)", lad[v]["other_cpu_min_ms"] * 1e3 / ops)
@@ -225,8 +227,13 @@ def _print_ladder(
         f"{model}, {ops:.0f} recorded ops per step. Main-thread CPU time per step "
         "(time.thread_time; the least contended round, like timeit's min):"
     )
-    cols = [first, "step ms (median)", *(["wall ratio"] if wall_ratio else []),
-            "main-thread CPU ms/step (min)", "other threads ms/step (min)"]  # fmt: skip
+    cols = [
+        first,
+        "step ms (median)",
+        *(["wall ratio"] if wall_ratio else []),
+        "main-thread CPU ms/step (min)",
+        "other threads ms/step (min)",
+    ]
     print("\n".join(table_head(cols, numeric=False)))
     for v, t in lad.items():
         ratio = f" {t['ratio_wall']:.2f}x |" if wall_ratio else ""
@@ -337,19 +344,25 @@ def print_native_breakdown(res: dict[str, Any]) -> None:
     ops = res["ops_per_step"]
     us = _print_ladder(res["model"], "rung", lad, ops, wall_ratio=True)
     parts = [
-        ("RecordFunction with an empty callback (inputs and outputs kept)",
-         us("RecordFunction only", "plain")),
-        ("bookkeeping: op lookup, context, tensor ids, links, the event",
-         us("NT no stack, no push", "RecordFunction only")),
+        (
+            "RecordFunction with an empty callback (inputs and outputs kept)",
+            us("RecordFunction only", "plain"),
+        ),
+        (
+            "bookkeeping: op lookup, context, tensor ids, links, the event",
+            us("NT no stack, no push", "RecordFunction only"),
+        ),
         ("stack capture (walk and intern)", us("NT no push", "NT no stack, no push")),
         ("event push, NO_TENSOR", us("NO_TENSOR", "NT no push")),
-        ("FULL_HEALTH rows without the counts (cache, views)",
-         us("FH no counts, no push", "NT no push")),
+        (
+            "FULL_HEALTH rows without the counts (cache, views)",
+            us("FH no counts, no push", "NT no push"),
+        ),
         ("count kernel", us("FH no push", "FH no counts, no push")),
         ("event push, FULL_HEALTH", us("FULL_HEALTH", "FH no push")),
         ("the whole NO_TENSOR, training thread", us("NO_TENSOR", "plain")),
         ("the whole FULL_HEALTH, training thread", us("FULL_HEALTH", "plain")),
-    ]  # fmt: skip
+    ]
     for v in ("NO_TENSOR", "FULL_HEALTH"):
         other = lad[v]["other_cpu_min_ms"] - lad["plain"]["other_cpu_min_ms"]
         parts.append((f"drain and writer threads, {v} (other threads' CPU)", other * 1e3 / ops))

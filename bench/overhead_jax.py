@@ -296,9 +296,11 @@ class Variant:
             import nanscope
 
             nanscope.enable_dump_debug_info(
-                self.logdir, tensor_debug_mode=self.name, circular_buffer_size=1000,
+                self.logdir,
+                tensor_debug_mode=self.name,
+                circular_buffer_size=1000,
                 framework="jax",
-            )  # fmt: skip
+            )
         elif self.name == "check_numerics":
             import nanscope
 
@@ -354,8 +356,13 @@ def _run(jax: Any, step: Callable[..., Any], state: list[Any], batch: tuple[Any,
 
 # The tfdbg2 files of a dump, TFRecord-framed (nanscope's sidecar files are not).
 RECORD_FILES = {
-    "metadata", "source_files", "stack_frames", "graphs", "execution", "graph_execution_traces",
-}  # fmt: skip
+    "metadata",
+    "source_files",
+    "stack_frames",
+    "graphs",
+    "execution",
+    "graph_execution_traces",
+}
 
 
 def dump_facts(logdir: Path) -> dict[str, Any]:
@@ -667,13 +674,23 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
         "step taken off the first call.",
         "",
         *table_head(
-            ["variant", "step ms (median)", "step ratio (min-max over rounds)",
-             "paired ratio (min-max over rounds)", "CPU ratio",
-             "page faults/step", "first call s (median)", "first-call ratio", "less a step", "peak RSS MiB",
-             "RSS ratio", "targets"],
+            [
+                "variant",
+                "step ms (median)",
+                "step ratio (min-max over rounds)",
+                "paired ratio (min-max over rounds)",
+                "CPU ratio",
+                "page faults/step",
+                "first call s (median)",
+                "first-call ratio",
+                "less a step",
+                "peak RSS MiB",
+                "RSS ratio",
+                "targets",
+            ],
             numeric=False,
         ),
-    ]  # fmt: skip
+    ]
     verdicts: list[bool | None] = []
     for v, m in summary.items():
         tg = targets(model, v, summary)
@@ -691,13 +708,23 @@ def model_table(model: str, res: dict[str, Any]) -> tuple[list[str], list[bool |
         if m["paired_ratio"] is not None:
             paired = f"{m['paired_ratio']:.2f}x ({m['paired_min']:.2f}-{m['paired_max']:.2f})"
         lines.append(
-            table_row([
-                v, f"{m['step_ms']:.2f}", f"{m['step_ratio']:.2f}x{spread}", paired,
-                _x(m["cpu_ratio"]),
-                f"{m['faults']:.0f}", f"{m['first_s']:.2f}", _x(m["compile_ratio"]), _x(m["compile_only_ratio"]), rss,
-                _x(m["rss_ratio"]), marks,
-            ])
-        )  # fmt: skip
+            table_row(
+                [
+                    v,
+                    f"{m['step_ms']:.2f}",
+                    f"{m['step_ratio']:.2f}x{spread}",
+                    paired,
+                    _x(m["cpu_ratio"]),
+                    f"{m['faults']:.0f}",
+                    f"{m['first_s']:.2f}",
+                    _x(m["compile_ratio"]),
+                    _x(m["compile_only_ratio"]),
+                    rss,
+                    _x(m["rss_ratio"]),
+                    marks,
+                ]
+            )
+        )
     lines += order_table(res)
     return lines, verdicts
 
@@ -732,7 +759,7 @@ def order_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["mlp", "transformer", "both"], default="both")
@@ -760,7 +787,7 @@ def main() -> None:
         "Transformer 3; 0: none)",
     )
     ap.add_argument("--json", help="also write the raw results here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     variants = list(VARIANTS)
     if args.variants:

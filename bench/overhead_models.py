@@ -175,9 +175,12 @@ def torch_rnn_lm(torch: Any, cell: str = "LSTM", unfused: bool = False) -> Step:
                 self.rnn: Any = nn.LSTM(c["emsize"], c["hidden"], c["layers"], dropout=c["dropout"])
             else:
                 self.rnn = nn.RNN(
-                    c["emsize"], c["hidden"], c["layers"], nonlinearity="relu",
+                    c["emsize"],
+                    c["hidden"],
+                    c["layers"],
+                    nonlinearity="relu",
                     dropout=c["dropout"],
-                )  # fmt: skip
+                )
             self.decoder = nn.Linear(c["hidden"], c["vocab"])
 
         def forward(self, tokens: Any, hidden: Any) -> tuple[Any, Any]:
@@ -253,9 +256,15 @@ def compiled_transformer(torch: Any, cfg: dict[str, Any]) -> Step:
     """The Transformer of ``cfg`` (layers, d_model, batch, seq) under ``torch.compile``."""
     d = cfg["d_model"]
     return torch_transformer(
-        torch, cfg["batch"], seq=cfg["seq"], d_model=d, layers=cfg["layers"], ff=4 * d,
-        dropout=0.0, compiled=True,
-    )  # fmt: skip
+        torch,
+        cfg["batch"],
+        seq=cfg["seq"],
+        d_model=d,
+        layers=cfg["layers"],
+        ff=4 * d,
+        dropout=0.0,
+        compiled=True,
+    )
 
 
 def tf_mlp(tf: Any) -> Step:

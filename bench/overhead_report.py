@@ -15,10 +15,16 @@ TARGETS = [
     ("transformer", "check_numerics", 1.3),
 ]
 TIMING_HEAD = table_head(
-    ["variant", "step ms (median)", "ratio (wall; min–max over rounds)", "ratio (CPU time)",
-     "peak RSS MiB", "RSS ratio"],
+    [
+        "variant",
+        "step ms (median)",
+        "ratio (wall; min–max over rounds)",
+        "ratio (CPU time)",
+        "peak RSS MiB",
+        "RSS ratio",
+    ],
     numeric=False,
-)  # fmt: skip
+)
 
 
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -62,11 +68,19 @@ def table(timing: dict[str, Any], mem: dict[str, Any], framework: str = "torch")
 def dump_table(torch_mem: dict[str, Any], tf_mem: dict[str, Any]) -> list[str]:
     """Dump sizes per mode, nanscope's and TensorFlow's side by side."""
     lines = table_head(
-        ["mode", "nanscope ops/step", "nanscope B/op (.execution)", "nanscope dump B/step",
-         "nanscope dump total", "TF ops/step", "TF B/op (.execution)", "TF dump B/step",
-         "TF dump total (of which source snapshots)"],
+        [
+            "mode",
+            "nanscope ops/step",
+            "nanscope B/op (.execution)",
+            "nanscope dump B/step",
+            "nanscope dump total",
+            "TF ops/step",
+            "TF B/op (.execution)",
+            "TF dump B/step",
+            "TF dump total (of which source snapshots)",
+        ],
         numeric=False,
-    )  # fmt: skip
+    )
 
     def facts(m: dict[str, Any]) -> tuple[str, str, str, str]:
         d = m.get("dump")

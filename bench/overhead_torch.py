@@ -108,7 +108,7 @@ class Runner:
             exc.exit()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """The command line: the full run, ``--breakdown``, ``--compiled`` or one ``--child``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few rounds and steps; small Transformer")
@@ -168,7 +168,7 @@ def main() -> None:
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("cfg", nargs="?", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     if args.child:
         from overhead_children import CHILDREN

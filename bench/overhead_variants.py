@@ -18,9 +18,14 @@ PYTHON_CHECK = "python:check_numerics"
 # Transformer (see overhead_torch.py).
 PYTHON_FULL_TENSOR = "python:FULL_TENSOR"
 TORCH_VARIANTS = [
-    "plain", *MODES, NO_RANGES, *PYTHON_RECORDER, "check_numerics", PYTHON_CHECK,
+    "plain",
+    *MODES,
+    NO_RANGES,
+    *PYTHON_RECORDER,
+    "check_numerics",
+    PYTHON_CHECK,
     "detect_anomaly",
-]  # fmt: skip
+]
 ON_REQUEST = [PYTHON_FULL_TENSOR]
 TF_VARIANTS = ["plain", *MODES, "check_numerics"]
 # FULL_HEALTH with the summaries' counts reduced inside the compiled graph on CPU too, as

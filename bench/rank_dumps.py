@@ -70,9 +70,17 @@ class Op:
 
     __slots__ = ("bucket", "inputs", "module", "outputs", "phase", "sizes", "source", "type")
 
-    def __init__(self, type_: str, phase: int, module: str, inputs: list[str],
-                 outputs: list[str], sizes: list[int], bucket: int = -1,
-                 source: tuple[str, int, str] = ("", 0, "")) -> None:  # fmt: skip
+    def __init__(
+        self,
+        type_: str,
+        phase: int,
+        module: str,
+        inputs: list[str],
+        outputs: list[str],
+        sizes: list[int],
+        bucket: int = -1,
+        source: tuple[str, int, str] = ("", 0, ""),
+    ) -> None:
         self.type, self.phase, self.module = type_, phase, module
         self.inputs, self.outputs, self.sizes = inputs, outputs, sizes
         self.bucket = bucket  # allreduce: which bucket (0, 1)
@@ -126,8 +134,17 @@ def step_program(layers: int = LAYERS) -> list[Op]:
         ops.append(Op(ALLREDUCE_OP, BACKWARD, "", [flat], [flat], [n], bucket=b, source=ddp))
         ops.append(Op("aten.div_.Scalar", BACKWARD, "", [flat], [flat], [n], source=ddp))
         sizes = [w_size if g.startswith("gW") else HIDDEN for g in grads]
-        ops.append(Op("aten.split_with_sizes.default", BACKWARD, "", [flat],
-                      [f"r{g}" for g in grads], sizes, source=ddp))  # fmt: skip
+        ops.append(
+            Op(
+                "aten.split_with_sizes.default",
+                BACKWARD,
+                "",
+                [flat],
+                [f"r{g}" for g in grads],
+                sizes,
+                source=ddp,
+            )
+        )
     # The optimizer: every parameter updated in place.
     opt = ("/usr/lib/python3/torch/optim/sgd.py", 300, "_single_tensor_sgd")
     for p in params():
@@ -144,8 +161,13 @@ def rank_plan(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     bad_step = min(steps - 1, int(cfg["bad_at"] * steps))
     rng = random.Random(f"{cfg['seed']}/{rank}")
     offset = LATE_OFFSET if rank == cfg["bad_rank"] else rng.uniform(*OFFSET_RANGE)
-    return {"steps": steps, "per_step": per_step, "bad_step": bad_step,
-            "bad_rank": cfg["bad_rank"], "offset": offset}  # fmt: skip
+    return {
+        "steps": steps,
+        "per_step": per_step,
+        "bad_step": bad_step,
+        "bad_rank": cfg["bad_rank"],
+        "offset": offset,
+    }
 
 
 def _summary(np: Any, size: int, state: int) -> Any:
@@ -160,8 +182,9 @@ def _summary(np: Any, size: int, state: int) -> Any:
     finite = size - ninf - pinf - nan
     neg, zero = (finite * 9) // 20, finite // 50
     dims = 0 if size == 1 else 2
-    return np.array([0, 0, 1, dims, size, ninf, pinf, nan, neg, zero, finite - neg - zero],
-                    dtype=np.float64)  # fmt: skip
+    return np.array(
+        [0, 0, 1, dims, size, ninf, pinf, nan, neg, zero, finite - neg - zero], dtype=np.float64
+    )
 
 
 def child_write_ranks(cfg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -284,8 +307,13 @@ def _write_rank(cfg: dict[str, Any]) -> dict[str, Any]:
             tag = None
             sent: list[Any] = []
             if op.type == ALLREDUCE_OP:
-                tag = CollectiveTag(group="0", kind="collective", sequence=sequence,
-                                    group_desc="default_pg", group_size=cfg["ranks"])  # fmt: skip
+                tag = CollectiveTag(
+                    group="0",
+                    kind="collective",
+                    sequence=sequence,
+                    group_desc="default_pg",
+                    group_size=cfg["ranks"],
+                )
                 # What this rank put in, summarised before the reduction (as the recorders do).
                 sent = [summary(s, worst) for s in op.sizes]
             w.write_execution(
@@ -357,8 +385,15 @@ def generate(
     the same parameters is reused.
     """
     dump = Path(dump)
-    params = {"ranks": ranks, "events": events, "bad_rank": bad_rank, "bad_at": bad_at,
-              "layers": layers, "seed": seed, "version": GENERATOR_VERSION}  # fmt: skip
+    params = {
+        "ranks": ranks,
+        "events": events,
+        "bad_rank": bad_rank,
+        "bad_at": bad_at,
+        "layers": layers,
+        "seed": seed,
+        "version": GENERATOR_VERSION,
+    }
     record_path = dump.with_name(dump.name + ".json")
     if record_path.exists() and dump.is_dir():
         record: dict[str, Any] = json.loads(record_path.read_text())
@@ -380,16 +415,27 @@ def generate(
     while pending or running:
         while pending and len(running) < max(1, jobs):
             todo = pending.pop(0)
-            running.append((todo, start_child("rank_dumps", "write-ranks", {**cfg, "write": todo},
-                                              label=f"write ranks {todo[0]}-{todo[-1]}")))  # fmt: skip
+            running.append(
+                (
+                    todo,
+                    start_child(
+                        "rank_dumps",
+                        "write-ranks",
+                        {**cfg, "write": todo},
+                        label=f"write ranks {todo[0]}-{todo[-1]}",
+                    ),
+                )
+            )
         todo, child = running.pop(0)
         try:
             done = child.wait()
         except ChildFailed as exc:
             exc.exit()
         results.extend(done)
-        log(f"  ranks {todo[0]}-{todo[-1]}: {sum(r['events'] for r in done):,} events "
-            f"({sum(r['nonfinite'] for r in done):,} non-finite) in {child.wall_s:.1f}s")  # fmt: skip
+        log(
+            f"  ranks {todo[0]}-{todo[-1]}: {sum(r['events'] for r in done):,} events "
+            f"({sum(r['nonfinite'] for r in done):,} non-finite) in {child.wall_s:.1f}s"
+        )
     wall = time.perf_counter() - started
     sizes = [(p.name, p.stat().st_size) for p in dump.iterdir()]
     record = {

@@ -396,7 +396,7 @@ def run_child(module: str, kind: str, cfg: dict[str, Any], label: str) -> dict[s
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """The command line: write the dump, read it with both readers, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=int, default=1_000_000)
@@ -419,7 +419,7 @@ def main() -> int:
         help="events for the write_trace test (default --traces)",
     )
     ap.add_argument("--child", nargs=2, metavar=("KIND", "CFG"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         send_result(CHILDREN[args.child[0]](json.loads(args.child[1])))
         return 0

@@ -51,8 +51,10 @@ def verdict(got: Any, expected: Any) -> str:
 
 def show_oracle(name: str, r: Result, seconds: float) -> None:
     program = CASES[name].program
-    print(f"  oracle ({seconds:.1f} s, {r.num_ops} ops): {r.iterations} iterations, "
-          f"{r.optimizer_steps} optimizer steps, skipped iterations {r.skipped_iterations}")  # fmt: skip
+    print(
+        f"  oracle ({seconds:.1f} s, {r.num_ops} ops): {r.iterations} iterations, "
+        f"{r.optimizer_steps} optimizer steps, skipped iterations {r.skipped_iterations}"
+    )
     groups: Counter[tuple[str, int | None, str]] = Counter()
     first: dict[tuple[str, int | None, str], Any] = {}
     for lin in r.lineages:
@@ -66,8 +68,10 @@ def show_oracle(name: str, r: Result, seconds: float) -> None:
         lin = first[(op, line, kind)]
         absorbed = ", ".join(sorted(lin.absorbed_by)[:3]) or "-"
         why = "; ".join(lin.reasons) or ("unscaled, step skipped" if kind == "handled" else "")
-        print(f"      {kind:8} {op} at {program}:{line}  x{n}  (iteration {lin.birth.iteration}; "
-              f"absorbed by {absorbed}{'; ' + why if why else ''})")  # fmt: skip
+        print(
+            f"      {kind:8} {op} at {program}:{line}  x{n}  (iteration {lin.birth.iteration}; "
+            f"absorbed by {absorbed}{'; ' + why if why else ''})"
+        )
     print(f"    origin:    {fmt_key(oracle_key(r.origin, program))}")
     print(f"    first NaN: {fmt_key(oracle_key(r.first_nan, program))}")
     print(f"    cause:     {fmt_key(oracle_key(r.cause, program))}")
@@ -80,14 +84,18 @@ def show_report(name: str, buffer: str, r: Result, tmp: Path) -> None:
     run = run_recorded(case, BUFFERS[buffer], tmp / f"{name}-{buffer}")
     seconds = time.perf_counter() - t0
     rep = run.report
-    print(f"  nanscope, {buffer} buffer ({seconds:.1f} s with the report): program exit "
-          f"{run.returncode}, report exit {run.report_returncode} "
-          f"[{verdict(run.report_returncode, 0 if case.healthy else 1)}]")  # fmt: skip
+    print(
+        f"  nanscope, {buffer} buffer ({seconds:.1f} s with the report): program exit "
+        f"{run.returncode}, report exit {run.report_returncode} "
+        f"[{verdict(run.report_returncode, 0 if case.healthy else 1)}]"
+    )
     if rep is None:
         print("    no report:", run.stderr.strip().splitlines()[-1:] or "")
         return
-    print(f"    executions {rep['num_executions']}, steps {rep['steps']} "
-          f"[{verdict((rep['steps'] or [None, None])[1], r.iterations)}]")  # fmt: skip
+    print(
+        f"    executions {rep['num_executions']}, steps {rep['steps']} "
+        f"[{verdict((rep['steps'] or [None, None])[1], r.iterations)}]"
+    )
     for field, expected in (("origin", r.origin), ("first_nan", r.first_nan)):
         got = report_key(rep[field])
         want = oracle_key(expected, case.program)
@@ -118,11 +126,11 @@ def show_report(name: str, buffer: str, r: Result, tmp: Path) -> None:
         print("    lineages:  (no such field)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", choices=list(CASES), help="default: all")
     parser.add_argument("--buffer", choices=[*BUFFERS, "both"], default="both")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     buffers = list(BUFFERS) if args.buffer == "both" else [args.buffer]
     with tempfile.TemporaryDirectory(prefix="nanscope-real-") as tmp:
         for name in args.case or list(CASES):

@@ -110,7 +110,7 @@ def parse_size(text: str) -> int:
     return int(float(text))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """The command line: ``--generate`` one dump, or the benchmark over ``--sizes``."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--sizes", help="trace counts to measure, e.g. 1e6,1e7 (default: --traces)")
@@ -120,23 +120,35 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=200, help="generated source files")
     ap.add_argument("--frames", type=int, default=4000, help="distinct generated stack frames")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
-                    help="ranks written at once (one process each)")  # fmt: skip
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="ranks written at once (one process each)",
+    )
     ap.add_argument("--keep", metavar="DIR", help="keep the dumps here (reused when present)")
     ap.add_argument("--generate", metavar="DIR", help="only write one dump (--traces) to DIR")
     ap.add_argument("--repeats", type=int, default=3, help="nanscope children per task (median)")
     ap.add_argument("--skip-tf", action="store_true", help="do not run TensorFlow's reader")
-    ap.add_argument("--tf-written", choices=("on", "off", "only"), default="on",
-                    help="also (or only) a dump written by TensorFlow itself: nanscope's first "
-                    "and second open against DebugDataReader")  # fmt: skip
-    ap.add_argument("--tf-budget", type=float, default=300.0,
-                    help="seconds a TensorFlow task may take (killed after)")  # fmt: skip
+    ap.add_argument(
+        "--tf-written",
+        choices=("on", "off", "only"),
+        default="on",
+        help="also (or only) a dump written by TensorFlow itself: nanscope's first "
+        "and second open against DebugDataReader",
+    )
+    ap.add_argument(
+        "--tf-budget",
+        type=float,
+        default=300.0,
+        help="seconds a TensorFlow task may take (killed after)",
+    )
     ap.add_argument(
         "--at-head",
         action="store_true",
         help="measure src/ of the commit at HEAD (git archive), not the working tree",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     if args.generate:
         rec = generate(

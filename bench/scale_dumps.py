@@ -298,8 +298,15 @@ def generate(
     """
     dump = Path(dump)
     src = Path(src) if src is not None else dump.with_name(dump.name + ".src")
-    params = {"traces": traces, "executions": executions, "ranks": ranks, "files": files,
-              "frames": frames, "seed": seed, "version": GENERATOR_VERSION}  # fmt: skip
+    params = {
+        "traces": traces,
+        "executions": executions,
+        "ranks": ranks,
+        "files": files,
+        "frames": frames,
+        "seed": seed,
+        "version": GENERATOR_VERSION,
+    }
     record_path = dump.with_name(dump.name + ".json")
     reused = _reuse(dump, record_path, params)
     if reused is not None:
@@ -394,8 +401,13 @@ def child_write_tf(cfg: dict[str, Any]) -> dict[str, Any]:
     writer.FlushExecutionFiles()
     writer.FlushNonExecutionFiles()
     tf.debugging.experimental.disable_dump_debug_info()
-    return {"rank": 0, "traces": steps * per_call, "executions": steps, "per_call": per_call,
-            "write_s": perf() - t0}  # fmt: skip
+    return {
+        "rank": 0,
+        "traces": steps * per_call,
+        "executions": steps,
+        "per_call": per_call,
+        "write_s": perf() - t0,
+    }
 
 
 def _count_traces(dump: str) -> int:
@@ -422,9 +434,12 @@ def generate_tf(dump: str | os.PathLike[str], *, traces: int, seed: int = 0) -> 
     log(f"generate {traces:,} traces with TensorFlow: {dump}")
     started = time.perf_counter()
     child = start_child(
-        "scale_dumps", "write-tf", {**params, "dump": str(dump)}, label="write with TensorFlow",
+        "scale_dumps",
+        "write-tf",
+        {**params, "dump": str(dump)},
+        label="write with TensorFlow",
         script=HERE,
-    )  # fmt: skip
+    )
     try:
         res = child.wait()
     except ChildFailed as exc:

@@ -94,8 +94,11 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
     import nanscope
     from nanscope.analysis import analyze
 
-    out: dict[str, Any] = {"task": cfg["task"], "import_s": perf() - t0,
-                           "nanscope": nanscope_location()}  # fmt: skip
+    out: dict[str, Any] = {
+        "task": cfg["task"],
+        "import_s": perf() - t0,
+        "nanscope": nanscope_location(),
+    }
     out["rss_after_import_mib"] = peak_rss_mib()
     t = perf()
     if cfg["task"] == "profile-open":
@@ -116,9 +119,13 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
         ref = r.first_nonfinite()
         if ref is not None:
             ex = r.execution(ref.index)
-            out["found"] = {"rank": r.processes[ref.process].rank, "op": ex.op_type,
-                            "step": ex.step, "wall_time": ex.wall_time,
-                            "collective": ex.collective.to_json() if ex.collective else None}  # fmt: skip
+            out["found"] = {
+                "rank": r.processes[ref.process].rank,
+                "op": ex.op_type,
+                "step": ex.step,
+                "wall_time": ex.wall_time,
+                "collective": ex.collective.to_json() if ex.collective else None,
+            }
     elif cfg["task"] in ("analyze", "profile"):
         if cfg["task"] == "profile":
             import cProfile
@@ -173,13 +180,16 @@ def run_read(task: str, dump: str, timeout: float | None) -> dict[str, Any]:
     """One task in a fresh child; ``{"error": ...}`` when it fails or runs out of time."""
     label = f"{task} {Path(dump).name}"
     try:
-        res = run_timed("scale_ranks", "read", {"task": task, "dump": dump},
-                        label=label, timeout=timeout)  # fmt: skip
+        res = run_timed(
+            "scale_ranks", "read", {"task": task, "dump": dump}, label=label, timeout=timeout
+        )
     except ChildFailed as exc:
         log(f"  {label}: FAILED ({exc.reason}): {exc.message}")
         return {"error": exc.message, "reason": exc.reason, "wall_s": exc.wall_s}
-    log(f"  {label}: {res['wall_s']:.1f}s (open {res['open_s']:.2f}s, query "
-        f"{res['query_s']:.2f}s), peak {res['peak_rss_mib']:,.0f} MiB")  # fmt: skip
+    log(
+        f"  {label}: {res['wall_s']:.1f}s (open {res['open_s']:.2f}s, query "
+        f"{res['query_s']:.2f}s), peak {res['peak_rss_mib']:,.0f} MiB"
+    )
     return res
 
 
@@ -200,27 +210,36 @@ def median_run(results: list[dict[str, Any]], field: str) -> dict[str, Any] | No
     return ok[len(ok) // 2] if ok else None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--dumps", default="16x10000", help="RANKSxEVENTS (per rank), comma-separated")
-    ap.add_argument("--bad-rank", type=int, help="the rank where the -inf is born "
-                    "(default 137 * RANKS // 256)")  # fmt: skip
+    ap.add_argument(
+        "--bad-rank", type=int, help="the rank where the -inf is born (default 137 * RANKS // 256)"
+    )
     ap.add_argument(
         "--bad-at", type=float, default=0.9, help="the bad step, as a fraction of steps"
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="ranks written at once (one process each)")  # fmt: skip
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="ranks written at once (one process each)",
+    )
     ap.add_argument("--keep", metavar="DIR", help="keep the dumps here (reused when present)")
     ap.add_argument("--generate", metavar="DIR", help="only write the --dumps to DIR")
     ap.add_argument("--repeats", type=int, default=3, help="children per task (median)")
     ap.add_argument("--analyze-repeats", type=int, help="children for analyze (default --repeats)")
     ap.add_argument("--budget", type=float, default=900.0, help="seconds a task may take")
-    ap.add_argument("--profile", action="store_true",
-                    help="also profile analyze (cProfile) on the largest dump")  # fmt: skip
-    ap.add_argument("--at-head", action="store_true",
-                    help="measure src/ of the commit at HEAD (git archive), not the working tree")  # fmt: skip
-    args = ap.parse_args()
+    ap.add_argument(
+        "--profile", action="store_true", help="also profile analyze (cProfile) on the largest dump"
+    )
+    ap.add_argument(
+        "--at-head",
+        action="store_true",
+        help="measure src/ of the commit at HEAD (git archive), not the working tree",
+    )
+    args = ap.parse_args(argv)
     dumps = parse_dumps(args.dumps)
     if args.analyze_repeats is None:
         args.analyze_repeats = args.repeats
@@ -240,8 +259,15 @@ def main() -> int:
 
 def make(args: argparse.Namespace, root: Path, ranks: int, events: int) -> dict[str, Any]:
     bad = args.bad_rank if args.bad_rank is not None else 137 * ranks // 256
-    return generate(root / dump_name(ranks, events), ranks=ranks, events=events, bad_rank=bad,
-                    bad_at=args.bad_at, seed=args.seed, jobs=args.jobs)  # fmt: skip
+    return generate(
+        root / dump_name(ranks, events),
+        ranks=ranks,
+        events=events,
+        bad_rank=bad,
+        bad_at=args.bad_at,
+        seed=args.seed,
+        jobs=args.jobs,
+    )
 
 
 def run(args: argparse.Namespace, root: Path, dumps: list[tuple[int, int]]) -> int:
@@ -251,8 +277,10 @@ def run(args: argparse.Namespace, root: Path, dumps: list[tuple[int, int]]) -> i
     sections = []
     for ranks, events in dumps:
         rec = make(args, root, ranks, events)
-        log(f"{Path(rec['dump']).name}: {rec['bytes'] / 2**30:.2f} GiB in {rec['files']:,} files, "
-            f"page cache warmed in {warm(rec['dump']):.1f}s")  # fmt: skip
+        log(
+            f"{Path(rec['dump']).name}: {rec['bytes'] / 2**30:.2f} GiB in {rec['files']:,} files, "
+            f"page cache warmed in {warm(rec['dump']):.1f}s"
+        )
         results: dict[str, list[dict[str, Any]]] = {t: [] for t in TASKS}
         for rep in range(args.repeats):
             for task in TASKS:
@@ -299,41 +327,84 @@ def report(
     problems: list[str] = []
     add(f"Machine: {machine()}; started {started}")
     add(source_line(start_state, end_state))
-    used = sorted({r["nanscope"] for s in sections for rs in s["results"].values()
-                   for r in rs if r.get("nanscope")})  # fmt: skip
+    used = sorted(
+        {
+            r["nanscope"]
+            for s in sections
+            for rs in s["results"].values()
+            for r in rs
+            if r.get("nanscope")
+        }
+    )
     add(f"nanscope imported by the children from: {', '.join(used) or '?'}")
-    add(f"Median of {args.repeats} fresh subprocesses per task ({args.analyze_repeats} for "
+    add(
+        f"Median of {args.repeats} fresh subprocesses per task ({args.analyze_repeats} for "
         "analyze); times exclude imports; 'cold' = "
-        "open + query; page cache warm. Peak RSS = ru_maxrss of the child (imports included).")  # fmt: skip
+        "open + query; page cache warm. Peak RSS = ru_maxrss of the child (imports included)."
+    )
     add("")
     add("### The dumps")
     add("")
-    lines.extend(table_head(["Dump", "ranks", "events per rank", "events", "steps per rank",
-                             "allreduces per rank", "non-finite events", "files",
-                             "on disk (GiB)", "bytes/event: .execution, .nsidx",
-                             "written in (s)", "bad rank (clock offset), step"]))  # fmt: skip
+    lines.extend(
+        table_head(
+            [
+                "Dump",
+                "ranks",
+                "events per rank",
+                "events",
+                "steps per rank",
+                "allreduces per rank",
+                "non-finite events",
+                "files",
+                "on disk (GiB)",
+                "bytes/event: .execution, .nsidx",
+                "written in (s)",
+                "bad rank (clock offset), step",
+            ]
+        )
+    )
     for s in sections:
         rec = s["record"]
         rs = rec["ranks"]
         n = sum(r["events"] for r in rs)
         plan = rec["plan"]
         gen = f"{rec['wall_s']:.0f}" + (" (reused)" if rec.get("reused") else "")
-        add(table_row([
-            dump_name(s["ranks"], s["events"]), s["ranks"], f"{rs[0]['events']:,}", f"{n:,}",
-            f"{rs[0]['steps']:,}", f"{rs[0]['allreduces']:,}",
-            f"{sum(r['nonfinite'] for r in rs):,}", f"{rec['files']:,}",
-            f"{rec['bytes'] / 2**30:.2f}",
-            f"{rec['execution_bytes'] / n:.0f}, {rec['index_bytes'] / n:.0f}",
-            f"{gen} ({args.jobs} at once)",
-            f"{plan['bad_rank']} (+{plan['offset']:.1f} s), {plan['bad_step']}",
-        ]))  # fmt: skip
+        add(
+            table_row(
+                [
+                    dump_name(s["ranks"], s["events"]),
+                    s["ranks"],
+                    f"{rs[0]['events']:,}",
+                    f"{n:,}",
+                    f"{rs[0]['steps']:,}",
+                    f"{rs[0]['allreduces']:,}",
+                    f"{sum(r['nonfinite'] for r in rs):,}",
+                    f"{rec['files']:,}",
+                    f"{rec['bytes'] / 2**30:.2f}",
+                    f"{rec['execution_bytes'] / n:.0f}, {rec['index_bytes'] / n:.0f}",
+                    f"{gen} ({args.jobs} at once)",
+                    f"{plan['bad_rank']} (+{plan['offset']:.1f} s), {plan['bad_step']}",
+                ]
+            )
+        )
     add("")
     add("### Reading")
     add("")
-    lines.extend(table_head(["Dump", "open + index (s)", "open: peak MiB",
-                             "first alert, cold (s)", "analyze(), cold (s)", "analyze() only (s)",
-                             "analyze(): peak MiB", "open, us per event",
-                             "analyze() only, us per event"]))  # fmt: skip
+    lines.extend(
+        table_head(
+            [
+                "Dump",
+                "open + index (s)",
+                "open: peak MiB",
+                "first alert, cold (s)",
+                "analyze(), cold (s)",
+                "analyze() only (s)",
+                "analyze(): peak MiB",
+                "open, us per event",
+                "analyze() only, us per event",
+            ]
+        )
+    )
     targets: list[str] = []
     for s in sections:
         res = s["results"]
@@ -348,35 +419,51 @@ def report(
 
         failed = [r for r in res["analyze"] if "error" in r]
         an_cold = fmt_s(g(an, "cold_s")) if an else f"failed: {failed[0]['reason']}"
-        add(table_row([
-            dump_name(s["ranks"], s["events"]), fmt_s(g(op, "open_s")),
-            fmt_mib(g(op, "peak_rss_mib")), fmt_s(g(fi, "cold_s")), an_cold,
-            fmt_s(g(an, "query_s")), fmt_mib(g(an, "peak_rss_mib")),
-            per_event(g(op, "open_s")), per_event(g(an, "query_s")),
-        ]))  # fmt: skip
+        add(
+            table_row(
+                [
+                    dump_name(s["ranks"], s["events"]),
+                    fmt_s(g(op, "open_s")),
+                    fmt_mib(g(op, "peak_rss_mib")),
+                    fmt_s(g(fi, "cold_s")),
+                    an_cold,
+                    fmt_s(g(an, "query_s")),
+                    fmt_mib(g(an, "peak_rss_mib")),
+                    per_event(g(op, "open_s")),
+                    per_event(g(an, "query_s")),
+                ]
+            )
+        )
         plan = s["record"]["plan"]
         truth = {"rank": plan["bad_rank"], "op": LOG_OP, "step": plan["bad_step"]}
         s["truth"] = truth
         if (s["ranks"], s["events"]) in ((256, 100_000), (1024, 10_000)):
             cold = g(an, "cold_s")
             right = bool(an) and _matches(an.get("cause") or an.get("origin"), truth)
-            line = (f"- {dump_name(s['ranks'], s['events'])}: cross-rank cause < {TARGET_S:.0f} s: "
-                    f"{fmt_s(cold)} s -> {'PASS' if cold is not None and cold < TARGET_S and right else 'FAIL'}")  # fmt: skip
+            line = (
+                f"- {dump_name(s['ranks'], s['events'])}: cross-rank cause < {TARGET_S:.0f} s: "
+                f"{fmt_s(cold)} s -> {'PASS' if cold is not None and cold < TARGET_S and right else 'FAIL'}"
+            )
             if not right:
                 line += " (the cause found is not the birth)"
             targets.append(line)
             if s["ranks"] == 256:
                 peak = g(an, "peak_rss_mib")
                 ok = peak is not None and peak < TARGET_MIB
-                targets.append(f"- {dump_name(s['ranks'], s['events'])}: peak < 2 GiB: "
-                               f"{fmt_mib(peak)} MiB -> {'PASS' if ok else 'FAIL'}")  # fmt: skip
+                targets.append(
+                    f"- {dump_name(s['ranks'], s['events'])}: peak < 2 GiB: "
+                    f"{fmt_mib(peak)} MiB -> {'PASS' if ok else 'FAIL'}"
+                )
     if len(sections) > 1:
         base = min(sections, key=lambda s: s["ranks"] * s["events"])
         add("")
         add(f"Against the smallest dump ({dump_name(base['ranks'], base['events'])}):")
         add("")
-        lines.extend(table_head(["Dump", "events", "open", "first alert", "analyze() only",
-                                 "analyze(): peak MiB"]))  # fmt: skip
+        lines.extend(
+            table_head(
+                ["Dump", "events", "open", "first alert", "analyze() only", "analyze(): peak MiB"]
+            )
+        )
         b_res = {t: median_run(base["results"][t], "cold_s") for t in TASKS}
         for s in sections:
             res = {t: median_run(s["results"][t], "cold_s") for t in TASKS}
@@ -385,18 +472,35 @@ def report(
                 a, b = res[t], b_res[t]
                 return fmt_ratio(a.get(f) if a else None, b.get(f) if b else None)
 
-            add(table_row([
-                dump_name(s["ranks"], s["events"]),
-                fmt_ratio(s["ranks"] * s["events"], base["ranks"] * base["events"]),
-                ratio("open", "open_s"), ratio("first", "cold_s"), ratio("analyze", "query_s"),
-                ratio("analyze", "peak_rss_mib"),
-            ]))  # fmt: skip
+            add(
+                table_row(
+                    [
+                        dump_name(s["ranks"], s["events"]),
+                        fmt_ratio(s["ranks"] * s["events"], base["ranks"] * base["events"]),
+                        ratio("open", "open_s"),
+                        ratio("first", "cold_s"),
+                        ratio("analyze", "query_s"),
+                        ratio("analyze", "peak_rss_mib"),
+                    ]
+                )
+            )
     add("")
     add("### What was found (the birth: the bad rank's aten.log.default at the bad step)")
     add("")
-    lines.extend(table_head(["Dump", "the birth", "first alert by wall clock",
-                             "analyze(): origin", "analyze(): cause", "right?",
-                             "report's ranks"], numeric=False))  # fmt: skip
+    lines.extend(
+        table_head(
+            [
+                "Dump",
+                "the birth",
+                "first alert by wall clock",
+                "analyze(): origin",
+                "analyze(): cause",
+                "right?",
+                "report's ranks",
+            ],
+            numeric=False,
+        )
+    )
     for s in sections:
         fi = median_run(s["results"]["first"], "cold_s")
         an = median_run(s["results"]["analyze"], "cold_s")
@@ -412,25 +516,37 @@ def report(
                 f"{dump_name(s['ranks'], s['events'])}: analyze() did not find the birth"
             )
         ranks = an.get("ranks") if an else None
-        add(table_row([
-            dump_name(s["ranks"], s["events"]), _who(truth), first_txt,
-            _who(an.get("origin")) if an else "failed", _who(an.get("cause")) if an else "-",
-            "yes" if right else "no", "-" if ranks is None else json.dumps(ranks)[:200],
-        ]))  # fmt: skip
+        add(
+            table_row(
+                [
+                    dump_name(s["ranks"], s["events"]),
+                    _who(truth),
+                    first_txt,
+                    _who(an.get("origin")) if an else "failed",
+                    _who(an.get("cause")) if an else "-",
+                    "yes" if right else "no",
+                    "-" if ranks is None else json.dumps(ranks)[:200],
+                ]
+            )
+        )
     add("")
     add("Targets:")
     lines.extend(targets or ["- (neither target size was run)"])
     if profile is not None:
         sec, res = profile
         add("")
-        add(f"### analyze() under cProfile, {dump_name(sec['ranks'], sec['events'])} "
-            f"(top {PROFILE_TOP})")  # fmt: skip
+        add(
+            f"### analyze() under cProfile, {dump_name(sec['ranks'], sec['events'])} "
+            f"(top {PROFILE_TOP})"
+        )
         add("")
         if "error" in res:
             add(f"failed: {res['error']}")
         else:
-            add(f"analyze() took {res['query_s']:.1f} s under the profiler "
-                f"(open {res['open_s']:.1f} s), peak {res['peak_rss_mib']:,.0f} MiB.")  # fmt: skip
+            add(
+                f"analyze() took {res['query_s']:.1f} s under the profiler "
+                f"(open {res['open_s']:.1f} s), peak {res['peak_rss_mib']:,.0f} MiB."
+            )
             _add_listings(add, res)
     if profile is not None and profile_open is not None:
         sec = profile[0]
@@ -442,8 +558,10 @@ def report(
         if "error" in profile_open:
             add(f"failed: {profile_open['error']}")
         else:
-            add(f"open took {profile_open['open_s']:.1f} s under the profiler, peak "
-                f"{profile_open['peak_rss_mib']:,.0f} MiB.")  # fmt: skip
+            add(
+                f"open took {profile_open['open_s']:.1f} s under the profiler, peak "
+                f"{profile_open['peak_rss_mib']:,.0f} MiB."
+            )
             _add_listings(add, profile_open)
     return "\n".join(lines), problems
 

@@ -20,11 +20,18 @@ from harness import (
 from scale_program import LOG_OP
 
 GENERATOR_COLUMNS = [
-    "Dump", "traces", "executions", "steps per rank", "graph ops per rank",
-    "source files per rank (generated)", "stack frames per rank",
-    "stacks per rank (max depth)", "on disk (data + .nsidx)", "bytes/trace: data, + .nsidx",
+    "Dump",
+    "traces",
+    "executions",
+    "steps per rank",
+    "graph ops per rank",
+    "source files per rank (generated)",
+    "stack frames per rank",
+    "stacks per rank (max depth)",
+    "on disk (data + .nsidx)",
+    "bytes/trace: data, + .nsidx",
     "written in (s)",
-]  # fmt: skip
+]
 # (reader, dump key, task) -> the results of its children
 Results = dict[tuple[str, str, str], list[dict[str, Any]]]
 Add = Callable[[str], None]
@@ -143,14 +150,20 @@ def size_table(
             return "did not finish"
         return "failed" if any("error" in r for r in rs) else "-"
 
-    def row(name: str, task: str, field: str, mib: bool = False, tf_task: str = "",
-            tf_field: str = "") -> None:  # fmt: skip
+    def row(
+        name: str, task: str, field: str, mib: bool = False, tf_task: str = "", tf_field: str = ""
+    ) -> None:
         """A row; TensorFlow's figure may come from another of its children."""
         tt, tfld = tf_task or task, tf_field or field
         vals: list[str] = []
         for impl, key in cols:
-            v = _median(results, impl, key, tt if impl == "tensorflow" else task,
-                        tfld if impl == "tensorflow" else field)  # fmt: skip
+            v = _median(
+                results,
+                impl,
+                key,
+                tt if impl == "tensorflow" else task,
+                tfld if impl == "tensorflow" else field,
+            )
             if v is None and impl == "tensorflow":
                 vals.append(tf_missing(tt))
             else:

@@ -82,9 +82,12 @@ class ServerProcess:
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nanscope", "serve", str(logdir), "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
             preexec_fn=limit,
-        )  # fmt: skip
+        )
         assert self.proc.stdout is not None
         url = ""
         for _ in range(5):
@@ -211,11 +214,17 @@ def detail(src: Path, dump: Path, args: argparse.Namespace, pages: int = 0) -> d
             p.join()
         latencies = [x for lat, _ in results for x in lat]
         errors = [e for _, errs in results for e in errs]
-        return {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
-                "max": max(latencies), "rps": len(latencies) / wall, "errors": len(errors),
-                "cpu_ms": cpu / len(latencies) * 1e3, "traces": total,
-                "pages": len(page_latencies),
-                "page_p50": percentile(page_latencies, 0.5) if page_latencies else None}  # fmt: skip
+        return {
+            "p50": percentile(latencies, 0.5),
+            "p99": percentile(latencies, 0.99),
+            "max": max(latencies),
+            "rps": len(latencies) / wall,
+            "errors": len(errors),
+            "cpu_ms": cpu / len(latencies) * 1e3,
+            "traces": total,
+            "pages": len(page_latencies),
+            "page_p50": percentile(page_latencies, 0.5) if page_latencies else None,
+        }
     finally:
         server.close()
 
@@ -268,7 +277,7 @@ def make_tree(root: Path, dirs: int) -> Path:
     code = (
         "import sys; sys.path.insert(0, sys.argv[2]);"
         "from tests.helpers import write_small_dump; write_small_dump(__import__('pathlib').Path(sys.argv[1]))"
-    )  # fmt: skip
+    )
     run = logdir / "e0" / "s0" / "run"
     run.mkdir(parents=True)
     subprocess.run([sys.executable, "-c", code, str(run), str(ROOT)], env=env, check=True)
@@ -292,7 +301,7 @@ def tree(src: Path, logdir: Path, args: argparse.Namespace) -> dict[str, Any]:
         server.close()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", help="a commit to measure first, side by side (e.g. eee319e)")
     ap.add_argument("--only", choices=("detail", "mixed", "idle", "tree"), action="append")
@@ -308,7 +317,7 @@ def main() -> int:
     ap.add_argument("--idle-timeout", type=float, default=10.0)
     ap.add_argument("--dirs", type=int, default=28_000)
     ap.add_argument("--tree-requests", type=int, default=10)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     only = set(args.only or ("detail", "mixed", "idle", "tree"))
     args.keep.mkdir(parents=True, exist_ok=True)
     state = source_state()
@@ -321,40 +330,80 @@ def main() -> int:
         generate(dump, traces=args.traces, executions=args.traces // 10, ranks=args.ranks)
     out = [f"Machine: {machine()}. Source: {state}.", ""]
     if "detail" in only:
-        head = ["server", "p50 ms", "p99 ms", "max ms", "requests/s", "server CPU ms/request",
-                "errors"]  # fmt: skip
+        head = [
+            "server",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "requests/s",
+            "server CPU ms/request",
+            "errors",
+        ]
         rows = []
         for label, src in impls:
             log(f"detail: {label}")
             r = detail(src, dump, args)
-            rows.append([label, f"{r['p50'] * 1e3:.0f}", f"{r['p99'] * 1e3:.0f}",
-                         f"{r['max'] * 1e3:.0f}", f"{r['rps']:.0f}", f"{r['cpu_ms']:.1f}",
-                         r["errors"]])  # fmt: skip
-        out += [f"Event detail (/api/traces/<i>), {args.clients} clients x {args.requests} "
-                f"requests, {args.traces:,}-trace dump ({args.ranks} ranks):", ""]  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    f"{r['p50'] * 1e3:.0f}",
+                    f"{r['p99'] * 1e3:.0f}",
+                    f"{r['max'] * 1e3:.0f}",
+                    f"{r['rps']:.0f}",
+                    f"{r['cpu_ms']:.1f}",
+                    r["errors"],
+                ]
+            )
+        out += [
+            f"Event detail (/api/traces/<i>), {args.clients} clients x {args.requests} "
+            f"requests, {args.traces:,}-trace dump ({args.ranks} ranks):",
+            "",
+        ]
         out += table_head(head) + [table_row(r) for r in rows] + [""]
     if "mixed" in only:
-        head = ["server", "detail p50 ms", "detail p99 ms", "detail max ms", "details/s",
-                "pages read", "page p50 ms"]  # fmt: skip
+        head = [
+            "server",
+            "detail p50 ms",
+            "detail p99 ms",
+            "detail max ms",
+            "details/s",
+            "pages read",
+            "page p50 ms",
+        ]
         rows = []
         for label, src in impls:
             log(f"mixed: {label}")
             r = detail(src, dump, args, pages=args.page_clients)
-            rows.append([label, f"{r['p50'] * 1e3:.0f}", f"{r['p99'] * 1e3:.0f}",
-                         f"{r['max'] * 1e3:.0f}", f"{r['rps']:.0f}", r["pages"],
-                         f"{(r['page_p50'] or 0) * 1e3:.0f}"])  # fmt: skip
-        out += [f"The same, while {args.page_clients} more clients read list pages of 1,000 "
-                "traces (/api/traces?begin=&end=) one after another:", ""]  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    f"{r['p50'] * 1e3:.0f}",
+                    f"{r['p99'] * 1e3:.0f}",
+                    f"{r['max'] * 1e3:.0f}",
+                    f"{r['rps']:.0f}",
+                    r["pages"],
+                    f"{(r['page_p50'] or 0) * 1e3:.0f}",
+                ]
+            )
+        out += [
+            f"The same, while {args.page_clients} more clients read list pages of 1,000 "
+            "traces (/api/traces?begin=&end=) one after another:",
+            "",
+        ]
         out += table_head(head) + [table_row(r) for r in rows] + [""]
     if "idle" in only:
         rows = []
         for label, src in impls:
             log(f"idle: {label}")
             r = idle(src, dump, args)
-            rows.append([label, r["opened"], "yes" if r["answered"] else "no",
-                         f"{r['latency']:.3f}"])  # fmt: skip
-        out += [f"{args.idle} idle connections, server limited to {args.nofile} descriptors; "
-                f"one normal request (/api/runs), given up after {args.idle_timeout:g} s:", ""]  # fmt: skip
+            rows.append(
+                [label, r["opened"], "yes" if r["answered"] else "no", f"{r['latency']:.3f}"]
+            )
+        out += [
+            f"{args.idle} idle connections, server limited to {args.nofile} descriptors; "
+            f"one normal request (/api/runs), given up after {args.idle_timeout:g} s:",
+            "",
+        ]
         out += table_head(["server", "connections opened", "answered", "latency s"])
         out += [table_row(r) for r in rows] + [""]
     if "tree" in only:
@@ -364,8 +413,11 @@ def main() -> int:
             log(f"tree: {label}")
             r = tree(src, logdir, args)
             rows.append([label, f"{r['median'] * 1e3:.1f}", f"{r['max'] * 1e3:.1f}"])
-        out += [f"/api/runs on a logdir of {args.dirs:,} directories, {args.tree_requests} "
-                "requests each after the index's refresh interval:", ""]  # fmt: skip
+        out += [
+            f"/api/runs on a logdir of {args.dirs:,} directories, {args.tree_requests} "
+            "requests each after the index's refresh interval:",
+            "",
+        ]
         out += table_head(["server", "median ms", "max ms"]) + [table_row(r) for r in rows]
     print("\n".join(out))
     return 0

@@ -156,7 +156,7 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"time": child_time}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--variants", default=",".join(VARIANTS[1:]), help="besides plain")
@@ -165,7 +165,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=24, help="extra Python frames under the program")
     p.add_argument("--quick", action="store_true", help="2 rounds of 60 environment steps")
     p.add_argument("--json", help="write the figures here too")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     variants = ["plain", *[v for v in args.variants.split(",") if v and v != "plain"]]
     unknown = set(variants) - set(VARIANTS)
     if unknown:

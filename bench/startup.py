@@ -53,13 +53,13 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]
     return wall, cpu
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="runs of each (default 10)")
     parser.add_argument(
         "--recorder", default="auto", help="NANSCOPE_TORCH_RECORDER for the runs (default auto)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + (
         os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
@@ -74,9 +74,14 @@ def main() -> int:
         variants = {
             "python trivial.py": [sys.executable, "trivial.py"],
             "nanscope run trivial.py": [
-                *launcher(), "run", "--force", "--logdir", "dump", "trivial.py",
+                *launcher(),
+                "run",
+                "--force",
+                "--logdir",
+                "dump",
+                "trivial.py",
             ],
-        }  # fmt: skip
+        }
         # Once each first: the native recorder's build, the bytecode cache, the page cache.
         for cmd in variants.values():
             timed(cmd, cwd, env)
@@ -89,19 +94,25 @@ def main() -> int:
                 cpus[name].append(cpu)
     wall_med = {name: statistics.median(ts) for name, ts in walls.items()}
     cpu_med = {name: statistics.median(ts) for name, ts in cpus.items()}
-    print(f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; "
-          f"{args.rounds} alternating rounds, medians of fresh processes; "
-          f"recorder {args.recorder}; nanscope started as {' '.join(launcher())}")  # fmt: skip
+    print(
+        f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; "
+        f"{args.rounds} alternating rounds, medians of fresh processes; "
+        f"recorder {args.recorder}; nanscope started as {' '.join(launcher())}"
+    )
     print()
     print("| command | wall median (s) | wall min (s) | wall max (s) | CPU median (s) |")
     print("|---|---:|---:|---:|---:|")
     for name in variants:
         ts = walls[name]
-        print(f"| `{name}` | {wall_med[name]:.3f} | {min(ts):.3f} | {max(ts):.3f} "
-              f"| {cpu_med[name]:.3f} |")  # fmt: skip
+        print(
+            f"| `{name}` | {wall_med[name]:.3f} | {min(ts):.3f} | {max(ts):.3f} "
+            f"| {cpu_med[name]:.3f} |"
+        )
     plain, recorded = variants
-    print(f"| difference | {wall_med[recorded] - wall_med[plain]:+.3f} | | "
-          f"| {cpu_med[recorded] - cpu_med[plain]:+.3f} |")  # fmt: skip
+    print(
+        f"| difference | {wall_med[recorded] - wall_med[plain]:+.3f} | | "
+        f"| {cpu_med[recorded] - cpu_med[plain]:+.3f} |"
+    )
     return 0
 
 

@@ -61,9 +61,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {"views": child}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args()
+    parser.parse_args(argv)
     state = harness.source_state()
     print(f"Machine: {harness.machine()}. {harness.source_line(state, state)}")
     print()

@@ -38,10 +38,20 @@ def run(src: Path, fault: str, buffer: int, steps: int, fault_step: int) -> dict
             logdir = mount / "dump"
             env = {**os.environ, "PYTHONPATH": str(src)}
             out = subprocess.run(
-                [sys.executable, str(PROGRAM), str(logdir), fault, str(steps), str(fault_step),
-                 str(buffer)],
-                capture_output=True, text=True, env=env, timeout=900,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    str(PROGRAM),
+                    str(logdir),
+                    fault,
+                    str(steps),
+                    str(fault_step),
+                    str(buffer),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=900,
+            )
             result: dict[str, object] = {"exit": out.returncode}
             data: dict[str, int] = {}
             for line in out.stdout.splitlines():  # memory first, then (if it closed) the stats
@@ -71,42 +81,64 @@ def reader_reports(logdir: Path, src: Path) -> str:
         "for p in r.problems) else 'no')\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(logdir)], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(src)}, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(logdir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        timeout=300,
+    )
     return out.stdout.strip() or "-"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--fault-step", type=int, default=200)
     ap.add_argument("--compare", type=Path, help="also run full/deleted with this nanscope src/")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     for buffer in (1000, -1):
         for fault in ("none", "full", "deleted", "hung"):
-            rows.append(("this", fault, buffer, run(ROOT / "src", fault, buffer, args.steps,
-                                                    args.fault_step)))  # fmt: skip
+            rows.append(
+                (
+                    "this",
+                    fault,
+                    buffer,
+                    run(ROOT / "src", fault, buffer, args.steps, args.fault_step),
+                )
+            )
             if args.compare and fault in ("full", "deleted"):
-                rows.append(("before", fault, buffer, run(args.compare, fault, buffer, args.steps,
-                                                          args.fault_step)))  # fmt: skip
+                rows.append(
+                    (
+                        "before",
+                        fault,
+                        buffer,
+                        run(args.compare, fault, buffer, args.steps, args.fault_step),
+                    )
+                )
             print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     healthy = {b: r.get("growth_mib") for code, f, b, r in rows if f == "none" and code == "this"}
-    print(f"{args.steps} steps, fault before step {args.fault_step}; growth = peak RSS - RSS at "
-          "the fault step (MiB)")  # fmt: skip
+    print(
+        f"{args.steps} steps, fault before step {args.fault_step}; growth = peak RSS - RSS at "
+        "the fault step (MiB)"
+    )
     head = ("code", "fault", "buffer", "exit", "growth", "healthy", "dropped", "stderr", "reader")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for code, fault, buffer, r in rows:
         growth = r.get("growth_mib")
         cells = [
-            code, fault, str(buffer), str(r["exit"]),
+            code,
+            fault,
+            str(buffer),
+            str(r["exit"]),
             f"{growth:.1f}" if isinstance(growth, float) else "-",
             f"{healthy[buffer]:.1f}" if isinstance(healthy.get(buffer), float) else "-",
-            str(r.get("dropped", "-")), "yes" if r["stderr"] else "no", str(r["reader"]),
-        ]  # fmt: skip
+            str(r.get("dropped", "-")),
+            "yes" if r["stderr"] else "no",
+            str(r["reader"]),
+        ]
         print("| " + " | ".join(cells) + " |")
         if "error" in r:
             print(f"|   ↳ {r['error']} |")

@@ -16,6 +16,9 @@ retried with backoff; a producer faster than the writer waits at most
 that hold the first Inf/NaN or their windows (events/_shed.py). Both bounds
 count bytes as well as events (FULL_TENSOR events hold whole tensors), and a
 FULL_TENSOR record keeps its values only up to ``max_value_bytes``.
+
+What each queued item counts for (events, bytes, Inf/NaN) is in events/_backlog.py; the
+writer's counters and the ``.nsdrops`` report made of them, in events/_drops.py.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
 import secrets
 import socket
@@ -33,7 +35,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,6 +43,17 @@ import numpy as np
 
 from nanscope._version import __version__
 from nanscope.events import _lifecycle as lifecycle
+from nanscope.events._backlog import (
+    EVENT_BYTES,
+    EVENTS_IN,
+    call_health,
+    execution_health,
+    item_bytes,
+    nonfinite_in,
+    subset_batch,
+    values_bytes,
+)
+from nanscope.events._drops import WriterStats, clock, drops_line, drops_report, reported
 from nanscope.events._encode import MAX_VALUE_BYTES, Encoder, resolve
 from nanscope.events._history import RangeHistory
 from nanscope.events._io import DiskWorker, Op, Overwrite, Replace, StalledError, reason
@@ -69,7 +81,7 @@ from nanscope.format import files, sidecar
 from nanscope.format.health import UNKNOWN_ROW, IndexRow, index_row
 from nanscope.format.modes import TensorDebugMode, parse_mode
 from nanscope.format.proto import debug_event_pb2 as pb
-from nanscope.format.records import OVERHEAD, frame
+from nanscope.format.records import frame
 
 FILE_VERSION = "debug.Event:1"
 
@@ -106,43 +118,6 @@ def default_world_size() -> int:
     value = os.environ.get("WORLD_SIZE", "")
     return int(value) if value.isdigit() else 0
 
-
-@dataclass
-class WriterStats:
-    """Counters of a writer, for tests, benchmarks and the end-of-run message."""
-
-    executions: int = 0
-    traces: int = 0
-    executions_kept: int = 0
-    traces_kept: int = 0
-    executions_evicted: int = 0  # events the circular buffers let go of
-    traces_evicted: int = 0
-    errors: int = 0
-    waits: int = 0  # times a producer waited for the writer (backpressure)
-    max_backlog: int = 0  # most events ever waiting for the background thread
-    max_backlog_bytes: int = 0  # most bytes ever waiting for it (seen when a producer waits)
-    io_errors: int = 0  # disk operations that failed (each retry counts)
-    executions_dropped: int = 0  # events lost: shed by producers, let go of while the disk
-    traces_dropped: int = 0  # took nothing, or not written at close
-    records_dropped: int = 0  # stack frames, source files, graphs that did not fit while held
-    executions_shed: int = 0  # of the dropped: shed by producers (the writer fell behind)
-    traces_shed: int = 0
-    nonfinite_dropped: int = 0  # of the dropped: events that held Inf/NaN
-    values_omitted: int = 0  # FULL_TENSOR values written without their elements (too large)
-
-    @property
-    def dropped(self) -> int:
-        """Events (executions and traces) that did not reach the dump."""
-        return self.executions_dropped + self.traces_dropped
-
-
-# An event's bytes in memory, beyond a FULL_TENSOR value's elements: its Python objects or
-# its record's other fields (an estimate; what the byte bounds count).
-EVENT_BYTES = 256
-
-DROPS_SIZE = 4096
-"""Bytes reserved for the ``.nsdrops`` report when the writer starts: rewriting
-reserved blocks needs no free space, so the report reaches even a full disk."""
 
 MAX_BACKOFF = 30.0  # seconds between retries of a failing disk, at most
 HISTORY_INTERVAL = 5.0  # seconds between rewrites of the range history (and at close)
@@ -265,7 +240,7 @@ class DumpWriter:
         self._wake = threading.Event()
         self._warned = False
         self._backlog = 0  # events enqueued and not yet processed (written under _seq_lock)
-        self._backlog_bytes = 0  # and their bytes (see _item_bytes)
+        self._backlog_bytes = 0  # and their bytes (see _backlog.item_bytes)
         self._full_tensor = self.mode == TensorDebugMode.FULL_TENSOR
 
         # The disk's state, all kept by the writer's thread.
@@ -355,7 +330,7 @@ class DumpWriter:
             op.run()
         metadata.close()
         self._metadata = meta
-        # Reserved now, while the disk has room (see DROPS_SIZE).
+        # Reserved now, while the disk has room (see _drops.DROPS_SIZE).
         # Per module and step, the |x| extremes, beyond the circular buffer's reach.
         self._history = RangeHistory()
         self._history_due = 0.0
@@ -426,10 +401,15 @@ class DumpWriter:
         return did
 
     def write_graph(self, graph: Graph) -> None:
+        """Enqueue a graph (a ``.graphs`` record)."""
         self._put(QueuedGraph(graph=graph, wall_time=time.time()))
 
     def write_graph_op(self, op: GraphOp) -> None:
+        """Enqueue a graph op (a ``.graphs`` record)."""
         self._put(QueuedGraphOp(op=op, wall_time=time.time()))
+
+    # The five methods that hand over events each only build their queued item; the
+    # rest (numbering, shedding, the backlog, backpressure) is _produce's.
 
     def write_execution(self, event: ExecutionEvent, *, encode_now: bool = False) -> int:
         """Enqueue an execution; returns its sequence number (1-based, never reused).
@@ -441,31 +421,11 @@ class DumpWriter:
         make it scan the whole program's heap every few hundred steps. Ignored
         for summaries still on a device.
         """
-        if self._closed:
-            return 0
         if encode_now and isinstance(event.summaries, (list, tuple)):
             return self._write_encoded(event)
-        with self._seq_lock:
-            seq = self._exec_next
-            self._exec_next += 1
-            item = QueuedExecution(event, seq, event.wall_time or time.time())
-            if self._shedding and self._still_shedding():
-                # Shed unless the windows rule wants it (events/_shed.py); a shed event's
-                # sequence number stays unused, which readers show as a gap.
-                health = self._execution_health(event)
-                self._shed_single(self._shed_exec, item, event.op_type, health)
-            else:
-                # Inline: the hot path of recorders that hand over one event at a time.
-                self._queue.append(item)
-                self._backlog += 1
-                self._backlog_bytes += (
-                    EVENT_BYTES + _values_bytes(event.summaries)
-                    if self._full_tensor
-                    else EVENT_BYTES
-                )
-        if self._backlog > self.max_queue or self._backlog_bytes > self.max_queue_bytes:
-            self._backpressure()
-        return seq
+        return self._produce(
+            False, lambda seq: QueuedExecution(event, seq, event.wall_time or time.time())
+        )[0]
 
     def _write_encoded(self, ev: ExecutionEvent) -> int:
         summaries: Sequence[np.ndarray | None] = (
@@ -513,34 +473,12 @@ class DumpWriter:
         records numbered from sequence ``first`` (or tuples in its field order).
         It runs under the writer's sequence lock.
         """
-        if self._closed:
-            return 0
-        with self._seq_lock:
-            records = produce(self._exec_next)
-            n = len(records)
-            if n:
-                self._exec_next += n
-                if self._shedding and self._still_shedding():
-                    # By position: the field at 11 is EncodedExecution.nonfinite, 10 the NaN
-                    # count, 1 the op type.
-                    bad = np.array([i for i, r in enumerate(records) if r[11] == 1], dtype=np.int64)
-                    picked = [records[i] for i in bad.tolist()]
-                    keep, need = self._shed_exec.plan(
-                        n, bad, [r[10] > 0 for r in picked], [r[1] for r in picked], self._room()
-                    )
 
-                    def subset(mask: np.ndarray) -> EncodedExecutions:
-                        return EncodedExecutions(
-                            [records[i] for i in np.flatnonzero(mask).tolist()]
-                        )
+        def build(first: int) -> EncodedExecutions | None:
+            records = produce(first)
+            return EncodedExecutions(records) if len(records) else None
 
-                    self._apply_plan(self._shed_exec, keep, need, bad, subset)
-                else:
-                    item = EncodedExecutions(records)
-                    self._enqueue(item, n, self._item_bytes(item))
-        if self._over():
-            self._backpressure()
-        return n
+        return self._produce(False, build)[1]
 
     def write_execution_batch(self, produce: Callable[[int], ExecutionBatch | None]) -> int:
         """Enqueue a batch of executions a backend encoded and framed; returns how many.
@@ -549,55 +487,18 @@ class DumpWriter:
         numbered from sequence ``first`` (or ``None``: nothing to hand over). It
         runs under the writer's sequence lock.
         """
-        if self._closed:
-            return 0
-        with self._seq_lock:
-            batch = produce(self._exec_next)
-            n = batch.events if batch is not None else 0
-            if batch is not None and n:
-                self._exec_next += n
-                if self._shedding and self._still_shedding():
-                    rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
-                    bad = np.flatnonzero(rows["nonfinite"] == 1)
-                    names = batch.names
-                    keep, need = self._shed_exec.plan(
-                        n, bad, (rows["nan"][bad] > 0).tolist(),
-                        [names[k] for k in rows["name"][bad].tolist()], self._room(),
-                    )  # fmt: skip
-                    self._apply_plan(
-                        self._shed_exec, keep, need, bad, lambda mask: _subset(batch, mask)
-                    )
-                else:
-                    self._enqueue(batch, n, len(batch.data))
-        if self._over():
-            self._backpressure()
-        return n
+
+        def build(first: int) -> ExecutionBatch | None:
+            batch = produce(first)
+            return batch if batch is not None and batch.events else None
+
+        return self._produce(False, build)[1]
 
     def write_trace(self, event: TraceEvent) -> int:
-        if self._closed:
-            return 0
-        with self._seq_lock:
-            seq = self._trace_seq
-            self._trace_seq += 1
-            item = QueuedTrace(event, seq, event.wall_time or time.time())
-            if self._shedding and self._still_shedding():
-                health = (
-                    index_row(self.mode, (event.summary,))
-                    if event.summary is not None and self.mode != TensorDebugMode.NO_TENSOR
-                    else None
-                )
-                self._shed_single(self._shed_trace, item, (event.graph_id, event.op_name), health)
-            else:
-                self._queue.append(item)
-                self._backlog += 1
-                self._backlog_bytes += (
-                    EVENT_BYTES + _values_bytes((event.summary,))
-                    if self._full_tensor
-                    else EVENT_BYTES
-                )
-        if self._over():
-            self._backpressure()
-        return seq
+        """Enqueue one graph op's trace; returns its sequence number (1-based)."""
+        return self._produce(
+            True, lambda seq: QueuedTrace(event, seq, event.wall_time or time.time())
+        )[0]
 
     def write_traces(
         self,
@@ -614,14 +515,11 @@ class DumpWriter:
         ``summaries`` may be a host array or any object with ``resolve()``
         returning one (e.g. an asynchronous device-to-host copy). In NO_TENSOR
         mode it may be ``None``; in FULL_TENSOR mode it is a sequence of arrays.
+        Returns the first trace's sequence number.
         """
-        n = len(op_names)
-        if self._closed:
-            return 0
-        with self._seq_lock:
-            first = self._trace_seq
-            self._trace_seq += n
-            call = GraphCallTraces(
+
+        def build(first: int) -> GraphCallTraces:
+            return GraphCallTraces(
                 graph_id=graph_id,
                 op_names=op_names,
                 output_slots=output_slots,
@@ -631,13 +529,49 @@ class DumpWriter:
                 first_sequence=first,
                 wall_time=time.time(),
             )
-            if self._shedding and self._still_shedding():
-                self._shed_call(call)
-            else:
-                self._enqueue(call, n, self._item_bytes(call))
-        if self._over():
-            self._backpressure()
-        return first
+
+        return self._produce(True, build)[0]
+
+    def _produce(self, traces: bool, build: Callable[[int], QueueItem | None]) -> tuple[int, int]:
+        """The one path of the producer methods: ``build(first)`` makes the queued item
+        whose events are numbered from sequence ``first`` (``None``: nothing to hand
+        over); the numbers are taken, and the item queued, or shed while the writer is
+        behind (events/_shed.py); then the producer waits if the backlog is past a bound.
+
+        ``traces``: the item's events are traces (numbered apart from executions).
+        Returns the first sequence number and the count of events; ``(0, 0)`` once closed.
+        """
+        if self._closed:
+            return 0, 0
+        n = 0
+        with self._seq_lock:
+            # Numbered and queued under one lock: sequence numbers are in queue order.
+            first = self._trace_seq if traces else self._exec_next
+            item = build(first)
+            if item is not None:
+                kind = type(item)
+                # Inline for one event without values (as EVENTS_IN and item_bytes
+                # count it): the hot path of recorders that hand over one at a time.
+                single = kind is QueuedExecution or kind is QueuedTrace
+                n = 1 if single else EVENTS_IN[kind](item)
+                if traces:
+                    self._trace_seq += n
+                else:
+                    self._exec_next += n
+                if self._shedding and self._still_shedding():
+                    # A shed event's sequence number stays unused: readers show a gap.
+                    self._shed(item)
+                else:
+                    self._queue.append(item)
+                    self._backlog += n
+                    self._backlog_bytes += (
+                        EVENT_BYTES
+                        if single and not self._full_tensor
+                        else item_bytes(item, self._full_tensor)
+                    )
+        if self._backlog > self.max_queue or self._backlog_bytes > self.max_queue_bytes:
+            self._backpressure()  # as _over() tells, inline
+        return first, n
 
     def _put(self, item: QueueItem) -> None:
         self._queue.append(item)
@@ -669,43 +603,57 @@ class DumpWriter:
         shedding: the backlog is below twice both bounds."""
         return self._backlog < 2 * self.max_queue and self._backlog_bytes < 2 * self.max_queue_bytes
 
-    def _item_bytes(self, item: Any) -> int:
-        """About the bytes a queued item holds, what ``max_queue_bytes`` bounds: its
-        records' bytes, or its FULL_TENSOR values' and :data:`EVENT_BYTES` per event.
-        The same number when the item is enqueued and when it is processed."""
-        kind = type(item)
-        if kind is ExecutionBatch:
-            return len(item.data)
-        if kind is QueuedExecution:
-            if self._full_tensor:
-                return EVENT_BYTES + _values_bytes(item.event.summaries)
-            return EVENT_BYTES
-        if kind is EncodedExecutions:
-            return sum([len(r[0]) for r in item.records]) + OVERHEAD * len(item.records)
-        if kind is QueuedTrace:
-            if self._full_tensor:
-                return EVENT_BYTES + _values_bytes((item.event.summary,))
-            return EVENT_BYTES
-        if kind is GraphCallTraces:
-            values = item.summaries
-            held = (
-                values.nbytes
-                if isinstance(values, np.ndarray)
-                else (_values_bytes(values) if self._full_tensor else 0)
-            )
-            return EVENT_BYTES * len(item.op_names) + held
-        return 0
+    def _shed(self, item: QueueItem) -> None:
+        """While shedding: queue what the windows rule wants of an item's events, hold the
+        newest of the others in the ring, and let go of the rest (events/_shed.py)."""
+        match item:
+            case QueuedExecution():
+                event = item.event
+                health = execution_health(event, self.mode)
+                self._shed_single(self._shed_exec, item, event.op_type, health)
+            case QueuedTrace():
+                trace = item.event
+                health = (
+                    index_row(self.mode, (trace.summary,))
+                    if trace.summary is not None and self.mode != TensorDebugMode.NO_TENSOR
+                    else None
+                )
+                self._shed_single(self._shed_trace, item, (trace.graph_id, trace.op_name), health)
+            case EncodedExecutions():
+                records = item.records
+                # By position: the field at 11 is EncodedExecution.nonfinite, 10 the NaN
+                # count, 1 the op type.
+                bad = np.array([i for i, r in enumerate(records) if r[11] == 1], dtype=np.int64)
+                picked = [records[i] for i in bad.tolist()]
+                keep, need = self._shed_exec.plan(
+                    len(records),
+                    bad,
+                    [r[10] > 0 for r in picked],
+                    [r[1] for r in picked],
+                    self._room(),
+                )
 
-    def _execution_health(self, event: ExecutionEvent) -> IndexRow | None:
-        """A queued execution's health, as far as the producer can tell: ``None`` while
-        its summaries are still on a device (fetching them here could wait for the very
-        thread that asks: device_buffer.py submits a batch at the step's end)."""
-        if self.mode == TensorDebugMode.NO_TENSOR:
-            return UNKNOWN_ROW
-        summaries = event.summaries
-        if not isinstance(summaries, (list, tuple)):
-            return None
-        return index_row(self.mode, summaries)
+                def subset(mask: np.ndarray) -> EncodedExecutions:
+                    return EncodedExecutions([records[i] for i in np.flatnonzero(mask).tolist()])
+
+                self._apply_plan(self._shed_exec, keep, need, bad, subset)
+            case ExecutionBatch():
+                batch = item
+                rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
+                bad = np.flatnonzero(rows["nonfinite"] == 1)
+                names = batch.names
+                keep, need = self._shed_exec.plan(
+                    batch.events,
+                    bad,
+                    (rows["nan"][bad] > 0).tolist(),
+                    [names[k] for k in rows["name"][bad].tolist()],
+                    self._room(),
+                )
+                self._apply_plan(
+                    self._shed_exec, keep, need, bad, lambda mask: subset_batch(batch, mask)
+                )
+            case GraphCallTraces():
+                self._shed_call(item)
 
     def _shed_single(
         self, shedder: Shedder, item: QueueItem, key: Any, health: IndexRow | None
@@ -721,7 +669,7 @@ class DumpWriter:
         nan = [health.nan > 0] if health is not None and nonfinite else []
         room = self._room()
         keep, need = shedder.plan(1, bad, nan, [key] if nonfinite else [], room)
-        nbytes = self._item_bytes(item)
+        nbytes = item_bytes(item, self._full_tensor)
         if keep[0] or (health is None and room):
             self._enqueue_pieces(shedder.release(need))
             self._enqueue(item, 1, nbytes)
@@ -747,7 +695,7 @@ class DumpWriter:
         if keep.any():
             self._enqueue_pieces(shedder.release(need))
             item = subset(keep)
-            self._enqueue(item, int(keep.sum()), self._item_bytes(item))
+            self._enqueue(item, int(keep.sum()), item_bytes(item, self._full_tensor))
             start = int(np.flatnonzero(keep)[-1]) + 1
         ring_from = max(start, n - shedder.window)
         let_go = ~keep
@@ -759,7 +707,10 @@ class DumpWriter:
             piece = subset(mask)
             shedder.hold(
                 Piece(
-                    piece, n - ring_from, int(bad_mask[ring_from:].sum()), self._item_bytes(piece)
+                    piece,
+                    n - ring_from,
+                    int(bad_mask[ring_from:].sum()),
+                    item_bytes(piece, self._full_tensor),
                 ),
                 self.max_queue_bytes,
             )
@@ -770,47 +721,22 @@ class DumpWriter:
         n = len(call.op_names)
         bad = _NONE
         nan: list[bool] = []
-        # Summaries still on a device are not fetched here (see _execution_health).
+        # Summaries still on a device are not fetched here (see _backlog.execution_health).
         undecided = hasattr(call.summaries, "resolve")
         if self.mode != TensorDebugMode.NO_TENSOR and call.summaries is not None and not undecided:
             # A failure here: the writer's thread meets it too, and counts it.
             with contextlib.suppress(Exception):
-                bad, nan = self._call_health(call)
+                bad, nan = call_health(call, self.mode)
         keys = [(call.graph_id, call.op_names[i]) for i in bad.tolist()]
         room = self._room()
         keep, need = self._shed_trace.plan(n, bad, nan, keys, room)
-        nbytes = self._item_bytes(call)
+        nbytes = item_bytes(call, self._full_tensor)
         if keep.any() or (undecided and room):
             self._enqueue_pieces(self._shed_trace.release(need))
             self._enqueue(call, n, nbytes)
         else:
             doubt = n if undecided else len(bad)
             self._shed_trace.hold(Piece(call, n, doubt, nbytes), self.max_queue_bytes)
-
-    def _call_health(self, call: GraphCallTraces) -> tuple[np.ndarray, list[bool]]:
-        """A graph call's non-finite rows (positions among its ops) and whether each holds
-        NaN, from summaries on the host."""
-        matrix = call.summaries
-        chosen = getattr(matrix, "chosen", None)
-        if self._full_tensor:  # a list of values, one per op (as _on_traces reads it)
-            bad: list[int] = []
-            nan: list[bool] = []
-            for i in range(len(call.op_names)):
-                value = None if matrix is None else matrix[i]
-                if value is None:
-                    continue
-                h = index_row(self.mode, (value,))
-                if h.nonfinite == 1:
-                    bad.append(i)
-                    nan.append(h.nan > 0)
-            return np.array(bad, dtype=np.int64), nan
-        m = np.asarray(matrix, dtype=np.float64)
-        if chosen is not None:
-            m = m[chosen]
-        nonfinite, has_nan = _matrix_health(self.mode, m)
-        hits = np.flatnonzero(nonfinite)
-        positions = hits if chosen is None else np.asarray(chosen, dtype=np.int64)[hits]
-        return positions, has_nan[hits].tolist()
 
     def _still_shedding(self) -> bool:
         """Whether producers still shed events (under ``_seq_lock``): until the writer
@@ -953,36 +879,40 @@ class DumpWriter:
             if not done % 512 and time.monotonic() >= deadline:
                 return False
             item = queue.popleft()
-            if self._abandon and type(item) in _EVENT_SIZES:
+            if self._abandon and type(item) in EVENTS_IN:
                 # Closing on a failed disk: what still waits could not be written
                 # anyway; counting it is cheap, encoding it is not (the exit waits).
-                n = _EVENT_SIZES[type(item)](item)
-                self._processed(n, self._item_bytes(item))
+                n = EVENTS_IN[type(item)](item)
+                self._processed(n, item_bytes(item, self._full_tensor))
                 if type(item) in (QueuedTrace, GraphCallTraces):
                     self._abandoned_traces += n
                 else:
                     self._abandoned_executions += n
                 with contextlib.suppress(Exception):
-                    self._abandoned_nonfinite += self._nonfinite_in(item)
+                    self._abandoned_nonfinite += nonfinite_in(item, self.mode)
                 continue
             try:
                 # The most frequent kinds first: each case is one type check. Events
                 # leave the backlog first, so that a failing one does not stay in it.
                 match item:
                     case QueuedExecution():
-                        self._processed(1, self._item_bytes(item) if full_tensor else EVENT_BYTES)
+                        self._processed(
+                            1, item_bytes(item, self._full_tensor) if full_tensor else EVENT_BYTES
+                        )
                         self._on_execution(item.event, item.sequence, item.wall_time)
                     case EncodedExecutions():
-                        self._processed(len(item.records), self._item_bytes(item))
+                        self._processed(len(item.records), item_bytes(item, self._full_tensor))
                         self._on_encoded_executions(item.records)
                     case ExecutionBatch():
                         self._processed(item.events, len(item.data))
                         self._on_execution_batch(item)
                     case GraphCallTraces():
-                        self._processed(len(item.op_names), self._item_bytes(item))
+                        self._processed(len(item.op_names), item_bytes(item, self._full_tensor))
                         self._on_traces(item)
                     case QueuedTrace():
-                        self._processed(1, self._item_bytes(item) if full_tensor else EVENT_BYTES)
+                        self._processed(
+                            1, item_bytes(item, self._full_tensor) if full_tensor else EVENT_BYTES
+                        )
                         self._on_trace(item.event, item.sequence, item.wall_time)
                     case NewStackFrame():
                         self._on_stack_frame(item)
@@ -1014,32 +944,6 @@ class DumpWriter:
         with self._seq_lock:
             self._backlog -= n
             self._backlog_bytes -= nbytes
-
-    def _nonfinite_in(self, item: QueueItem) -> int:
-        """How many of a queued item's events hold Inf/NaN (closing on a failed disk:
-        what is counted as dropped without being written)."""
-        if self.mode == TensorDebugMode.NO_TENSOR:
-            return 0
-        match item:
-            case ExecutionBatch():
-                rows = np.frombuffer(item.rows, dtype=sidecar.ROW_DTYPE)
-                return int((rows["nonfinite"] == 1).sum())
-            case EncodedExecutions():
-                return sum(1 for r in item.records if r[11] == 1)
-            case QueuedExecution():
-                # Summaries still on a device: not known, so counted as possibly non-finite.
-                h = self._execution_health(item.event)
-                return int(h is None or h.nonfinite == 1)
-            case QueuedTrace():
-                summary = item.event.summary
-                return int(summary is not None and index_row(self.mode, (summary,)).nonfinite == 1)
-            case GraphCallTraces():
-                if item.summaries is None:
-                    return 0
-                if hasattr(item.summaries, "resolve"):
-                    return len(item.op_names)
-                return len(self._call_health(item)[0])
-        return 0
 
     # -- the disk (on the writer thread; the disk thread only runs what it is handed) ----------
 
@@ -1166,7 +1070,7 @@ class DumpWriter:
         if len(self._faults) == 1:  # once per writer, not once per outage
             _warn(
                 f"cannot write the dump in {self.logdir}: {reason(error)} at "
-                f"{_clock(since)} ({error}); recording goes on in memory (the newest events "
+                f"{clock(since)} ({error}); recording goes on in memory (the newest events "
                 "and the first Inf/NaN), dropping the rest, and the write is retried"
             )
 
@@ -1188,9 +1092,7 @@ class DumpWriter:
         """Whether the drop counters moved since the report on disk was made (then it is
         rewritten with the next flush: a process killed later leaves them on disk)."""
         self._update_drops()
-        st = self.stats
-        now = (st.dropped, st.records_dropped, st.nonfinite_dropped, st.io_errors)
-        return now != self._reported
+        return reported(self.stats) != self._reported
 
     def _update_drops(self, lost: Sequence[Op] = ()) -> None:
         """Bring the drop counters up to date (``lost``: operations that will never run)."""
@@ -1227,26 +1129,8 @@ class DumpWriter:
     def _drops_report_now(self, closed: bool = False) -> bytes:
         """The report from the counters as they are (``closed``: the final one, written
         by :meth:`close` once everything it could write was written)."""
-        st = self.stats
-        self._reported = (st.dropped, st.records_dropped, st.nonfinite_dropped, st.io_errors)
-        report: dict[str, Any] = {
-            "dropped": st.dropped,
-            "executions": st.executions_dropped,
-            "traces": st.traces_dropped,
-            "records": st.records_dropped,
-            "io_errors": st.io_errors,
-            "last_write": self._last_write,
-            "nonfinite_dropped": st.nonfinite_dropped,
-            "shed": {"executions": st.executions_shed, "traces": st.traces_shed},
-            "closed": closed,
-            # Last: the one part of unbounded length, cut short if the report would not fit.
-            "faults": self._faults,
-        }
-        data = json.dumps(report).encode()
-        if len(data) > DROPS_SIZE - 1:
-            report["faults"] = [*self._faults[:3], *self._faults[-1:]]
-            data = json.dumps(report).encode()[: DROPS_SIZE - 1]
-        return data + b" " * (DROPS_SIZE - 1 - len(data)) + b"\n"
+        self._reported = reported(self.stats)
+        return drops_report(self.stats, self._faults, self._last_write, closed)
 
     def _finish(self) -> None:
         """The last writes, each waited for until the close deadline; then the report."""
@@ -1303,22 +1187,7 @@ class DumpWriter:
 
     def drops_summary(self) -> str:
         """One line on what did not reach the dump: ``N events dropped: disk full at 12:03:14``."""
-        st = self.stats
-        if self._faults:
-            first = self._faults[0]
-            why = f"{first['reason']} at {_clock(first['since'])}"
-            if len(self._faults) > 1:
-                why += f" (and {len(self._faults) - 1} later outages)"
-        else:
-            why = "the writer fell behind"
-        if not st.dropped:
-            return (
-                f"writing failed ({why}), but no event was lost: the dump in {self.logdir} is whole"
-            )
-        return (
-            f"{st.dropped} events dropped: {why}; the dump in {self.logdir} holds what was "
-            f"written until {_clock(self._last_write)}"
-        )
+        return drops_line(self.stats, self._faults, self.logdir, self._last_write)
 
     # Events are turned into records only when a flush writes them (see
     # EventStream); here they get their index row and their health.
@@ -1362,7 +1231,7 @@ class DumpWriter:
             self._history.add(ev.module_path, int(ev.phase), ev.step, r.amax, r.amin, r.dtype)
         # The spec is what _encode_execution turns into the record, at flush time; its
         # bytes (FULL_TENSOR values) count toward a hold's bound.
-        nbytes = EVENT_BYTES + (_values_bytes(summaries) if self._full_tensor else 0)
+        nbytes = EVENT_BYTES + (values_bytes(summaries) if self._full_tensor else 0)
         self._executions.add((ev, seq, wall, summaries), row, h.nonfinite == 1, nbytes)
         self.stats.executions += 1
 
@@ -1401,7 +1270,7 @@ class DumpWriter:
         st = self._traces.strings
         row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
                h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
-        nbytes = EVENT_BYTES + (_values_bytes((ev.summary,)) if self._full_tensor else 0)
+        nbytes = EVENT_BYTES + (values_bytes((ev.summary,)) if self._full_tensor else 0)
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1, nbytes)
         self.stats.traces += 1
 
@@ -1441,9 +1310,16 @@ class DumpWriter:
                 self._on_trace(trace, first + i, wall)
             return
         payloads, health = self._encoder.trace_batch(
-            graph_id, op_names, slots, np.asarray(matrix), device_name, step, first, wall,
+            graph_id,
+            op_names,
+            slots,
+            np.asarray(matrix),
+            device_name,
+            step,
+            first,
+            wall,
             iterations,
-        )  # fmt: skip
+        )
         stream = self._traces
         st = stream.strings
         # The whole call goes to the stream together, rows built at once.
@@ -1526,50 +1402,6 @@ def _warn(message: str) -> None:
         print(f"nanscope: {message}", file=sys.stderr, flush=True)
 
 
-def _clock(wall: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(wall))
-
-
-def _subset(batch: ExecutionBatch, keep: np.ndarray) -> ExecutionBatch:
-    """The batch's executions that ``keep`` marks, as a batch of their own."""
-    rows = np.frombuffer(batch.rows, dtype=sidecar.ROW_DTYPE)
-    kept = rows[keep].copy()
-    view = memoryview(batch.data)
-    data = b"".join(
-        view[o : o + n]
-        for o, n in zip(kept["offset"].tolist(), kept["length"].tolist(), strict=True)
-    )
-    lengths = kept["length"].astype(np.int64)
-    kept["offset"] = np.cumsum(lengths) - lengths
-    # Shedding is an overload: the range history goes without this batch (as without
-    # the events dropped).
-    return ExecutionBatch(len(kept), data, kept.tobytes(), batch.names, ())
-
-
-def _values_bytes(values: Any) -> int:
-    """The bytes of the arrays in a sequence of FULL_TENSOR values (0 for summaries not
-    fetched yet, whose size is not known before)."""
-    if not isinstance(values, (list, tuple)):
-        return 0
-    return sum([v.nbytes for v in values if isinstance(v, np.ndarray)])
-
-
-def _matrix_health(mode: TensorDebugMode, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of a graph call's summary matrix: whether it holds Inf/NaN, and NaN (as
-    :meth:`Encoder.trace_batch` counts them)."""
-    n = m.shape[0] if m.ndim == 2 else 0
-    width = m.shape[1] if m.ndim == 2 else 0
-    none = np.zeros(n, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        if mode == TensorDebugMode.FULL_HEALTH and width >= 11:
-            return m[:, 5:8].sum(axis=1) > 0, m[:, 7] > 0
-        if mode == TensorDebugMode.CONCISE_HEALTH and width >= 5:
-            return m[:, 2:5].sum(axis=1) > 0, m[:, 4] > 0
-        if mode == TensorDebugMode.CURT_HEALTH and width >= 2:
-            return m[:, 1] != 0, none
-    return none, none
-
-
 _ONE = np.zeros(1, dtype=np.int64)  # the one event of a single write, holding Inf/NaN
 _NONE = np.zeros(0, dtype=np.int64)
 
@@ -1586,13 +1418,3 @@ def _last_try(op: Overwrite, timeout: float) -> None:
     thread = threading.Thread(target=run, name="nanscope-last-report", daemon=True)
     thread.start()
     thread.join(timeout)
-
-
-# The events each kind of queued item carries (what closing on a failed disk counts).
-_EVENT_SIZES: dict[type, Callable[[Any], int]] = {
-    QueuedExecution: lambda item: 1,
-    EncodedExecutions: lambda item: len(item.records),
-    ExecutionBatch: lambda item: item.events,
-    QueuedTrace: lambda item: 1,
-    GraphCallTraces: lambda item: len(item.op_names),
-}
