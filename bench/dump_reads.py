@@ -155,10 +155,12 @@ def child_read_ranks(cfg: dict[str, Any]) -> dict[str, Any]:
         out["offset"] = page_offset(n)
         _read_page(impl, r, out["offset"], out)
     elif task == "analyze":
+        from nanscope.report import headline
+
         a = analyze(r)
         o = a.origin
         out["alerts"] = a.alerts.total
-        out["headline"] = a.headline
+        out["headline"] = headline(a)
         out["origin_kind"] = a.origin_kind
         out["chain"] = len(a.chain)
         if o is not None:

@@ -93,6 +93,7 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = perf()
     import nanscope
     from nanscope.analysis import analyze
+    from nanscope.report import headline, note_texts, report_json
 
     out: dict[str, Any] = {
         "task": cfg["task"],
@@ -138,11 +139,11 @@ def child_read(cfg: dict[str, Any]) -> dict[str, Any]:
         out["origin"] = _view(a.origin)
         out["origin_kind"] = a.origin_kind
         out["cause"] = _view(a.cause)
-        out["headline"] = a.headline
+        out["headline"] = headline(a)
         out["alerts"] = a.alerts.total
-        out["notes"] = a.notes
+        out["notes"] = note_texts(a)
         out["lineages"] = sum(g.count for g in a.lineages)
-        report = a.to_json()
+        report = report_json(a)
         out["ranks"] = report.get("ranks")  # the cross-rank analysis's answer, where present
     out["query_s"] = perf() - t
     out["cold_s"] = out["open_s"] + out["query_s"]

@@ -35,7 +35,7 @@ with atheris.instrument_imports(include=["nanscope"]):
     from nanscope.format.proto.tensor_pb2 import TensorProto
     from nanscope.format.records import frame
     from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
-    from nanscope.report import console_for, render_text
+    from nanscope.report import console_for, render_text, report_json
     from nanscope.server.api import ROUTES
     from nanscope.server.query import ApiError, Query
     from nanscope.server.runs import RunSet
@@ -212,7 +212,7 @@ def read_everything() -> None:
                     strict(event.to_json())
                     strict(event.outputs_json())
         analysis = analyze(reader)
-        strict(analysis.to_json())
+        strict(report_json(analysis))
         render_text(analysis, console_for(io.StringIO()))
     runs = RunSet(DUMP.parent, refresh_interval=0.0)
     run = {"run": "dump"}

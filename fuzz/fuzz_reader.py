@@ -27,6 +27,7 @@ with atheris.instrument_imports(include=["nanscope"]):
     from nanscope.analysis import analyze
     from nanscope.format import files
     from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
+    from nanscope.report import report_json
     from nanscope.server.api import ROUTES
     from nanscope.server.query import ApiError, Query
     from nanscope.server.runs import RunSet
@@ -75,7 +76,7 @@ def read_everything() -> None:
         for p in range(len(reader.processes)):
             for f in reader.source_files(p):
                 reader.source_lines(f.index, p)
-        analyze(reader).to_json()
+        report_json(analyze(reader))
     runs = RunSet(DUMP.parent, refresh_interval=0.0)
     for route, params in (
         ("/api/runs", {}), ("/api/alerts", {"run": "dump"}), ("/api/analysis", {"run": "dump"}),

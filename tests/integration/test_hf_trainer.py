@@ -39,6 +39,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from nanscope.integrations.transformers import NanscopeCallback, attach  # noqa: E402
 from nanscope.reader import EXECUTIONS, TRACES, open_dump  # noqa: E402
+from nanscope.report import headline  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -179,8 +180,8 @@ def test_injected_nan_is_the_cause_and_stops_training(tmp_path: Path) -> None:
     assert trainer.state.global_step == POISON_STEP + 1
     analysis = callback.analysis
     assert analysis.found_harmful
-    assert is_the_injection(analysis.cause), analysis.headline
-    assert callback.headline == analysis.headline
+    assert is_the_injection(analysis.cause), headline(analysis)
+    assert callback.headline == headline(analysis)
     assert callback.headline is not None and f"at step {POISON_STEP}" in callback.headline
 
 

@@ -24,6 +24,7 @@ pytest.importorskip("flax")
 import nanscope  # noqa: E402
 from nanscope.analysis import analyze  # noqa: E402
 from nanscope.reader import DumpReader  # noqa: E402
+from nanscope.report import report_json  # noqa: E402
 from tests.jax_oracle import Event, Result, evaluate_calls  # noqa: E402
 from tests.jax_programs import PROGRAMS, Training  # noqa: E402
 
@@ -71,7 +72,7 @@ def _check_event(view: dict[str, Any], event: Event, step: int) -> None:
 
 def _report(logdir: Path) -> dict[str, Any]:
     with DumpReader(logdir) as reader:
-        return analyze(reader).to_json()
+        return report_json(analyze(reader))
 
 
 @pytest.mark.parametrize("name", BUGGY)

@@ -26,6 +26,7 @@ jnp = pytest.importorskip("jax.numpy")
 import nanscope  # noqa: E402
 from nanscope.analysis import analyze  # noqa: E402
 from nanscope.reader import DumpReader  # noqa: E402
+from nanscope.report import report_json  # noqa: E402
 from tests.jax_oracle import evaluate  # noqa: E402
 
 
@@ -125,7 +126,7 @@ def test_a_hidden_inf_is_seen_and_its_call_recorded_in_full(name: str, tmp_path:
 
 def analyze_dump(logdir: Path) -> dict[str, Any]:
     with DumpReader(logdir) as reader:
-        return analyze(reader).to_json()
+        return report_json(analyze(reader))
 
 
 def moment_step(w: Any, x: Any) -> Any:

@@ -31,6 +31,7 @@ import torch
 from nanscope import open_dump
 from nanscope.cli import main
 from nanscope.integrations.lightning import NanscopeCallback
+from nanscope.report import headline
 
 from ..helpers import marked_line
 from .test_distributed import clean_env
@@ -107,7 +108,7 @@ def test_harmful_fit_names_the_injected_op(
     assert c.source is not None and (c.source.file, c.source.line) == (MODEL_FILE, ORIGIN_LINE)
     # Lightning runs the training step in optimizer.step(closure): still the forward phase.
     assert (c.phase, c.module_path) == ("forward", "LogMLP")
-    assert callback.headline == a.headline
+    assert callback.headline == headline(a)
     assert callback.headline is not None and "at step 4" in callback.headline
     assert report_status(tmp_path / "fit-0", capsys) == 1
 

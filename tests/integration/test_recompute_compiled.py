@@ -31,6 +31,7 @@ pytest.importorskip("torch")
 import nanscope
 from nanscope.analysis import analyze
 from nanscope.analysis._graph_inputs import moves_values
+from nanscope.report import report_json
 from tests.integration.test_real_programs import (
     BUFFERS,
     PROGRAMS,
@@ -102,7 +103,7 @@ class Runs:
             ):
                 module.main(list(case.args))
             with nanscope.open_dump(logdir) as dump:
-                self.compiled[(name, buffer)] = analyze(dump).to_json()
+                self.compiled[(name, buffer)] = report_json(analyze(dump))
         return self.compiled[(name, buffer)]
 
     def oracle(self, program: str, *args: str) -> Result:

@@ -365,6 +365,7 @@ def test_harm_with_no_lineage_to_follow_is_said_harmful_everywhere(
     from nanscope.analysis import _rootcause, analyze
     from nanscope.events import DumpWriter, ExecutionEvent
     from nanscope.reader import open_dump
+    from nanscope.report import report_json
 
     from ..helpers import full_health
 
@@ -378,7 +379,7 @@ def test_harm_with_no_lineage_to_follow_is_said_harmful_everywhere(
     w.close()
     monkeypatch.setattr(_rootcause, "find_lineages", lambda reader, skip=None: ([], True))
     a = analyze(open_dump(tmp_path / "dump"))
-    data = a.to_json()
+    data = report_json(a)
     assert data["verdict"] == "harmful" and data["found_harmful"] is True
     assert contradictions(data, status=a.exit_status) == []
     assert data["headline"] and "harmful" in data["headline"]

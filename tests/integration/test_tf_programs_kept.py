@@ -49,6 +49,7 @@ from nanscope.events._streams import EventStream
 from nanscope.format import sidecar
 from nanscope.format.records import frame, scan
 from nanscope.reader import EXECUTIONS, TRACES
+from nanscope.report import headline
 from nanscope.server.runs import RunSet
 
 from ..helpers import call, extract_tf_dumps
@@ -621,7 +622,7 @@ def test_steps_of_a_tensorflow_dump(golden: Path) -> None:
         assert int(r.index(TRACES)["step"].max()) == 2
     a = analyze(nanscope.open_dump(golden / "FULL_HEALTH"))
     assert a.steps == [0, 2] and a.cause is not None and a.cause.step == 1
-    assert "at step 1" in (a.headline or "")
+    assert "at step 1" in (headline(a) or "")
     with nanscope.open_dump(golden / "FULL_HEALTH_eager_only") as r:
         assert not r.steps_known
         assert analyze(r).steps is None

@@ -25,6 +25,7 @@ from nanscope.format.modes import MAX_COUNT, TensorDebugMode, shape_from_summary
 from nanscope.format.tensors import MAX_FILL_ELEMENTS, MAX_RANK, DataType, proto_to_array
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
 from nanscope.reader._decode import MAX_SUMMARY_ELEMENTS
+from nanscope.report import report_json
 from nanscope.server.api import ROUTES
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import RunSet
@@ -137,7 +138,7 @@ def _read_all(root: Path) -> tuple[DumpReader, list[str]]:
         for i in range(reader.num(kind)):
             event = get(i)
             json.dumps([event.to_json(), event.outputs_json()], allow_nan=False)
-    json.dumps(analyze(reader).to_json(), allow_nan=False)
+    json.dumps(report_json(analyze(reader)), allow_nan=False)
     return reader, [p.message for p in reader.problems]
 
 

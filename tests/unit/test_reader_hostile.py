@@ -101,6 +101,7 @@ def _read_all(root: Path) -> tuple[int, int, list[str]]:
     import threading
 
     from nanscope.analysis import analyze
+    from nanscope.report import report_json
 
     out: dict[str, object] = {}
 
@@ -111,7 +112,7 @@ def _read_all(root: Path) -> tuple[int, int, list[str]]:
                     r.execution(i)
                 for i in range(r.num(TRACES)):
                     r.trace(i)
-                analyze(r).to_json()
+                report_json(analyze(r))
                 out["result"] = (r.num(EXECUTIONS), r.num(TRACES), [p.message for p in r.problems])
         except BaseException as exc:  # reported below, with the failing case
             out["error"] = exc

@@ -19,7 +19,7 @@ from typing import Any
 from nanscope.analysis import Alerts, Analysis, EventView, Headroom, HeadroomWarning, LineageGroup
 from nanscope.analysis._views import Source
 from nanscope.format.health import Health
-from nanscope.report import _text, console_for, render_text
+from nanscope.report import _text, console_for, render_text, report_json
 from nanscope.vocabulary import EventKind, LineageVerdict, OriginKind, Verdict
 
 WIDTH = 100
@@ -165,7 +165,7 @@ def test_the_cause_op_leads_the_op_type_table() -> None:
     assert table[1].startswith("aten.log.default"), out
     assert "the cause" in table[1]
     # The JSON keeps its documented order: most events first.
-    assert harmful().to_json()["alerts"]["by_op_type"][0]["op_type"] == "aten.op0.default"
+    assert report_json(harmful())["alerts"]["by_op_type"][0]["op_type"] == "aten.op0.default"
 
 
 def test_lineages_one_short_line_each_without_repeats() -> None:
@@ -261,7 +261,7 @@ def test_headroom_only_where_a_value_came_near_its_limit() -> None:
 
 def test_vocabulary_serialises_as_the_documented_strings() -> None:
     a = harmful()
-    data = json.loads(json.dumps(a.to_json()))
+    data = json.loads(json.dumps(report_json(a)))
     assert data["verdict"] == "harmful" and data["exit_status"] == 1
     assert data["origin_kind"] == "born"
     assert data["lineages"][0]["kind"] == "harmful"

@@ -1,12 +1,15 @@
 """Alerts and root cause: where the first Inf/NaN was born, and why.
 
 Every surface (the terminal report, the JSON report, the GUI's API) renders what
-these functions return; none of them reads a dump or decodes a summary itself.
+these functions return; none of them reads a dump or decodes a summary itself. What
+they return is facts: the words (the headline, the notes' sentences) are the
+reporters' (:mod:`nanscope.report`).
 """
 
 from nanscope.analysis._dataflow import consumers, graph_op_edges, nearest_trace, producers
 from nanscope.analysis._explain import explain, op_family
 from nanscope.analysis._headroom import Headroom, HeadroomWarning, analyze_headroom, headroom_series
+from nanscope.analysis._notes import Note
 from nanscope.analysis._ranks import OpCopy, RankState, RankVerdict, analyze_ranks
 from nanscope.analysis._rootcause import (
     ABSORBED,
@@ -36,6 +39,7 @@ __all__ = [
     "HeadroomWarning",
     "InputView",
     "LineageGroup",
+    "Note",
     "OpCopy",
     "Producer",
     "RankState",

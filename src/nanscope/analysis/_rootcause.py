@@ -2,20 +2,21 @@
 
 :func:`analyze` finds the facts with one helper each (the alerts, the origin, the
 lineages and their verdicts, the cause, what the circular buffer dropped) and assembles
-one frozen :class:`Analysis` from their results at the end. The sentences made of those
-facts (the headline, the notes) are written in ``_sentences.py``.
+one frozen :class:`Analysis` from their results at the end. It holds facts only: its
+notes are typed (``_notes.py``), and every sentence made of them (the headline, the
+notes' words) is written by the reporters (``nanscope/report/_sentences.py``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from nanscope._paths import is_library_file, is_user_file
-from nanscope.analysis import _sentences as say
+from nanscope.analysis import _notes as note
 from nanscope.analysis._aliases import is_load
 from nanscope.analysis._explain import (
     HARMFUL_MASK,
@@ -27,8 +28,8 @@ from nanscope.analysis._explain import (
 from nanscope.analysis._headroom import Headroom, analyze_headroom
 from nanscope.analysis._lineage import Lineage, in_place
 from nanscope.analysis._lineages import find_lineages
+from nanscope.analysis._notes import TF_DEFAULT_BUFFER, Note
 from nanscope.analysis._ranks import RankVerdict, analyze_ranks
-from nanscope.analysis._sentences import evicted_span
 from nanscope.analysis._views import EventView, Source, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
 from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
@@ -43,7 +44,7 @@ INCOMPLETE = Verdict.INCOMPLETE
 ABSORBED = Verdict.ABSORBED
 CLEAN = Verdict.CLEAN
 
-__all__ = ["Alerts", "Analysis", "LineageGroup", "analyze", "count_alerts", "evicted_span"]
+__all__ = ["Alerts", "Analysis", "LineageGroup", "analyze", "count_alerts"]
 
 
 @dataclass
@@ -108,6 +109,9 @@ class Analysis:
     after_last_step: bool = False
     origin: EventView | None = None
     origin_kind: OriginKind | None = None
+    # The cause's own kind (entered, born, unknown): the cause may be another event than
+    # the origin. Not in the JSON; the headline says it ("passed on" or "produced").
+    cause_kind: OriginKind | None = None
     first_inf: EventView | None = None
     first_nan: EventView | None = None
     # The birth to fix: of the harmful lineage that made the first NaN, else of the first
@@ -130,7 +134,9 @@ class Analysis:
     lineages: list[LineageGroup] = field(default_factory=list)
     evicted: dict[str, int] = field(default_factory=dict)
     chain: list[EventView] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    # What the analysis notes beside the verdict, in the order found: facts, worded by the
+    # reporters (``nanscope.report.note_texts``).
+    notes: list[Note] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)
     # Several processes: which rank it was born on, how that was told, how it spread.
     ranks: RankVerdict | None = None
@@ -165,28 +171,6 @@ class Analysis:
         return self.verdict.exit_status
 
     @property
-    def headline(self) -> str | None:
-        """One sentence on the cause: ``aten.log.default produced -inf at step 3: log of zero...``;
-        for a run whose Inf/NaN were all benign or handled, says so; for an incomplete dump
-        with no harm found, says that no verdict can be given."""
-        o = self.cause
-        if o is None:
-            if self.verdict == Verdict.INCOMPLETE:
-                return say.no_verdict(len(self.incomplete), self.found)
-            if not self.found:
-                return None
-            if self.found_harmful:
-                # No lineage to name (events that could not be decoded): harmful to be safe.
-                first = self.first_nan or self.origin
-                return say.harmful_unfollowed(first, first is self.first_nan)
-            return say.nothing_harmful([(g.kind, g.count) for g in self.lineages])
-        # The cause's own kind, not the origin's: they may be different events.
-        text = say.cause_sentence(
-            o, _origin_kind(o), steps_known=self.steps is not None, processes=len(self.processes)
-        )
-        return say.cause_headline(text, o, self.cause_evicted)
-
-    @property
     def first_harm(self) -> tuple[int, int, int] | None:
         """``(process, step, index)`` of the first harmful execution with Inf/NaN, if any:
         where headroom's trend is judged up to."""
@@ -201,57 +185,6 @@ class Analysis:
     def warnings(self) -> list[str]:
         """Warnings beside the verdict, one sentence each: overflow or underflow coming."""
         return [w.message for w in self.headroom.warnings] if self.headroom is not None else []
-
-    def to_json(self) -> dict[str, Any]:
-        """The documented, stable JSON form (``docs/REPORT_JSON.md``)."""
-
-        def ev(v: EventView | None) -> dict[str, Any] | None:
-            if v is None:
-                return None
-            d = v.to_json()
-            lib = self.library_sources.get((v.kind, v.index))
-            d["library_source"] = asdict(lib) if lib is not None else None
-            return d
-
-        return {
-            "schema": SCHEMA,
-            "verdict": self.verdict,
-            "exit_status": self.exit_status,
-            "headline": self.headline,
-            "incomplete": self.incomplete,
-            "logdir": self.logdir,
-            "logdirs": self.logdirs or [self.logdir],
-            "run_id": self.run_id,
-            "framework": self.framework,
-            "tensor_debug_mode": self.tensor_debug_mode,
-            "processes": self.processes,
-            "num_executions": self.num_executions,
-            "num_graph_execution_traces": self.num_graph_execution_traces,
-            "steps": self.steps,
-            "found_nonfinite": self.found,
-            "alerts": {
-                "total": self.alerts.total,
-                "executions": self.alerts.executions,
-                "graph_execution_traces": self.alerts.graph_execution_traces,
-                "by_op_type": self.alerts.by_op_type,
-                "by_step": self.alerts.by_step,
-            },
-            "found_harmful": self.found_harmful,
-            "origin": ev(self.origin),
-            "origin_kind": self.origin_kind,
-            "cause": ev(self.cause),
-            "cause_evicted": self.cause_evicted,
-            "first_inf": ev(self.first_inf),
-            "first_nan": ev(self.first_nan),
-            "state_nonfinite": ev(self.state_nonfinite),
-            "lineages": [g.to_json() for g in self.lineages],
-            "evicted": self.evicted,
-            "chain": [c.to_json() for c in self.chain],
-            "ranks": self.ranks.to_json() if self.ranks is not None else None,
-            "headroom": self.headroom.to_json() if self.headroom is not None else None,
-            "notes": self.notes,
-            "problems": self.problems,
-        }
 
 
 def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
@@ -339,7 +272,10 @@ def analyze(
     notes = found.notes
     if incomplete and found.found and not found.found_harmful:
         # Said of what was read; what is missing may hold what it would change.
-        notes = [n.replace(say.NOTHING_HARMFUL, say.NOTHING_HARMFUL_READ) for n in notes]
+        notes = [
+            note.NothingHarmful(incomplete=True) if isinstance(n, note.NothingHarmful) else n
+            for n in notes
+        ]
     return replace(
         found,
         headroom=analyze_headroom(reader, headroom_format, found.first_harm),
@@ -433,7 +369,7 @@ class _Views:
     """The analysis's event views, each built once; an event that cannot be decoded is
     None, and noted."""
 
-    def __init__(self, reader: DumpReader, lookback: int, notes: list[str]) -> None:
+    def __init__(self, reader: DumpReader, lookback: int, notes: list[Note]) -> None:
         self.builder = ViewBuilder(reader, lookback)
         self.notes = notes
         self.cache: dict[tuple[str, int], EventView] = {}
@@ -444,7 +380,7 @@ class _Views:
             try:
                 self.cache[key] = self.builder.view(kind, index)
             except UNREADABLE as exc:
-                self.notes.append(say.undecodable(kind, index, exc))
+                self.notes.append(note.Undecodable(kind, index, str(exc)))
                 return None
         return self.cache[key]
 
@@ -453,9 +389,9 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     facts = _dump_facts(reader)
     mode = reader.tensor_debug_mode
     if mode is not None and mode not in HEALTH_MODES and mode != TensorDebugMode.FULL_TENSOR:
-        return Analysis(**facts, notes=[say.no_health(mode.name)])
+        return Analysis(**facts, notes=[note.NoHealth(mode.name)])
     # The notes in the order they are found; each helper adds its own.
-    notes: list[str] = [say.CURT_HEALTH] if mode == TensorDebugMode.CURT_HEALTH else []
+    notes: list[Note] = [note.CurtHealth()] if mode == TensorDebugMode.CURT_HEALTH else []
     evicted, dropped = _eviction(reader)
     notes += dropped
     first = reader.first_nonfinite()
@@ -472,7 +408,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     try:
         origin = view.builder.view(first.kind, first.index)
     except UNREADABLE as exc:
-        notes.append(say.undecodable_origin(exc))
+        notes.append(note.UndecodableOrigin(str(exc)))
         return Analysis(**facts, evicted=evicted, ranks=ranks, notes=notes)
     view.cache[(origin.kind, origin.index)] = origin
     # A circular buffer may have evicted the producer: say when the inputs are unknown.
@@ -481,7 +417,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         and not origin.external_input
         and any(i.producer is None and i.counts is None for i in origin.inputs)
     ):
-        notes.append(say.ORIGIN_INPUTS_UNKNOWN)
+        notes.append(note.OriginInputsUnknown())
     # The first -inf/+inf and NaN: the origin's rank's (every other rank's came later).
     inf_at = (
         reader.first_where(NonFinite.INF, process=origin_process)[1]
@@ -497,7 +433,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     notes += _verdict_notes(judged, origin, first_nan, found=facts["alerts"].total > 0)
     if ranks is not None and judged.found_harmful:
         # Where benign masks were made on every rank is no news: only harm gets the ranks' say.
-        notes += ranks.notes
+        notes += [note.RanksNote(text) for text in ranks.notes]
     for v in (origin, judged.cause, first_inf, first_nan):
         if v is not None:
             view.builder.add_context(v)
@@ -511,6 +447,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         **facts,
         origin=origin,
         origin_kind=_origin_kind(origin),
+        cause_kind=_origin_kind(judged.cause) if judged.cause is not None else None,
         first_inf=first_inf,
         first_nan=first_nan,
         cause=judged.cause,
@@ -557,11 +494,11 @@ def _judge(
     written = _state_write(reader, lineages)
     state_nonfinite = view(EXECUTIONS, written) if written is not None else None
     if not complete:
-        notes.append(say.LINEAGES_CUT_SHORT)
+        notes.append(note.LineagesCutShort())
     # Lineages first seen after events the circular buffer dropped: their births are gone.
     cut = [lin for lin in lineages if lin.after_gap]
     if cut:
-        notes.append(say.births_dropped(len(cut)))
+        notes.append(note.BirthsDropped(len(cut)))
     # Where no lineage could be built (undecodable events), stay on the safe side.
     found_harmful = any(lin.verdict == LineageVerdict.HARMFUL for lin in lineages) or (
         found and not lineages
@@ -573,7 +510,7 @@ def _judge(
     made = _made_elsewhere(cause, harmful)
     if cause is not None and made is not None:
         notes.append(
-            say.made_elsewhere(
+            note.MadeElsewhere(
                 short_name(str(cause.signature[0])),
                 cause.birth,
                 reader.processes[cause.process].label,
@@ -736,17 +673,17 @@ def _lost_before(reader: DumpReader, lin: Lineage) -> dict[str, Any] | None:
 
 def _verdict_notes(
     judged: _Judged, origin: EventView, first_nan: EventView | None, *, found: bool
-) -> list[str]:
+) -> list[Note]:
     """What the notes say of the verdict, each claim derived from the lineages' verdicts
     (``judged.birth_verdicts``) so that no note contradicts the lineage list."""
     cause = judged.cause_lineage
     if cause is None:
         if judged.found_harmful:
-            return [say.LINEAGES_NOT_FOLLOWED]
-        return [say.NOTHING_HARMFUL] if found else []
-    notes: list[str] = []
+            return [note.LineagesNotFollowed()]
+        return [note.NothingHarmful()] if found else []
+    notes: list[Note] = []
     if judged.cause_evicted is not None:
-        notes.append(say.cause_evicted(judged.cause_evicted, judged.cause))
+        notes.append(note.CauseEvicted(judged.cause_evicted, judged.cause))
     if (origin.kind, origin.index) == (cause.kind, cause.birth):
         return notes
     made_first_nan = (
@@ -757,7 +694,7 @@ def _verdict_notes(
         else None
     )
     notes.append(
-        say.first_is_not_the_cause(
+        note.FirstIsNotTheCause(
             origin,
             judged.birth_verdicts.get((origin.kind, origin.index)),
             judged.cause,
@@ -768,18 +705,18 @@ def _verdict_notes(
     return notes
 
 
-def _eviction(reader: DumpReader) -> tuple[dict[str, int], list[str]]:
+def _eviction(reader: DumpReader) -> tuple[dict[str, int], list[Note]]:
     """How many events the circular buffers dropped, and a note for each kind with gaps."""
     evicted = {kind: reader.evicted(kind) for kind in (EXECUTIONS, TRACES)}
-    notes = [
-        say.evicted(kind, n, reader.num(kind), len(reader.gaps(kind)))
+    notes: list[Note] = [
+        note.Evicted(kind, n, reader.num(kind), len(reader.gaps(kind)))
         for kind, n in evicted.items()
         if n
     ]
     return evicted, notes
 
 
-def _tensorflow_buffer(reader: DumpReader, *, found: bool) -> list[str]:
+def _tensorflow_buffer(reader: DumpReader, *, found: bool) -> list[Note]:
     """A note where TensorFlow wrote the dump itself and may have let go of its first events.
 
     Its files do not say whether a circular buffer was used (nanscope's reader reports
@@ -794,14 +731,14 @@ def _tensorflow_buffer(reader: DumpReader, *, found: bool) -> list[str]:
         if reader.incomplete_events(proc.index):
             continue  # the reader found what is missing: its problems say so
         if not found:
-            return [say.tensorflow_buffer_unknown()]
+            return [note.TensorflowBufferUnknown()]
         counts = {
             kind: int(np.count_nonzero(reader.processes_of(kind) == proc.index))
             for kind in (EXECUTIONS, TRACES)
         }
-        full = [k for k, n in counts.items() if n == say.TF_DEFAULT_BUFFER]
+        full = tuple(k for k, n in counts.items() if n == TF_DEFAULT_BUFFER)
         if full:
-            return [say.tensorflow_buffer_full(full)]
+            return [note.TensorflowBufferFull(full)]
     return []
 
 

@@ -18,7 +18,7 @@ import json
 from nanscope.analysis import analyze
 from nanscope.format.headroom import TARGET_FORMATS
 from nanscope.reader import DumpReader
-from nanscope.report import console_for, render_text
+from nanscope.report import console_for, render_text, report_json
 
 HELP = (
     "report where the harmful Inf/NaN was born, and why (exit 1 if one was found, 2 if the "
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     with DumpReader(args.logdir) as reader:
         analysis = analyze(reader, headroom_format=args.headroom_format)
     if args.json:
-        print(json.dumps(analysis.to_json(), indent=2, allow_nan=False, default=str))
+        print(json.dumps(report_json(analysis), indent=2, allow_nan=False, default=str))
     else:
         render_text(analysis, console_for())
     return analysis.exit_status

@@ -88,7 +88,11 @@ class NanscopeCallback(pl.Callback):
     @property
     def headline(self) -> str | None:
         """The root cause in one sentence, ``None`` when nothing was analysed or found."""
-        return self.analysis.headline if self.analysis is not None else None
+        if self.analysis is None:
+            return None
+        from nanscope.report import headline
+
+        return headline(self.analysis)
 
     # -- recording -------------------------------------------------------------------------------
 

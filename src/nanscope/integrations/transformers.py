@@ -201,9 +201,10 @@ class NanscopeCallback(TrainerCallback):
     def _report(self, state: TrainerState) -> None:
         from nanscope.analysis import analyze
         from nanscope.reader import open_dump
+        from nanscope.report import headline as headline_of
 
         self.analysis = analyze(open_dump(self.logdir))
-        headline = self.analysis.headline
+        headline = headline_of(self.analysis)
         if headline is None:
             headline = (
                 "harmful Inf/NaN, cause not found" if self.analysis.found_harmful else "no Inf/NaN"

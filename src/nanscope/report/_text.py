@@ -30,6 +30,7 @@ from nanscope.analysis._explain import short_name
 from nanscope.analysis._headroom import WATCH
 from nanscope.format.health import Health
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+from nanscope.report._sentences import headline, note_texts
 from nanscope.vocabulary import (
     EventKind,
     LineageVerdict,
@@ -434,15 +435,16 @@ def steps_header(a: Analysis) -> str:
 
 def _verdict_line(a: Analysis) -> Text | None:
     """The answer, one line, before anything else (but what is missing from the dump)."""
+    said = headline(a)
     if a.verdict == Verdict.INCOMPLETE:
-        return Text(f"? {a.headline}", style="bold red")
-    if a.found_harmful and a.headline:
+        return Text(f"? {said}", style="bold red")
+    if a.found_harmful and said:
         # The same sentence as the JSON's headline and the GUI's.
-        return Text(f"✗ {a.headline}", style="bold red")
+        return Text(f"✗ {said}", style="bold red")
     if a.found_harmful:
         return Text("✗ harmful Inf/NaN", style="bold red")
     if a.found:
-        return Text(f"✓ {a.headline}", style="bold green")
+        return Text(f"✓ {said}", style="bold green")
     health = a.tensor_debug_mode is None or a.tensor_debug_mode in _HEALTH_MODE_NAMES
     if health:
         return Text("✓ no Inf/NaN recorded", style="bold green")
@@ -510,7 +512,7 @@ def render_text(a: Analysis, console: Console) -> None:
     verdict = _verdict_line(a)
     if verdict is not None:
         console.print(verdict)
-    for note in a.notes:
+    for note in note_texts(a):
         console.print(Text(f"note: {note}", style="yellow"))
     if a.found:
         _alerts(a, console)

@@ -10,6 +10,7 @@ import numpy as np
 from nanscope.analysis import Analysis, analyze, analyze_headroom, count_alerts, headroom_series
 from nanscope.format.files import DumpNotFoundError
 from nanscope.reader import EXECUTIONS, DumpReader
+from nanscope.report import report_json
 from nanscope.server.provider.rows import row
 from nanscope.server.runs import Run, RunSet
 
@@ -94,7 +95,7 @@ def analysis_of(run: Run, reader: DumpReader) -> Analysis:
 def analysis(run: Run, reader: DumpReader) -> dict[str, Any]:
     """``/api/analysis``: the run's analysis as JSON (also read by ranks and headroom)."""
     # Its "verdict" and "incomplete" decide what the page leads with.
-    return run.cached("analysis", lambda: analysis_of(run, reader).to_json())
+    return run.cached("analysis", lambda: report_json(analysis_of(run, reader)))
 
 
 def ranks(run: Run, reader: DumpReader, window: int) -> dict[str, Any]:

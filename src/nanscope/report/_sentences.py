@@ -1,9 +1,10 @@
 """What the analysis says, in words: the headline and the notes of a report.
 
-The analysis (``_rootcause.py``) finds facts; every sentence made of them is written
-here, once, so that the logic holds no prose and each wording has one home. The JSON
-report's ``headline`` and ``notes`` are these sentences (``docs/REPORT_JSON.md``); the
-terminal report and the GUI print them as they are.
+The analysis (``nanscope/analysis``) finds facts, its notes among them
+(``analysis/_notes.py``); every sentence made of them is written here, once, so that the
+logic holds no prose and each wording has one home. The JSON report's ``headline`` and
+``notes`` are these sentences (``docs/REPORT_JSON.md``); the terminal report and the GUI
+print them as they are.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nanscope.analysis._views import EventView
-from nanscope.vocabulary import LineageVerdict, OriginKind
+from nanscope.analysis import Analysis, EventView, Note
+from nanscope.analysis import _notes as notes
+from nanscope.analysis._notes import TF_DEFAULT_BUFFER
+from nanscope.vocabulary import LineageVerdict, OriginKind, Verdict
 
 NOTHING_HARMFUL = (
     "Every Inf/NaN recorded was absorbed by a later op or handled by the program "
@@ -41,8 +44,6 @@ LINEAGES_CUT_SHORT = (
     "events after the first Inf/NaN only (the dump is very long); later events may "
     "change their verdict."
 )
-# TensorFlow's enable_dump_debug_info keeps this many events of each kind by default.
-TF_DEFAULT_BUFFER = 1000
 
 
 def _kind(kind: str, n: int = 1) -> str:
@@ -65,6 +66,32 @@ def evicted_span(lost: dict[str, Any]) -> str:
 
 
 # -- the headline ----------------------------------------------------------------------------
+
+
+def headline(a: Analysis) -> str | None:
+    """One sentence on the cause: ``aten.log.default produced -inf at step 3: log of zero...``;
+    for a run whose Inf/NaN were all benign or handled, says so; for an incomplete dump
+    with no harm found, says that no verdict can be given. None where no Inf/NaN was
+    recorded (the JSON report's ``headline``)."""
+    o = a.cause
+    if o is None:
+        if a.verdict == Verdict.INCOMPLETE:
+            return no_verdict(len(a.incomplete), a.found)
+        if not a.found:
+            return None
+        if a.found_harmful:
+            # No lineage to name (events that could not be decoded): harmful to be safe.
+            first = a.first_nan or a.origin
+            return harmful_unfollowed(first, first is a.first_nan)
+        return nothing_harmful([(g.kind, g.count) for g in a.lineages])
+    # The cause's own kind, not the origin's: they may be different events.
+    text = cause_sentence(
+        o,
+        a.cause_kind or OriginKind.BORN,
+        steps_known=a.steps is not None,
+        processes=len(a.processes),
+    )
+    return cause_headline(text, o, a.cause_evicted)
 
 
 def cause_sentence(
@@ -134,6 +161,50 @@ def nothing_harmful(verdicts: Sequence[tuple[LineageVerdict, int]]) -> str:
 # -- notes -----------------------------------------------------------------------------------
 
 
+def note_texts(a: Analysis) -> list[str]:
+    """The analysis's notes, one sentence each, in the order they were found (the JSON
+    report's ``notes``)."""
+    return [note_text(note) for note in a.notes]
+
+
+def note_text(note: Note) -> str:
+    """One note of the analysis (a fact of ``analysis/_notes.py``) as a sentence."""
+    match note:
+        case notes.NoHealth(mode):
+            return no_health(mode)
+        case notes.CurtHealth():
+            return CURT_HEALTH
+        case notes.Evicted(kind, dropped, kept, gaps):
+            return evicted(kind, dropped, kept, gaps)
+        case notes.TensorflowBufferUnknown():
+            return tensorflow_buffer_unknown()
+        case notes.TensorflowBufferFull(kinds):
+            return tensorflow_buffer_full(kinds)
+        case notes.UndecodableOrigin(error):
+            return f"The first event with Inf/NaN could not be decoded: {error}"
+        case notes.Undecodable(kind, index, error):
+            return f"{_kind(kind)} #{index} could not be decoded: {error}"
+        case notes.OriginInputsUnknown():
+            return ORIGIN_INPUTS_UNKNOWN
+        case notes.LineagesCutShort():
+            return LINEAGES_CUT_SHORT
+        case notes.BirthsDropped(count):
+            return births_dropped(count)
+        case notes.MadeElsewhere(load, index, here, there):
+            return made_elsewhere(load, index, here, there)
+        case notes.CauseEvicted(lost, cause):
+            return cause_evicted(lost, cause)
+        case notes.FirstIsNotTheCause(origin, verdict, cause, made_first_nan, cause_birth):
+            return first_is_not_the_cause(origin, verdict, cause, made_first_nan, cause_birth)
+        case notes.LineagesNotFollowed():
+            return LINEAGES_NOT_FOLLOWED
+        case notes.NothingHarmful(incomplete):
+            return NOTHING_HARMFUL_READ if incomplete else NOTHING_HARMFUL
+        case notes.RanksNote(text):
+            return text
+    raise TypeError(f"not a note of the analysis: {note!r}")
+
+
 def no_health(mode: str) -> str:
     return (
         f"This dump was written in {mode} mode, which records which ops ran but not "
@@ -170,14 +241,6 @@ def tensorflow_buffer_full(kinds: Sequence[str]) -> str:
         "not have been kept, and the first Inf/NaN of the run with them. Record with "
         "circular_buffer_size=-1, or with nanscope run, to be sure."
     )
-
-
-def undecodable_origin(exc: Exception) -> str:
-    return f"The first event with Inf/NaN could not be decoded: {exc}"
-
-
-def undecodable(kind: str, index: int, exc: Exception) -> str:
-    return f"{_kind(kind)} #{index} could not be decoded: {exc}"
 
 
 def births_dropped(n: int) -> str:
