@@ -38,13 +38,40 @@ from nanscope.errors import NonFiniteError
 # Ops whose outputs or inputs need no check: this checker's own, and what op callbacks
 # cannot instrument (TensorFlow's OP_CALLBACK_SKIP_OPS).
 _OWN = frozenset({"DebugNumericSummaryV2", "CheckNumericsV2", "CheckNumerics"})
-_SKIP = frozenset({"Enter", "Exit", "Identity", "If", "LoopCond", "Merge", "NextIteration",
-                   "StatelessIf", "StatefulPartitionedCall", "Switch", "While", "RemoteCall",
-                   "DestroyResourceOp", "Placeholder", "Const", "VarHandleOp"})  # fmt: skip
+_SKIP = frozenset(
+    {
+        "Enter",
+        "Exit",
+        "Identity",
+        "If",
+        "LoopCond",
+        "Merge",
+        "NextIteration",
+        "StatelessIf",
+        "StatefulPartitionedCall",
+        "Switch",
+        "While",
+        "RemoteCall",
+        "DestroyResourceOp",
+        "Placeholder",
+        "Const",
+        "VarHandleOp",
+    }
+)
 # Backward ops that read a forward tensor's shape, not its values (the gradient of an add
 # reads its inputs' shapes): an intended -inf mask they read is no harm.
-_SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike",
-                         "BroadcastArgs", "BroadcastGradientArgs"})  # fmt: skip
+_SHAPE_ONLY = frozenset(
+    {
+        "Shape",
+        "ShapeN",
+        "Size",
+        "Rank",
+        "ZerosLike",
+        "OnesLike",
+        "BroadcastArgs",
+        "BroadcastGradientArgs",
+    }
+)
 # tfdbg2's REDUCE_INF_NAN_THREE_SLOTS: [-inf or 0, +inf or 0, nan or 0], one small tensor.
 _REDUCE_INF_NAN_THREE_SLOTS = 8
 
@@ -107,13 +134,14 @@ class TensorFlowCheckNumerics:
                 if slot == 0 or not value.dtype.is_floating:
                     continue  # input 0 is the variable itself
                 self._check_tensor(
-                    value, graph,
+                    value,
+                    graph,
                     f"{op_type} {op_name!r} wrote Inf/NaN into a variable (a parameter, an "
                     f"optimizer state or a metric): input {slot} "
                     f"({_produced_by(value)}) held Inf/NaN",
                     _user_line(op.traceback),
                     "parameter",
-                )  # fmt: skip
+                )
             return
         if not is_backward_op(op_name) or op_type in _SHAPE_ONLY:
             return
@@ -132,13 +160,14 @@ class TensorFlowCheckNumerics:
                 continue
             self._checked[key] = True
             self._check_tensor(
-                value, graph,
+                value,
+                graph,
                 f"{producer.type} {producer.name!r} (forward pass) made Inf/NaN that reach the "
                 f"loss and the gradients: the backward op {op_type} {op_name!r} reads them; a "
                 "loss scaler cannot help Inf/NaN made in the forward pass",
                 _user_line(producer.traceback),
                 "loss",
-            )  # fmt: skip
+            )
 
     def _check_tensor(self, value: Any, graph: Any, what: str, where: str, reason: str) -> None:
         """TensorFlow's own check on a small summary of ``value``: raises in the graph when

@@ -165,9 +165,16 @@ def start(fs: files.FileSet, mode: TensorDebugMode, capacity: int) -> None:
 
 def _write_drops(fs: files.FileSet, *, closed: bool) -> None:
     report = {
-        "dropped": 0, "executions": 0, "traces": 0, "records": 0, "io_errors": 0,
-        "last_write": time.time(), "nonfinite_dropped": 0, "closed": closed, "faults": [],
-    }  # fmt: skip
+        "dropped": 0,
+        "executions": 0,
+        "traces": 0,
+        "records": 0,
+        "io_errors": 0,
+        "last_write": time.time(),
+        "nonfinite_dropped": 0,
+        "closed": closed,
+        "faults": [],
+    }
     data = json.dumps(report).encode()
     _replace(fs.path(files.DROPS), [data + b" " * (DROPS_SIZE - 1 - len(data)) + b"\n"])
 

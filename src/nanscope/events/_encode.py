@@ -86,18 +86,28 @@ def cap_values(
 def collective_field(tag: CollectiveTag) -> bytes:
     """An execution's ``collective`` field (1007). Collectives are few: protobuf encodes it."""
     op = pb.CollectiveOp(
-        group=tag.group, group_desc=tag.group_desc, group_size=tag.group_size, kind=tag.kind,
-        sequence=tag.sequence, peer=tag.peer, framework_sequence=tag.framework_sequence,
-    )  # fmt: skip
+        group=tag.group,
+        group_desc=tag.group_desc,
+        group_size=tag.group_size,
+        kind=tag.kind,
+        sequence=tag.sequence,
+        peer=tag.peer,
+        framework_sequence=tag.framework_sequence,
+    )
     return wire.len_field(1007, op.SerializeToString())
 
 
 def view_field(slot: int, view: ValueView) -> bytes:
     """An execution's ``output_views`` entry (1009) for its output ``slot`` (FULL_TENSOR)."""
     message = pb.ValueView(
-        output_slot=slot, sequence=view.sequence, slot=view.slot, offset=view.offset,
-        shape=view.shape, strides=view.strides, counts=view.counts,
-    )  # fmt: skip
+        output_slot=slot,
+        sequence=view.sequence,
+        slot=view.slot,
+        offset=view.offset,
+        shape=view.shape,
+        strides=view.strides,
+        counts=view.counts,
+    )
     return wire.len_field(1009, message.SerializeToString())
 
 
@@ -424,9 +434,15 @@ class Encoder:
         tag1006 = _TAG_VARINT[1006]
         for i in range(n):
             body = join(
-                (head(graph_id, op_names[i], slots[i]), middle,
-                 blob[i * row_bytes : (i + 1) * row_bytes], dev, tag1005, varint(first_sequence + i))
-            )  # fmt: skip
+                (
+                    head(graph_id, op_names[i], slots[i]),
+                    middle,
+                    blob[i * row_bytes : (i + 1) * row_bytes],
+                    dev,
+                    tag1005,
+                    varint(first_sequence + i),
+                )
+            )
             if loops is not None and loops[i] > 0:
                 body += tag1006 + varint(int(loops[i]))
             append(join((event_head, tag10, varint(len(body)), body)))

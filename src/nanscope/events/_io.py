@@ -104,9 +104,7 @@ class Replace(Op):
 
     __slots__ = ("data", "path", "sync")
 
-    def __init__(
-        self, path: Path, data: bytes | list[bytes | memoryview], sync: bool
-    ) -> None:  # fmt: skip
+    def __init__(self, path: Path, data: bytes | list[bytes | memoryview], sync: bool) -> None:
         super().__init__()
         self.path = path
         self.data = data

@@ -133,9 +133,13 @@ class _Block:
     __slots__ = ("data", "first", "freed", "index", "items", "raw", "rows")
 
     def __init__(
-        self, first: int, rows: np.ndarray, data: bytes | None, items: list[Any] | None,
+        self,
+        first: int,
+        rows: np.ndarray,
+        data: bytes | None,
+        items: list[Any] | None,
         raw: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.first = first  # the arrival number of its first event
         self.rows = rows
         self.data = data
@@ -458,18 +462,23 @@ class EventStream:
             first = self._n - len(self._rows)
             a, b = max(lo, first) - first, min(hi, self._n) - first
             if a < b:
-                parts.append((
-                    np.arange(first + a, first + b, dtype=np.int64),
-                    np.array(self._sizes[a:b], dtype=np.int64),
-                    np.array([r[_NONFINITE] == 1 for r in self._rows[a:b]], dtype=bool),
-                ))  # fmt: skip
+                parts.append(
+                    (
+                        np.arange(first + a, first + b, dtype=np.int64),
+                        np.array(self._sizes[a:b], dtype=np.int64),
+                        np.array([r[_NONFINITE] == 1 for r in self._rows[a:b]], dtype=bool),
+                    )
+                )
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0, dtype=bool)
         if len(parts) == 1:
             return parts[0]
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]))  # fmt: skip
+        return (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+        )
 
     def _nonfinite_between(self, lo: int, hi: int) -> int:
         """Unprotected events holding Inf/NaN among those held in ``[lo, hi)``."""

@@ -47,9 +47,13 @@ def varint(value: int) -> bytes:
         if value < 1 << 21:
             return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
         return bytes(
-            ((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, ((value >> 14) & 0x7F) | 0x80,
-             value >> 21)
-        )  # fmt: skip
+            (
+                (value & 0x7F) | 0x80,
+                ((value >> 7) & 0x7F) | 0x80,
+                ((value >> 14) & 0x7F) | 0x80,
+                value >> 21,
+            )
+        )
     return _encode_varint(value)
 
 

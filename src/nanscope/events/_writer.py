@@ -1225,8 +1225,21 @@ class DumpWriter:
         device = ev.output_device_ids[0] if ev.output_device_ids else 0
         num_outputs = ev.num_outputs if ev.num_outputs >= 0 else len(ev.output_tensor_ids)
         st = self._executions.strings
-        row = (st.intern(ev.op_type), st.intern(ev.graph_id), num_outputs, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, int(ev.phase), device)  # fmt: skip
+        row = (
+            st.intern(ev.op_type),
+            st.intern(ev.graph_id),
+            num_outputs,
+            wall,
+            ev.step,
+            seq,
+            h.size,
+            h.neg_inf,
+            h.pos_inf,
+            h.nan,
+            h.nonfinite,
+            int(ev.phase),
+            device,
+        )
         if r.dtype:
             self._history.add(ev.module_path, int(ev.phase), ev.step, r.amax, r.amin, r.dtype)
         # The spec is what _encode_execution turns into the record, at flush time; its
@@ -1240,10 +1253,41 @@ class DumpWriter:
         add = self._executions.add
         history = self._history.add
         # By position: the native recorder hands over plain tuples in EncodedExecution's order.
-        for (payload, op_type, graph_id, num_outputs, wall, step, seq, size, neg_inf, pos_inf, nan,
-             nonfinite, phase, device, module, amax, amin, range_dtype) in records:  # fmt: skip
-            row = (st.intern(op_type), st.intern(graph_id), num_outputs, wall, step, seq, size, neg_inf,
-                   pos_inf, nan, nonfinite, phase, device)  # fmt: skip
+        for (
+            payload,
+            op_type,
+            graph_id,
+            num_outputs,
+            wall,
+            step,
+            seq,
+            size,
+            neg_inf,
+            pos_inf,
+            nan,
+            nonfinite,
+            phase,
+            device,
+            module,
+            amax,
+            amin,
+            range_dtype,
+        ) in records:
+            row = (
+                st.intern(op_type),
+                st.intern(graph_id),
+                num_outputs,
+                wall,
+                step,
+                seq,
+                size,
+                neg_inf,
+                pos_inf,
+                nan,
+                nonfinite,
+                phase,
+                device,
+            )
             if range_dtype:
                 history(module, phase, step, amax, amin, range_dtype)
             add(frame(payload), row, nonfinite == 1)
@@ -1268,8 +1312,21 @@ class DumpWriter:
             if value is None:  # past the record's bound: let go of now (see cap_trace)
                 ev = dataclasses.replace(ev, summary=None)
         st = self._traces.strings
-        row = (st.intern(ev.op_name), st.intern(ev.graph_id), ev.output_slot, wall, ev.step, seq, h.size,
-               h.neg_inf, h.pos_inf, h.nan, h.nonfinite, 0, 0)  # fmt: skip
+        row = (
+            st.intern(ev.op_name),
+            st.intern(ev.graph_id),
+            ev.output_slot,
+            wall,
+            ev.step,
+            seq,
+            h.size,
+            h.neg_inf,
+            h.pos_inf,
+            h.nan,
+            h.nonfinite,
+            0,
+            0,
+        )
         nbytes = EVENT_BYTES + (values_bytes((ev.summary,)) if self._full_tensor else 0)
         self._traces.add((ev, seq, wall), row, h.nonfinite == 1, nbytes)
         self.stats.traces += 1

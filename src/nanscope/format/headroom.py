@@ -64,8 +64,12 @@ _OF_DTYPE: dict[int, FloatFormat] = {
     DataType.DT_FLOAT8_E4M3FN: FORMATS["float8_e4m3fn"],
     DataType.DT_FLOAT8_E5M2: FORMATS["float8_e5m2"],
 }
-_DTYPE_OF_NUMPY = {"float16": DataType.DT_HALF, "float32": DataType.DT_FLOAT,
-                   "float64": DataType.DT_DOUBLE, "bfloat16": DataType.DT_BFLOAT16}  # fmt: skip
+_DTYPE_OF_NUMPY = {
+    "float16": DataType.DT_HALF,
+    "float32": DataType.DT_FLOAT,
+    "float64": DataType.DT_DOUBLE,
+    "bfloat16": DataType.DT_BFLOAT16,
+}
 
 
 def format_of(dtype: int) -> FloatFormat | None:

@@ -149,8 +149,17 @@ def of_summary(mode: TensorDebugMode | int, vector: np.ndarray | None) -> Health
         _, _, dt, _, size, ni, pi, nn, neg, zero, pos = head = vector[:11].tolist()
         if not _counts([*head[4:], dt]):
             return UNKNOWN
-        return Health(int(size), int(ni), int(pi), int(nn), int(neg), int(zero), int(pos),
-                      (ni + pi + nn) > 0, dtype_name(int(dt)))  # fmt: skip
+        return Health(
+            int(size),
+            int(ni),
+            int(pi),
+            int(nn),
+            int(neg),
+            int(zero),
+            int(pos),
+            (ni + pi + nn) > 0,
+            dtype_name(int(dt)),
+        )
     if mode == _CONCISE_HEALTH and n >= 5:
         _, size, ni, pi, nn = head = vector[:5].tolist()
         if not _counts(head[1:]):
@@ -196,8 +205,7 @@ def of_array(array: np.ndarray) -> Health:
         neg += int(np.count_nonzero(a < 0))
         zero += int(np.count_nonzero(a == 0))
         pos += int(np.count_nonzero(a > 0))
-    return Health(int(flat.size), ni, pi, nn, neg - ni, zero, pos - pi,
-                  (ni + pi + nn) > 0, dtype)  # fmt: skip
+    return Health(int(flat.size), ni, pi, nn, neg - ni, zero, pos - pi, (ni + pi + nn) > 0, dtype)
 
 
 def of_view(view: ValueView) -> Health:
@@ -281,5 +289,10 @@ def index_row(mode: TensorDebugMode | int, values: Sequence[np.ndarray | None]) 
         return UNKNOWN_ROW
     row = of_outputs(mode, values).index_row()
     sat = _SATURATED
-    return IndexRow(min(row.size, sat), min(row.neg_inf, sat), min(row.pos_inf, sat),
-                    min(row.nan, sat), row.nonfinite)  # fmt: skip
+    return IndexRow(
+        min(row.size, sat),
+        min(row.neg_inf, sat),
+        min(row.pos_inf, sat),
+        min(row.nan, sat),
+        row.nonfinite,
+    )

@@ -220,8 +220,9 @@ class NanscopeCallback(TrainerCallback):
             # A closed torch SummaryWriter opens its file again for this: close it after.
             self.tb_writer.add_text("nanscope/headline", headline, state.global_step)
             if warnings:
-                self.tb_writer.add_text("nanscope/headroom", "\n\n".join(warnings),
-                                        state.global_step)  # fmt: skip
+                self.tb_writer.add_text(
+                    "nanscope/headroom", "\n\n".join(warnings), state.global_step
+                )
             self.tb_writer.close()
 
 

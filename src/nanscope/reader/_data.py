@@ -72,9 +72,15 @@ class Collective:
         return f"collective #{self.sequence} of {group}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"group": self.group, "group_desc": self.group_desc, "group_size": self.group_size,
-                "kind": self.kind, "sequence": self.sequence, "peer": self.peer,
-                "label": self.label}  # fmt: skip
+        return {
+            "group": self.group,
+            "group_desc": self.group_desc,
+            "group_size": self.group_size,
+            "kind": self.kind,
+            "sequence": self.sequence,
+            "peer": self.peer,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -109,8 +115,15 @@ class ProcessInfo:
         return self.host
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "host": self.host, "rank": self.rank,
-                "pid": self.pid, "framework": self.framework, "label": self.label}  # fmt: skip
+        return {
+            "index": self.index,
+            "name": self.name,
+            "host": self.host,
+            "rank": self.rank,
+            "pid": self.pid,
+            "framework": self.framework,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -123,19 +136,29 @@ class StackFrame:
 
     def to_json(self, recorded: bool = True) -> dict[str, Any]:
         """``recorded``: whether the dump holds this file's text (else ``file_index`` is -1)."""
-        return {"file": self.file_path, "line": self.lineno, "function": self.function,
-                "file_index": self.file_index if recorded else -1,
-                "user": is_user_file(self.file_path) and not self.file_path.rpartition("/")[2].startswith("<")}  # fmt: skip
+        return {
+            "file": self.file_path,
+            "line": self.lineno,
+            "function": self.function,
+            "file_index": self.file_index if recorded else -1,
+            "user": is_user_file(self.file_path)
+            and not self.file_path.rpartition("/")[2].startswith("<"),
+        }
 
 
 def _row_json(
     event: Execution | GraphExecutionTrace, health: Health, recorded: bool
 ) -> dict[str, Any]:
     """What every event's list row says: where it is, when it ran, and its health."""
-    return {"index": event.index, "process": event.process, "step": event.step,
-            "wall_time": event.wall_time, "graph_id": event.graph_id,
-            "nonfinite": health.any_nonfinite,
-            "counts": health.to_json() if recorded else None}  # fmt: skip
+    return {
+        "index": event.index,
+        "process": event.process,
+        "step": event.step,
+        "wall_time": event.wall_time,
+        "graph_id": event.graph_id,
+        "nonfinite": health.any_nonfinite,
+        "counts": health.to_json() if recorded else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -210,20 +233,32 @@ class Execution:
             summary, value = self._output(slot)
             h = self.output_health[slot] if slot < len(self.output_health) else None
             r = self.output_ranges[slot] if slot < len(self.output_ranges) else None
-            out.append({"slot": slot, "tensor_id": tid if self.output_tensor_ids else None,
-                        "counts": h.to_json() if h is not None else None,
-                        "shape": _shape(self.tensor_debug_mode, summary, value),
-                        "summary": None if summary is None else _numbers(summary),
-                        "range": None if r is None else dict(zip(("max_abs", "min_nonzero_abs"),
-                                                                 _numbers(np.array(r)), strict=True))})  # fmt: skip
+            out.append(
+                {
+                    "slot": slot,
+                    "tensor_id": tid if self.output_tensor_ids else None,
+                    "counts": h.to_json() if h is not None else None,
+                    "shape": _shape(self.tensor_debug_mode, summary, value),
+                    "summary": None if summary is None else _numbers(summary),
+                    "range": None
+                    if r is None
+                    else dict(
+                        zip(("max_abs", "min_nonzero_abs"), _numbers(np.array(r)), strict=True)
+                    ),
+                }
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
         """The execution as a list row: what ran, where, and its outputs' health."""
-        return {**_row_json(self, self.health, self.recorded), "op_type": self.op_type,
-                "phase": PHASES.get(self.phase, ""), "num_outputs": self.num_outputs,
-                "shape": self.shape,
-                "collective": self.collective.to_json() if self.collective else None}  # fmt: skip
+        return {
+            **_row_json(self, self.health, self.recorded),
+            "op_type": self.op_type,
+            "phase": PHASES.get(self.phase, ""),
+            "num_outputs": self.num_outputs,
+            "shape": self.shape,
+            "collective": self.collective.to_json() if self.collective else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -261,16 +296,27 @@ class GraphExecutionTrace:
     def outputs_json(self) -> list[dict[str, Any]]:
         """The one traced output, as :meth:`Execution.outputs_json` gives each."""
         summary = self.debug_tensor_value
-        return [{"slot": self.output_slot, "tensor_id": None,
-                 "counts": self.health.to_json() if self.recorded else None, "shape": self.shape,
-                 "summary": None if summary is None else _numbers(summary)}]  # fmt: skip
+        return [
+            {
+                "slot": self.output_slot,
+                "tensor_id": None,
+                "counts": self.health.to_json() if self.recorded else None,
+                "shape": self.shape,
+                "summary": None if summary is None else _numbers(summary),
+            }
+        ]
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a list row: which graph op, where, and its health."""
-        return {**_row_json(self, self.health, self.recorded), "op_name": self.op_name,
-                "op_type": self.op_type, "output_slot": self.output_slot,
-                "graph_name": self.graph_name, "device": self.device_name,
-                "shape": self.shape if self.debug_tensor_value is not None else None}  # fmt: skip
+        return {
+            **_row_json(self, self.health, self.recorded),
+            "op_name": self.op_name,
+            "op_type": self.op_type,
+            "output_slot": self.output_slot,
+            "graph_name": self.graph_name,
+            "device": self.device_name,
+            "shape": self.shape if self.debug_tensor_value is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -338,9 +384,14 @@ class SourceFileInfo:
     num_lines: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"process": self.process, "file_index": self.index, "path": self.file_path,
-                "host": self.host_name, "num_lines": self.num_lines,
-                "user": is_user_file(self.file_path)}  # fmt: skip
+        return {
+            "process": self.process,
+            "file_index": self.index,
+            "path": self.file_path,
+            "host": self.host_name,
+            "num_lines": self.num_lines,
+            "user": is_user_file(self.file_path),
+        }
 
 
 @dataclass(frozen=True)
@@ -367,5 +418,10 @@ class Problem:
         return self.message
 
     def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity, "message": self.message,
-                "incomplete": self.incomplete, "file": self.file, "offset": self.offset}  # fmt: skip
+        return {
+            "severity": self.severity,
+            "message": self.message,
+            "incomplete": self.incomplete,
+            "file": self.file,
+            "offset": self.offset,
+        }

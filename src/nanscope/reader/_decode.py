@@ -96,13 +96,19 @@ def output_views(
         slot = int(v.output_slot)
         if not 0 <= slot < len(values) or values[slot] is not None or slot in views:
             if problems is not None:
-                problems.append(f"output {slot}: a view entry for an output that has a value "
-                                "or is not there; not shown")  # fmt: skip
+                problems.append(
+                    f"output {slot}: a view entry for an output that has a value "
+                    "or is not there; not shown"
+                )
             continue
         views[slot] = values[slot] = ValueView(
-            int(v.sequence), int(v.slot), int(v.offset), tuple(v.shape), tuple(v.strides),
+            int(v.sequence),
+            int(v.slot),
+            int(v.offset),
+            tuple(v.shape),
+            tuple(v.strides),
             tuple(v.counts),
-        )  # fmt: skip
+        )
     return views
 
 

@@ -767,8 +767,11 @@ class DumpReader:
                 raise ValueError("damaged records")
             modules, points = headroom.parse_history([r.payload for r in result.records])
         except (OSError, ValueError) as exc:
-            self._problem("warning", f"{path}: the range history cannot be read ({exc}); "
-                          "headroom uses the recorded events only")  # fmt: skip
+            self._problem(
+                "warning",
+                f"{path}: the range history cannot be read ({exc}); "
+                "headroom uses the recorded events only",
+            )
             return None
         out = np.zeros(len(points), dtype=HISTORY_DTYPE)
         for name in headroom.POINT_DTYPE.names or ():
@@ -941,18 +944,34 @@ class DumpReader:
         process = int(self.processes_of(kind)[index])
         flag = int(row["nonfinite"])
         graph_id = self.string(int(row["graph"]))
-        common = {"index": index, "process": process, "step": int(row["step"]),
-                  "wall_time": float(row["wall_time"]), "graph_id": graph_id,
-                  "nonfinite": None if flag < 0 else bool(flag), "counts": None, "shape": None}  # fmt: skip
+        common = {
+            "index": index,
+            "process": process,
+            "step": int(row["step"]),
+            "wall_time": float(row["wall_time"]),
+            "graph_id": graph_id,
+            "nonfinite": None if flag < 0 else bool(flag),
+            "counts": None,
+            "shape": None,
+        }
         if kind == EXECUTIONS:
-            return {**common, "op_type": self.string(int(row["name"])),
-                    "phase": PHASES.get(int(row["phase"]), ""), "num_outputs": int(row["slot"])}  # fmt: skip
+            return {
+                **common,
+                "op_type": self.string(int(row["name"])),
+                "phase": PHASES.get(int(row["phase"]), ""),
+                "num_outputs": int(row["slot"]),
+            }
         graph = self.graph(graph_id, process)
         op_name = self.string(int(row["name"]))
         op = graph.ops.get(op_name) if graph else None
-        return {**common, "op_name": op_name, "op_type": op.op_type if op else "",
-                "output_slot": int(row["slot"]), "graph_name": graph.name if graph else "",
-                "device": ""}  # fmt: skip
+        return {
+            **common,
+            "op_name": op_name,
+            "op_type": op.op_type if op else "",
+            "output_slot": int(row["slot"]),
+            "graph_name": graph.name if graph else "",
+            "device": "",
+        }
 
     # -- decoding single events --------------------------------------------------------------
 
@@ -1366,8 +1385,14 @@ def _collective(ex: pb.Execution) -> Collective | None:
     if not ex.HasField("collective"):
         return None
     c = ex.collective
-    return Collective(group=c.group, kind=c.kind, sequence=c.sequence, group_desc=c.group_desc,
-                      group_size=c.group_size, peer=c.peer if c.kind in ("send", "recv") else None)  # fmt: skip
+    return Collective(
+        group=c.group,
+        kind=c.kind,
+        sequence=c.sequence,
+        group_desc=c.group_desc,
+        group_size=c.group_size,
+        peer=c.peer if c.kind in ("send", "recv") else None,
+    )
 
 
 def _roots(logdir: DumpRoots) -> list[Path]:

@@ -681,9 +681,11 @@ class EventFile:
         """What decoding a record's outputs found wrong: the event is kept (only that
         output's health is unknown), so no event is missing."""
         return Problem(
-            "error", f"{self.path}: record at byte offset {offset}: {what}",
-            file=str(self.path), offset=offset,
-        )  # fmt: skip
+            "error",
+            f"{self.path}: record at byte offset {offset}: {what}",
+            file=str(self.path),
+            offset=offset,
+        )
 
     def _fast_chunk(
         self,

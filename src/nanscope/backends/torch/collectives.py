@@ -27,10 +27,11 @@ from nanscope.format.collectives import is_distributed
 # Their ops that are not an operation of a group: waiting, wrapping, any-source receive.
 NOT_OPERATIONS = frozenset(
     {
-        "_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd",
+        "_c10d_functional.wait_tensor",
+        "_c10d_functional._wrap_tensor_autograd",
         "c10d.recv_any_source_",
     }
-)  # fmt: skip
+)
 P2P = {"c10d.send": "send", "c10d.recv_": "recv"}
 # The argument that names the peer of a send and a receive (a rank in the group).
 _PEER_ARGS = ("dstRank", "srcRank", "dst", "src")
@@ -126,9 +127,14 @@ class CollectiveCounter:
             except (RuntimeError, AttributeError):
                 pass
         return CollectiveTag(
-            group=group_name, kind=kind, sequence=sequence, group_desc=desc, group_size=size,
-            peer=peer, framework_sequence=framework_sequence,
-        )  # fmt: skip
+            group=group_name,
+            kind=kind,
+            sequence=sequence,
+            group_desc=desc,
+            group_size=size,
+            peer=peer,
+            framework_sequence=framework_sequence,
+        )
 
 
 def wait_for_functional(out: Any) -> None:

@@ -72,9 +72,13 @@ class GraphCalls:
         return out
 
     def _record(
-        self, plan: GraphPlan, out: list[Any], extra: list[Any], in_ids: list[int],
+        self,
+        plan: GraphPlan,
+        out: list[Any],
+        extra: list[Any],
+        in_ids: list[int],
         held: list[Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         writer = self.writer
         ctx = self.context
         eager = self.eager

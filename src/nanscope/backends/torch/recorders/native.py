@@ -110,9 +110,12 @@ class NativeRecorder(RecorderBase):
         width = SUMMARY_LENGTH.get(self.mode, 0)  # 0: no summary vectors (NO_TENSOR, FULL_TENSOR)
         try:
             lib.start(
-                self, int(self.mode), table, *self.writer.encoder.execution_pieces(width),
+                self,
+                int(self.mode),
+                table,
+                *self.writer.encoder.execution_pieces(width),
                 summaries.RANGES,
-            )  # fmt: skip
+            )
         except RuntimeError:
             # An op of the previous session still inside the recorder on
             # another thread: the session records with the Python recorder.
@@ -265,9 +268,25 @@ class NativeRecorder(RecorderBase):
         write = self.writer.write_execution
         devices = self._devices
         for (
-            op, out_ids, in_ids, out_dev, sums, has, parts, inputs,
-            stack, module, phase, step, serial, fwd_serial, fwd_stack, link_target, wall, tag,
-        ) in batch:  # fmt: skip
+            op,
+            out_ids,
+            in_ids,
+            out_dev,
+            sums,
+            has,
+            parts,
+            inputs,
+            stack,
+            module,
+            phase,
+            step,
+            serial,
+            fwd_serial,
+            fwd_stack,
+            link_target,
+            wall,
+            tag,
+        ) in batch:
             if len(devices) <= max(out_dev, default=0):
                 self._register_devices()
             summaries: Any

@@ -33,9 +33,19 @@ _FORWARD_LINKS_MAX = 1 << 20
 # Dtypes whose FULL_TENSOR values a view may point at instead of copying them: those the
 # native recorder copies itself (recorder.cpp's value_dtype), so that both write the same.
 _VIEWABLE = frozenset(
-    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-     torch.int32, torch.int64, torch.uint8, torch.bool}
-)  # fmt: skip
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    }
+)
 
 
 class _Values:
@@ -46,9 +56,15 @@ class _Values:
     __slots__ = ("dtype", "numel", "offset", "sequence", "slot", "storage", "version")
 
     def __init__(
-        self, version: int, storage: int, dtype: torch.dtype, sequence: int, slot: int,
-        offset: int, numel: int,
-    ) -> None:  # fmt: skip
+        self,
+        version: int,
+        storage: int,
+        dtype: torch.dtype,
+        sequence: int,
+        slot: int,
+        offset: int,
+        numel: int,
+    ) -> None:
         self.version, self.storage, self.dtype = version, storage, dtype
         self.sequence, self.slot, self.offset, self.numel = sequence, slot, offset, numel
 
@@ -155,9 +171,13 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
     # -- recording ---------------------------------------------------------------------------
 
     def _summary(
-        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None,
+        self,
+        t: torch.Tensor,
+        tid: int,
+        info: OpInfo,
+        source: tuple[int, torch.Tensor] | None,
         bumped: bool = True,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         s = self._summary_of(t, tid, info, source, bumped)
         if info.view and self.mode == TensorDebugMode.FULL_HEALTH and isinstance(s, np.ndarray):
             # A view's values are its input's: their ranges belong to the op that made them
@@ -167,9 +187,13 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
         return s
 
     def _summary_of(
-        self, t: torch.Tensor, tid: int, info: OpInfo, source: tuple[int, torch.Tensor] | None,
+        self,
+        t: torch.Tensor,
+        tid: int,
+        info: OpInfo,
+        source: tuple[int, torch.Tensor] | None,
         bumped: bool = True,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """``bumped``: an in-place op's output whose version counter moves when dispatch
         returns (a returned output); a written argument that it does not return
         (``_foreach_mul_``'s list) may keep its version under a dispatch mode."""
@@ -371,9 +395,14 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
             version += 1
         values = self._values
         values[tid] = _Values(
-            version, t.untyped_storage().data_ptr(), t.dtype, root.sequence, root.slot,
-            root.offset, root.numel,
-        )  # fmt: skip
+            version,
+            t.untyped_storage().data_ptr(),
+            t.dtype,
+            root.sequence,
+            root.slot,
+            root.offset,
+            root.numel,
+        )
         if len(values) > 8192:
             for k in list(values)[:4096]:
                 del values[k]
