@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -30,3 +31,25 @@ def _nothing_left_enabled() -> Iterator[None]:
     yield
     nanscope.disable_dump_debug_info()
     nanscope.disable_check_numerics()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Where the browser tests must run (``make test``, CI: ``NANSCOPE_REQUIRE_BROWSER``),
+    stop before any test when what they need is missing, saying what and how to get it,
+    instead of skipping them. ``scripts/browser`` installs it where it can."""
+    if not os.environ.get("NANSCOPE_REQUIRE_BROWSER"):
+        return
+    from .helpers import CHROMIUM
+
+    missing = []
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("Playwright's Python package (pip install -e '.[dev]')")
+    if not os.path.exists(CHROMIUM):
+        missing.append(f"Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    if missing:
+        raise pytest.UsageError(
+            "NANSCOPE_REQUIRE_BROWSER is set but the GUI's browser tests cannot run: missing "
+            + " and ".join(missing)
+            + "; scripts/browser installs them where it can, or `make test SKIP_BROWSER=1` "
+            "skips these tests knowingly"
+        )

@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
+from nanscope._paths import is_library_file, is_nanscope_file
 from nanscope.cli._children import Recording, children_recorded
 from nanscope.cli.errors import CommandError
 from nanscope.format.files import PREFIX, UNRECORDED
@@ -39,14 +40,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logdir", help="where to write the dump (default: ./nanscope-<program name>)")
     p.add_argument("--mode", default="FULL_HEALTH", help="tensor debug mode (default: FULL_HEALTH)")
     p.add_argument(
-        "--circular-buffer-size", type=int, default=1000,
+        "--circular-buffer-size",
+        type=int,
+        default=1000,
         help="keep the last N events, and always the first Inf/NaN (-1: keep all; default 1000)",
-    )  # fmt: skip
+    )
     p.add_argument("--op-regex", help="summarise only ops whose type matches this regex")
     p.add_argument(
-        "--check-numerics", action="store_true",
+        "--check-numerics",
+        action="store_true",
         help="raise at the first NaN or harmful Inf instead of recording a dump",
-    )  # fmt: skip
+    )
     p.add_argument("--force", action="store_true", help="replace a dump already in --logdir")
     p.add_argument("-m", dest="module", help="run a library module as a script (like python -m)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...], or args of -m")
@@ -251,6 +255,10 @@ def _check_script(target: str) -> None:
         raise CommandError(f"{target}: cannot read it (permission denied)")
 
 
+# What to do about a module that cannot be found, as ``python -m`` would look for it.
+_NOT_FOUND_HINT = "check the name, and that its directory is the current one or on PYTHONPATH"
+
+
 class _NotRunnable(ImportError):
     """What runpy raises when ``python -m`` would say it cannot run a module."""
 
@@ -270,6 +278,8 @@ def _module_problem(name: str) -> str | None:
     try:
         details(name, _NotRunnable)
     except _NotRunnable as exc:
+        if str(exc) == f"No module named {name}" or isinstance(exc.__cause__, ImportError):
+            return f"-m {name}: {exc}; {_NOT_FOUND_HINT}"
         return f"-m {name}: {exc}"
     return None
 
@@ -321,11 +331,11 @@ def _report_uncaught(exc: BaseException) -> None:
     """Hand an exception that escaped the program to ``sys.excepthook``, as Python does.
 
     The program's own hook (a logger, a crash reporter, a debugger) is called as it
-    would be without nanscope, with a traceback that begins at the program's first
-    frame: the launcher's frames (this module, runpy) are not the program's.
+    would be without nanscope, with the program's frames only: the launcher's frames
+    (this module, runpy) and nanscope's are not the program's (:func:`_program_traceback`).
     """
-    tb = _program_traceback(exc.__traceback__)
-    exc = exc.with_traceback(tb)
+    exc = _strip_chain(exc)
+    tb = exc.__traceback__
     # As Python's own top level does: pdb.pm() and friends look here.
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
     if sys.version_info >= (3, 12):
@@ -339,22 +349,69 @@ def _report_uncaught(exc: BaseException) -> None:
         hook(type(exc), exc, tb)
     except Exception as hook_exc:  # a broken hook: show both, as Python does
         print("Error in sys.excepthook:", file=sys.stderr)
-        traceback.print_exception(
-            hook_exc.with_traceback(_program_traceback(hook_exc.__traceback__))
-        )
+        traceback.print_exception(_strip_chain(hook_exc))
         print("\nOriginal exception was:", file=sys.stderr)
         traceback.print_exception(exc)
 
 
-def _program_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """``tb`` without its leading frames of the launcher (this module and runpy).
+def _program_traceback(
+    tb: TracebackType | None, nanscope_error: bool = False
+) -> TracebackType | None:
+    """``tb`` with the program's frames only, as ``python script.py`` would show it.
 
-    For a script that does not compile, none is left: the error shows as
+    Left out: the launcher's frames (this module, runpy, nanscope's console script),
+    which sit under every frame of the program, and nanscope's own frames (the
+    recorder's and the checker's), which sit between the program's frames and what
+    it called. When nanscope raised the error (``nanscope_error``, or its innermost
+    frame is nanscope's: check_numerics' ``NonFiniteError``), the library frames that
+    only led from the program's last line into nanscope go too: the traceback ends at
+    the program's line, and the error's text says the rest.
+    For a script that does not compile, no frame is left: the error shows as
     ``python script.py`` shows it, the file and line that did not parse.
     """
-    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+    frames: list[TracebackType] = []
+    innermost_is_nanscope = False
+    while tb is not None:
+        innermost_is_nanscope = _is_nanscope_frame(tb)
+        if not innermost_is_nanscope:
+            frames.append(tb)
         tb = tb.tb_next
-    return tb
+    if nanscope_error or innermost_is_nanscope:
+        users = [
+            i for i, f in enumerate(frames) if not is_library_file(f.tb_frame.f_code.co_filename)
+        ]
+        if users:  # a program installed as a package is all library frames: kept whole
+            del frames[users[-1] + 1 :]
+    # Built anew rather than relinked, so that the original chain stays whole for
+    # whatever else holds it.
+    kept: TracebackType | None = None
+    for frame in reversed(frames):
+        kept = TracebackType(kept, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return kept
+
+
+def _is_nanscope_frame(tb: TracebackType) -> bool:
+    """A frame of the launcher (this module, runpy, the console script) or of nanscope."""
+    frame = tb.tb_frame
+    return frame.f_globals.get("__name__") in (__name__, "runpy") or is_nanscope_file(
+        frame.f_code.co_filename
+    )
+
+
+def _strip_chain(exc: BaseException) -> BaseException:
+    """``exc`` with :func:`_program_traceback`, and so the exceptions it was raised from
+    or while handling (``__cause__``, ``__context__``), each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        mine = type(e).__module__.partition(".")[0] == "nanscope"
+        e.with_traceback(_program_traceback(e.__traceback__, nanscope_error=mine))
+        todo += [e.__cause__, e.__context__]
+    return exc
 
 
 def _run_threading_atexits() -> None:
@@ -386,9 +443,10 @@ def _wait_for_threads(code: int) -> int:
     try:
         while True:
             alive = [
-                t for t in threading.enumerate()
+                t
+                for t in threading.enumerate()
                 if t is not current and not t.daemon and t.is_alive()
-            ]  # fmt: skip
+            ]
             if not alive:
                 return code
             if not stopped_pools:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import gc
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch._C._autograd import _get_sequence_nr
@@ -58,6 +59,53 @@ def _model_of(module: torch.nn.Module) -> torch.nn.Module:
         if inner is not None:
             return inner
     return module
+
+
+# PyTorch warns at every call of a ``torch.compile(module)`` while any global module hook is
+# registered, as nanscope's are while it records or checks: the hooks then run for the
+# ``OptimizedModule`` wrapper and again for the module inside it (the wrapper's ``__call__``
+# is ``Module.__call__``, whose forward calls the inner module's ``__call__``). nanscope's
+# hooks expect that: the wrapper and its model share one path (``ModuleNames.add``), and the
+# pair pushes and pops its two entries in order, so the ops inside are named as the model's
+# either way. The warning tells the program nothing it can act on, so while nanscope's hooks
+# are installed that one message is ignored (only it: other warnings, and this one before
+# and after, are shown as usual).
+_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+_quiet_lock = threading.Lock()
+_quiet_users = 0
+_quiet_filter: Any = None
+
+
+def _quiet_compile_hook_warning() -> Callable[[], None]:
+    """Ignore PyTorch's warning about global module hooks under ``torch.compile(module)``
+    until the returned function is called (counted: several contexts may be installed)."""
+    global _quiet_users, _quiet_filter
+    with _quiet_lock:
+        _quiet_users += 1
+        if _quiet_users == 1:
+            warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+            _quiet_filter = warnings.filters[0]
+
+    def restore() -> None:
+        global _quiet_users, _quiet_filter
+        with _quiet_lock:
+            _quiet_users -= 1
+            if _quiet_users or _quiet_filter is None:
+                return
+            # The filter is taken out by identity: the program may have added its own since.
+            filters = cast("list[Any]", warnings.filters)  # a list, typed as a Sequence
+            for i, item in enumerate(filters):
+                if item is _quiet_filter:
+                    del filters[i]
+                    # Warnings' caches follow a version number that this bumps; where it is
+                    # missing, nothing is stale: an ignored warning leaves no cache entry.
+                    mutated = getattr(warnings, "_filters_mutated", None)
+                    if mutated is not None:
+                        mutated()
+                    break
+            _quiet_filter = None
+
+    return restore
 
 
 # (a weak reference to the module, its path, the path's index in RunContext.module_names)
@@ -187,6 +235,7 @@ class RunContext:
             optim.register_optimizer_step_pre_hook(self._enter_optimizer),
             optim.register_optimizer_step_post_hook(self._exit_optimizer),
         ]
+        self._restore.append(_quiet_compile_hook_warning())
         self._wrap(torch.autograd, "backward", self._backward)
         from torch.amp.grad_scaler import GradScaler
 
