@@ -21,6 +21,10 @@ demo: $(BIN)/python
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch]'
 	$(BIN)/nanscope demo
 
+# Two workers, one test file each: a file's module-scoped runs are made once (files that
+# record many programs run them two at a time themselves). PYTEST_WORKERS= runs serially.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
+
 # The native recorder is built first (a build failure fails the tests); the
 # PyTorch recorder tests then run again with the Python fallback recorder.
 # The GUI's browser tests run, never skip: scripts/browser installs Debian's chromium
@@ -29,8 +33,8 @@ demo: $(BIN)/python
 test: $(STAMP)
 	$(if $(SKIP_BROWSER),,PYTHON=$(BIN)/python scripts/browser)
 	$(BIN)/python -m nanscope.backends.torch.native
-	$(if $(SKIP_BROWSER),,NANSCOPE_REQUIRE_BROWSER=1) $(BIN)/python -m pytest -q
-	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q \
+	$(if $(SKIP_BROWSER),,NANSCOPE_REQUIRE_BROWSER=1) $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q $(PYTEST_WORKERS) \
 		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
 		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py \
 		tests/integration/test_torch_check_numerics.py \

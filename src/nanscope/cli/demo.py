@@ -42,10 +42,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logdir", help="where to write the dump (default: a new temporary directory)")
     p.add_argument("--steps", type=int, default=6, help="training steps (default: 6)")
     p.add_argument(
-        "--framework", choices=sorted(DEMOS), default="torch",
+        "--framework",
+        choices=sorted(DEMOS),
+        default="torch",
         help="which version of the example to train (default: torch); tensorflow's is "
         "dumped by TensorFlow itself",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,18 +28,22 @@ HELP = (
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "logdir", nargs="+",
+        "logdir",
+        nargs="+",
         help="the dump root (the directory the program wrote to); several (one per host) "
         "are read together as one dump",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--json", action="store_true", help="print the report as JSON (schema nanscope.report/2)"
     )
     p.add_argument(
-        "--headroom-format", choices=TARGET_FORMATS, default=None, metavar="FORMAT",
+        "--headroom-format",
+        choices=TARGET_FORMATS,
+        default=None,
+        metavar="FORMAT",
         help="measure every float value against this format's limits (one of "
         f"{', '.join(TARGET_FORMATS)}), not its own: would the values fit in float8?",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,25 +22,32 @@ HELP = "open the web GUI on a logdir (every run and process under it, live)"
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "logdir", nargs="+",
+        "logdir",
+        nargs="+",
         help="the logdir: a dump root, or a directory with runs below it; several (one per "
         "host) are served together, the directories of one run id making one run",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT,
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
         help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free port)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--host", default=DEFAULT_HOST,
+        "--host",
+        default=DEFAULT_HOST,
         help=f"address to listen on (default {DEFAULT_HOST}, this machine only; "
         "0.0.0.0 serves the network: whoever has the printed URL, with its token, can read "
         f"your dumps and source files; ${TOKEN_ENV} sets the token)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--allow-host", action="append", default=[], metavar="NAME",
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="also answer to this host name (a DNS name or proxy the page is opened "
         "through; IP addresses and this machine's name are always answered)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
