@@ -30,6 +30,16 @@ class DumpSettings:
     tensor_dtypes: Any
     framework: str
 
+    def recording(self) -> dict[str, Any]:
+        """What a recording session is made with: the logdir, mode and filters, by name."""
+        return {
+            "logdir": self.logdir,
+            "mode": self.mode,
+            "circular_buffer_size": self.circular_buffer_size,
+            "op_regex": self.op_regex,
+            "tensor_dtypes": self.tensor_dtypes,
+        }
+
 
 class Session(Protocol):
     """A running dump (or numerics check) of one framework."""

@@ -15,14 +15,7 @@ def start_dump(settings: DumpSettings, options: dict[str, Any]) -> Session:
     """Record every run of a compiled program (a jitted function, an eager op) into a dump."""
     from nanscope.backends.jax.session import JaxDumpSession
 
-    return JaxDumpSession(
-        logdir=settings.logdir,
-        mode=settings.mode,
-        circular_buffer_size=settings.circular_buffer_size,
-        op_regex=settings.op_regex,
-        tensor_dtypes=settings.tensor_dtypes,
-        **options,
-    )
+    return JaxDumpSession(**settings.recording(), **options)
 
 
 def start_checking(sync_every: int) -> Checking:

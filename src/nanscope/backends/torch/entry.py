@@ -15,14 +15,7 @@ def start_dump(settings: DumpSettings, options: dict[str, Any]) -> Session:
     """Record every ATen op (eager and ``torch.compile``'d) into a dump."""
     from nanscope.backends.torch.session import TorchDumpSession
 
-    return TorchDumpSession(
-        logdir=settings.logdir,
-        mode=settings.mode,
-        circular_buffer_size=settings.circular_buffer_size,
-        op_regex=settings.op_regex,
-        tensor_dtypes=settings.tensor_dtypes,
-        **options,
-    )
+    return TorchDumpSession(**settings.recording(), **options)
 
 
 def start_checking(sync_every: int) -> Checking:
