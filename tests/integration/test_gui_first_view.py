@@ -4,7 +4,8 @@ A dump with a root cause opens on it: its detail, graph structure, source line a
 filled without a click. While the page loads (the API slowed down here) no pane says that
 nothing was recorded. ``#sel=e3`` without ``run=`` opens that event of the first run. The
 Headroom panel opens only when something is near a limit, and is a collapsed head otherwise.
-A user who moves the view before the analysis comes in keeps it. The dumps are written here
+A user who moves the view before the analysis comes in keeps it. The Alerts' op-type list
+leads with the root cause's op type, marked, even where other op types hold more events. The dumps are written here
 with nanscope's writer. Pages fail on any JavaScript error, failed request or CSP violation
 (the fixtures of test_gui_browser.py, which also skip the module without Playwright or
 /usr/bin/chromium).
@@ -27,9 +28,10 @@ from ..helpers import full_health
 from . import test_gui_browser as gui
 from .test_gui_browser import api, open_run, wait_selected
 
-browser, page, page_errors = gui.browser, gui.page, gui.page_errors
+browser, page, page_errors, demo = gui.browser, gui.page, gui.page_errors, gui.demo
 
 CAUSE_RUN, NEAR_RUN, FAR_RUN = "a_cause", "b_near", "c_far"  # runs are listed by name
+ABSORBED_RUN = "d_absorbed"
 STEPS = 4
 BAD_STEP = 2
 HALF = int(DataType.DT_HALF)
@@ -50,6 +52,26 @@ def _write_cause(logdir: Path) -> None:
         ):
             w.write_execution(
                 ExecutionEvent(op, [out], [inp], summaries=[health], stack=stack, step=step)
+            )
+    w.close()
+
+
+def _write_absorbed(logdir: Path) -> None:
+    """A -inf mask made once, added to the scores each step, absorbed by the softmax: four
+    add alerts, one full alert, and no harmful cause."""
+    w = DumpWriter(logdir, "FULL_HEALTH", circular_buffer_size=-1, framework="test", rank=0)
+    stack = w.capture_stack()
+    mask = full_health(neg_inf=2)
+    w.write_execution(ExecutionEvent("aten.full.default", [1], [], summaries=[mask], stack=stack))
+    for step in range(STEPS):
+        t = 10 * (step + 1)
+        for op, out, inp, health in (
+            ("aten.mm.default", t, [t - 1], full_health()),
+            ("aten.add.Tensor", t + 1, [t, 1], full_health(neg_inf=2)),
+            ("aten._softmax.default", t + 2, [t + 1], full_health()),
+        ):
+            w.write_execution(
+                ExecutionEvent(op, [out], inp, summaries=[health], stack=stack, step=step)
             )
     w.close()
 
@@ -89,6 +111,7 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _write_cause(root / CAUSE_RUN)
     _write_levels(root / NEAR_RUN, 0.8)  # past half of the maximum: a warning
     _write_levels(root / FAR_RUN, 1e-3)  # nowhere near: no warning
+    _write_absorbed(root / ABSORBED_RUN)
     return root
 
 
@@ -276,3 +299,43 @@ def test_the_headroom_chart_is_open_when_something_is_near_a_limit(page: Any, se
     )
     page.wait_for_selector("body[data-pending='0']", state="attached")
     assert page.get_attribute("#headroom", "data-collapsed") == "1"
+
+
+def _op_rows(page: Any) -> list[tuple[str, str, str]]:
+    """The Alerts' op-type rows, in order: (op type, count, mark)."""
+    rows: list[list[str]] = page.eval_on_selector_all(
+        "#alerts .a-ops .arow.op",
+        """els => els.map(e => [e.dataset.opType, e.querySelector('.a-count').textContent,
+                             (e.querySelector('.a-cause') || {}).textContent || ''])""",
+    )
+    return [(op, count, mark) for op, count, mark in rows]
+
+
+def test_the_op_type_list_leads_with_the_cause(page: Any, server: Any, demo: str) -> None:
+    cause = api(server, "/api/analysis", run=demo)["cause"]
+    assert cause["op_type"] == "aten.log.default"
+    counts = api(server, "/api/alerts", run=demo)["by_op_type"]
+    assert counts[0]["op_type"] != cause["op_type"]  # the cause is not the most frequent
+    open_run(page, server, demo)
+    page.wait_for_selector("#rootcause .rc-headline")
+    page.wait_for_selector("#alerts .a-ops .arow.op .a-cause")
+    rows = _op_rows(page)
+    assert rows[0][0] == "aten.log.default" and rows[0][2] == "← the cause"
+    assert [r[2] for r in rows[1:]] == [""] * (len(rows) - 1)  # one row marked
+    # The others as before, most events first.
+    rest = [c["op_type"] for c in counts if c["op_type"] != cause["op_type"]]
+    assert [r[0] for r in rows[1:]] == rest[: len(rows) - 1]
+    # A click still jumps to the op type's first event.
+    first = next(c for c in counts if c["op_type"] == cause["op_type"])["first_index"]
+    page.click("#alerts .a-ops .arow.op.cause")
+    wait_selected(page, f"e{first}")
+
+
+def test_the_op_type_list_keeps_count_order_without_a_cause(page: Any, server: Any) -> None:
+    an = api(server, "/api/analysis", run=ABSORBED_RUN)
+    assert an["verdict"] == "absorbed" and an["cause"] is None
+    assert an["origin"]["op_type"] == "aten.full.default"  # not moved up either
+    open_run(page, server, ABSORBED_RUN)
+    page.wait_for_selector("#rootcause .rc-headline")
+    page.wait_for_selector("body[data-pending='0']", state="attached")
+    assert _op_rows(page) == [("aten.add.Tensor", "4", ""), ("aten.full.default", "1", "")]

@@ -221,6 +221,75 @@ function alertRow(app, { label, cls, count, ref, title, dataset }) {
   );
 }
 
+/**
+ * The cause the root cause box names, when its events are among the alerts in view (the
+ * whole run, or the process the cause is of); null otherwise, or while the analysis is out.
+ */
+function causeInView(app) {
+  const an = app && app.analysis;
+  const cause = an && an.verdict === "harmful" ? an.cause : null;
+  if (!cause) return null;
+  const process = app.state.process;
+  if (process !== null && process !== undefined && cause.process !== undefined && cause.process !== process) return null;
+  return cause;
+}
+
+/** Whether an op-type row counts the cause's events (same op type, same kind of event). */
+function isCauseRow(o, cause) {
+  return Boolean(cause) && o.op_type === cause.op_type && o.kind === (cause.kind || "execution");
+}
+
+// Op-type rows shown before "show all".
+const SHOW_OPS = 12;
+
+/**
+ * The op-type rows: the cause's op type first, marked (the answer leads, as in the text
+ * report), then the others as the server orders them, most events first.
+ */
+function opTypeList(app, ops, cause) {
+  const ordered = cause ? [...ops.filter((o) => isCauseRow(o, cause)), ...ops.filter((o) => !isCauseRow(o, cause))] : ops;
+  const list = el("div", { className: "a-ops", dataset: { cause: cause ? cause.op_type : "" } });
+  ordered.forEach((o, i) => {
+    const mine = isCauseRow(o, cause);
+    const row = alertRow(app, {
+      label: o.op_type,
+      cls: "op" + (mine ? " cause" : "") + (i >= SHOW_OPS ? " extra" : ""),
+      count: o.count,
+      ref: { kind: o.kind, index: o.first_index },
+      dataset: { opType: o.op_type },
+    });
+    if (mine) row.insertBefore(el("span", { className: "a-cause", text: "← the cause", title: "the op type of the root cause's event" }), row.querySelector(".a-count"));
+    if (i >= SHOW_OPS) row.hidden = true;
+    list.appendChild(row);
+  });
+  if (ordered.length > SHOW_OPS) {
+    const more = el("button", {
+      className: "linkbtn",
+      text: `show all ${ordered.length}`,
+      on: {
+        click: () => {
+          const hidden = list.querySelector(".extra[hidden]") !== null;
+          for (const r of list.querySelectorAll(".extra")) r.hidden = !hidden;
+          more.textContent = hidden ? "show fewer" : `show all ${ordered.length}`;
+        },
+      },
+    });
+    list.appendChild(more);
+  }
+  return list;
+}
+
+/**
+ * The analysis came in after the alerts were drawn: their op-type list is drawn again, led
+ * by the cause's op type (nothing changes when there is no cause).
+ */
+export function leadOpTypesWithCause(host, a, app) {
+  const list = host.querySelector(".a-ops");
+  const cause = causeInView(app);
+  if (!list || !a || !cause) return;
+  list.replaceWith(opTypeList(app, a.by_op_type || [], cause));
+}
+
 /** The alert counts; `scope` names the process they are of ("" for the whole run). */
 export function renderAlerts(host, totalEl, a, app, scope = "") {
   // A dump with events missing gets no green "none": what is missing may hold the Inf/NaN.
@@ -260,34 +329,7 @@ export function renderAlerts(host, totalEl, a, app, scope = "") {
   const ops = a.by_op_type || [];
   if (ops.length) {
     out.push(el("h3", { text: `By op type (${ops.length})` }));
-    const list = el("div", { className: "a-ops" });
-    const SHOW = 12;
-    ops.forEach((o, i) => {
-      const row = alertRow(app, {
-        label: o.op_type,
-        cls: "op" + (i >= SHOW ? " extra" : ""),
-        count: o.count,
-        ref: { kind: o.kind, index: o.first_index },
-        dataset: { opType: o.op_type },
-      });
-      if (i >= SHOW) row.hidden = true;
-      list.appendChild(row);
-    });
-    if (ops.length > SHOW) {
-      const more = el("button", {
-        className: "linkbtn",
-        text: `show all ${ops.length}`,
-        on: {
-          click: () => {
-            const hidden = list.querySelector(".extra[hidden]") !== null;
-            for (const r of list.querySelectorAll(".extra")) r.hidden = !hidden;
-            more.textContent = hidden ? "show fewer" : `show all ${ops.length}`;
-          },
-        },
-      });
-      list.appendChild(more);
-    }
-    out.push(list);
+    out.push(opTypeList(app, ops, causeInView(app)));
   }
 
   const stepsKnown = !(app && app.runInfo && app.runInfo.steps_known === false);

@@ -70,7 +70,7 @@ import { Api, ApiError } from "./api.js";
 import { el, setChildren, fmtInt, fmtCompact, clamp, kindLetter, kindFromLetter, debounce } from "./util.js";
 import { VList } from "./vlist.js";
 import { Timeline } from "./timeline.js";
-import { renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
+import { leadOpTypesWithCause, renderAlerts, renderRootCause, renderRootCauseError } from "./alerts.js";
 import { renderDetail, renderDetailError } from "./detail.js";
 import { RANKS_WINDOW, renderRanks, renderRanksLoading, renderRanksError, hideRanks, markRanksSelection } from "./ranks.js";
 import { renderHeadroom, renderHeadroomLoading, renderHeadroomError, hideHeadroom, headroomShown, headroomNearLimit, setHeadroomCollapsed } from "./headroom.js";
@@ -638,6 +638,7 @@ class App {
       if (seq !== this.alertSeq || run !== this.state.run) return;
       this.analysis = an;
       renderRootCause($("#rootcause"), an, this);
+      leadOpTypesWithCause($("#alert-lists"), this.alerts, this);
       this.openOnRootCause(an);
       this.loadRanks(an);
       this.loadHeadroom(an);
