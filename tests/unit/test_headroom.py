@@ -20,6 +20,7 @@ from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.proto.types_pb2 import DataType
 from nanscope.format.records import scan
 from nanscope.reader import EXECUTIONS
+from nanscope.report import warning_json, warning_text
 from tests.helpers import iter_payloads
 
 HALF, BF16, F32 = int(DataType.DT_HALF), int(DataType.DT_BFLOAT16), int(DataType.DT_FLOAT)
@@ -155,7 +156,9 @@ def test_without_a_history_the_records_serve(tmp_path: Path) -> None:
         h2 = analyze_headroom(r)
     for got in (h, h2):
         assert got is not None
-        assert [w.message for w in got.warnings] == [w.message for w in expected.warnings]
+        assert [warning_text(w) for w in got.warnings] == [
+            warning_text(w) for w in expected.warnings
+        ]
         assert [w.value for w in got.warnings] == [w.value for w in expected.warnings]
 
 
@@ -179,9 +182,11 @@ def test_growth_to_overflow_is_warned_with_its_rate(tmp_path: Path) -> None:
     expected_since = next(k for k, v in enumerate(values) if v / 65504 >= 1 / 16)
     assert w.since_step == expected_since
     assert w.steps_left == pytest.approx(math.log2(65504 / values[-1]) * 20, abs=1)
-    assert (
-        "near overflow: `net.fc` reached" in w.message and "growing 32x per 100 steps" in w.message
-    )
+    text = warning_text(w)
+    assert "near overflow: `net.fc` reached" in text and "growing 32x per 100 steps" in text
+    # The facts carry no words; the JSON report's warning adds them as its last key.
+    assert "message" not in w.to_json()
+    assert list(warning_json(w).items()) == [*w.to_json().items(), ("message", text)]
 
 
 def test_sentinels_at_the_maximum_are_not_growth(tmp_path: Path) -> None:
@@ -218,7 +223,7 @@ def test_a_module_whose_largest_value_is_subnormal_underflows(
         return
     (w,) = h.warnings
     assert (w.kind, w.since_step, w.step) == ("underflow", 3, 5)
-    assert w.limit == 2.0**-14 and "round to zero below 2.98e-08" in w.message
+    assert w.limit == 2.0**-14 and "round to zero below 2.98e-08" in warning_text(w)
 
 
 def test_a_target_format_names_values_beyond_it(tmp_path: Path) -> None:
@@ -230,7 +235,7 @@ def test_a_target_format_names_values_beyond_it(tmp_path: Path) -> None:
     assert h is not None
     (w,) = h.warnings
     assert w.module == "mlp.fc1" and w.limit == 448.0
-    assert w.message.startswith("beyond float8_e4m3fn: `mlp.fc1` reached 1,000, 2.2x")
+    assert warning_text(w).startswith("beyond float8_e4m3fn: `mlp.fc1` reached 1,000, 2.2x")
 
 
 def test_the_history_outlives_the_circular_buffer(tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from nanscope import analysis, open_dump
+from nanscope.analysis import _notes as notes
 from nanscope.events import DumpWriter, ExecutionEvent
 from nanscope.events._model import CollectiveTag  # not public: the recorders make these
-from nanscope.report import note_texts
+from nanscope.report import note_texts, rank_note_texts
 from tests.helpers import full_health
 
 ALLREDUCE = "c10d.allreduce_.default"
@@ -144,7 +145,8 @@ def test_a_collective_that_made_inf_from_finite_inputs_is_named(tmp_path: Path) 
     }  # fmt: skip
     v, rank_of, _ = verdict(tmp_path, programs, skew={0: 1.0, 2: -1.0})
     assert v.decided_by == "collective" and rank_of[origin_of(v)] == 0
-    assert any("the collective made it" in n for n in v.notes)
+    assert [type(n) for n in v.notes] == [notes.CollectiveMadeIt]
+    assert "the collective made it" in rank_note_texts(v)[0]
 
 
 def test_births_no_collective_orders_are_told_by_aligned_clocks(tmp_path: Path) -> None:
@@ -164,7 +166,10 @@ def test_births_no_collective_orders_are_told_by_aligned_clocks(tmp_path: Path) 
                     Op(ALLREDUCE, 1, nan=1, group="dp", sequence=2, sent_neg_inf=0)]  # fmt: skip
     v, rank_of, _ = verdict(tmp_path, programs, skew={2: -3.0})
     assert v.decided_by == "clock" and rank_of[origin_of(v)] == 1
-    assert any("no collective orders them" in n for n in v.notes)
+    ((clock,),) = [[n for n in v.notes if isinstance(n, notes.BornByClock)]]
+    names = [s.label for s in sorted(v.states, key=lambda s: rank_of[s.process])]
+    assert clock.names == (names[1], names[2]) and clock.aligned
+    assert "no collective orders them" in rank_note_texts(v)[-1]
     (zero,) = [s for s in v.states if rank_of[s.process] == 0]
     assert zero.role == "received" and sorted(rank_of[p] for p in zero.senders) == [1, 2]
 

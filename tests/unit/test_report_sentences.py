@@ -68,7 +68,9 @@ SAMPLES: dict[type, Note] = {
     ),
     notes.LineagesNotFollowed: notes.LineagesNotFollowed(),
     notes.NothingHarmful: notes.NothingHarmful(),
-    notes.RanksNote: notes.RanksNote("rank 1 made it; rank 0 received it"),
+    notes.NoRankBorn: notes.NoRankBorn(),
+    notes.CollectiveMadeIt: notes.CollectiveMadeIt("all_reduce #3 of group 0"),
+    notes.BornByClock: notes.BornByClock(("rank 1", "rank 0"), aligned=True),
 }
 
 
@@ -106,6 +108,14 @@ def test_the_words_follow_the_facts() -> None:
     harmful = notes.FirstIsNotTheCause(origin, LineageVerdict.HARMFUL, view(), 9, 7)
     assert "is harmful too" in note_text(harmful)
     assert "whose values (#9) made the first NaN" in note_text(harmful)
+    clock = note_text(notes.BornByClock(("rank 1", "rank 0"), aligned=False))
+    assert clock.startswith("rank 1, rank 0 made Inf/NaN on their own")
+    assert clock.endswith("named (rank 1; clocks not aligned).")
+    assert note_text(SAMPLES[notes.BornByClock]).endswith(
+        "named (rank 1, clocks aligned on the collective that followed)."
+    )
+    made = note_text(SAMPLES[notes.CollectiveMadeIt])
+    assert "finite going into all_reduce #3 of group 0 and Inf/NaN coming out" in made
 
 
 def test_a_value_that_is_no_note_is_refused() -> None:

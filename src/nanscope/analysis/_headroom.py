@@ -62,15 +62,10 @@ for _dt in range(256):
         _MAX[_dt], _TINY[_dt] = _f.max, _f.tiny
 
 
-def _number(v: float) -> str:
-    if v >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.3g}" if v >= 0.01 else f"{v:.2e}"
-
-
 @dataclass
 class HeadroomWarning:
-    """One module's values closing in on what their format holds."""
+    """One module's values closing in on what their format holds (facts only: the
+    reporters word it, ``nanscope.report.warning_text``)."""
 
     kind: str  # "overflow" or "underflow"
     process: int
@@ -87,45 +82,9 @@ class HeadroomWarning:
     index: int  # the execution that reached ``value`` at ``step``
     first_inf_step: int | None = None
 
-    @property
-    def label(self) -> str:
-        name = f"`{self.module}`" if self.module else "ops outside modules"
-        return f"{name} ({self.phase})" if self.phase and self.phase != "forward" else name
-
-    @property
-    def message(self) -> str:
-        growth = ""
-        if self.growth_per_100 is not None and abs(math.log(self.growth_per_100)) > 0.01:
-            verb = "growing" if self.growth_per_100 > 1 else "shrinking"
-            factor = max(self.growth_per_100, 1 / self.growth_per_100)
-            growth = f", {verb} {factor:.2g}x per 100 steps"
-        if self.kind == "underflow":
-            return (
-                f"underflow: {self.label}'s largest |x| was {_number(self.value)} at step "
-                f"{self.step}, below {self.format}'s smallest normal {_number(self.limit)} since "
-                f"step {self.since_step}{growth}: its values lose precision, and round to zero "
-                f"below {_number(FORMATS[self.format].smallest / 2)}"
-            )
-        if self.value > self.limit:
-            head = (
-                f"beyond {self.format}: {self.label} reached {_number(self.value)}, "
-                f"{self.value / self.limit:.2g}x {self.format}'s largest {_number(self.limit)}, "
-                f"at step {self.step}"
-            )
-        else:
-            head = (
-                f"near overflow: {self.label} reached {_number(self.value)} of {self.format}'s "
-                f"{_number(self.limit)} at step {self.step}{growth}"
-            )
-        near = "near or beyond it" if self.value > self.limit else "within reach"
-        tail = f" ({near} since step {self.since_step}"
-        if self.steps_left:
-            tail += f"; at this rate it overflows in about {self.steps_left} steps"
-        if self.first_inf_step is not None:
-            tail += f"; the first Inf came at step {self.first_inf_step}"
-        return head + tail + ")"
-
     def to_json(self) -> dict[str, Any]:
+        """The warning's facts; the JSON report adds its ``message``, worded
+        (``nanscope.report``)."""
         return {
             "kind": self.kind,
             "process": self.process,
@@ -141,7 +100,6 @@ class HeadroomWarning:
             "steps_left": self.steps_left,
             "index": self.index,
             "first_inf_step": self.first_inf_step,
-            "message": self.message,
         }
 
 
@@ -157,6 +115,7 @@ class Headroom:
     scaler: bool = False  # a loss scaler ran: backward overflow is handled
 
     def to_json(self) -> dict[str, Any]:
+        """The headroom's facts; the JSON report adds each warning's ``message``."""
         return {
             "target": self.target,
             "warnings": [w.to_json() for w in self.warnings],

@@ -136,12 +136,36 @@ class NothingHarmful:
     incomplete: bool = False
 
 
-@dataclass(frozen=True)
-class RanksNote:
-    """What the ranks' analysis says of how the Inf/NaN spread between processes
-    (``RankVerdict.notes``, already a sentence)."""
+# What the ranks' analysis notes of how the Inf/NaN spread between processes
+# (``RankVerdict.notes``); a harmful dump's notes carry them too.
 
-    text: str
+
+@dataclass(frozen=True)
+class NoRankBorn:
+    """Every rank with Inf/NaN received it from another (a cycle only damaged or partial
+    records make): the origin is chosen by clock."""
+
+
+@dataclass(frozen=True)
+class CollectiveMadeIt:
+    """Every rank's values were finite going into the collective ``label`` (its
+    ``Collective.label``) and Inf/NaN coming out: the collective itself made it."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class BornByClock:
+    """The processes ``names`` (their labels, earliest by clock first) made Inf/NaN on
+    their own between the same collectives: no collective orders them, so the earliest by
+    clock, ``names[0]``, is named; ``aligned``: their clocks were aligned on the collective
+    that followed."""
+
+    names: tuple[str, ...]
+    aligned: bool
+
+
+RankNote: TypeAlias = NoRankBorn | CollectiveMadeIt | BornByClock
 
 
 Note: TypeAlias = (
@@ -160,5 +184,7 @@ Note: TypeAlias = (
     | FirstIsNotTheCause
     | LineagesNotFollowed
     | NothingHarmful
-    | RanksNote
+    | NoRankBorn
+    | CollectiveMadeIt
+    | BornByClock
 )

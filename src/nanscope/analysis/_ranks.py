@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.analysis import _notes as note
+from nanscope.analysis._notes import RankNote
 from nanscope.format.collectives import OP_PREFIXES
 from nanscope.format.health import Health
 from nanscope.reader import EXECUTIONS, UNREADABLE, Collective, DumpReader, EventRef
@@ -124,7 +126,7 @@ class RankVerdict:
     # the processes it brought Inf/NaN to.
     spread: list[OpCopy] = field(default_factory=list)
     reached: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[RankNote] = field(default_factory=list)  # worded by the reporters
 
     @property
     def received(self) -> set[tuple[int, int]]:
@@ -132,6 +134,8 @@ class RankVerdict:
         return {(s.process, s.via.index) for s in self.states if s.via is not None}
 
     def to_json(self) -> dict[str, Any]:
+        """The verdict's facts; the JSON report adds its ``notes``, worded
+        (``nanscope.report``)."""
         spread = None
         if self.spread:
             first = self.spread[0]
@@ -152,7 +156,6 @@ class RankVerdict:
             "decided_by": self.decided_by,
             "spread": spread,
             "processes": [s.to_json() for s in self.states],
-            "notes": self.notes,
         }
 
 
@@ -400,7 +403,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
         if s.first is not None:
             row = reader.index_json(s.first.kind, s.first.index)  # the index alone
             s.first_op, s.first_step = row["op_type"], row["step"]
-    notes: list[str] = []
+    notes: list[RankNote] = []
     copies = _Copies(ops, [st.process for st in states])
 
     # 1. Who received their Inf/NaN, and from whom.
@@ -437,10 +440,7 @@ def analyze_ranks(reader: DumpReader) -> RankVerdict | None:
     received = [s for s in states if s.role == RankRole.RECEIVED]
     if not born:
         # Every rank received from another: a cycle only damaged or partial records make.
-        notes.append(
-            "Every rank with Inf/NaN received it from another (records are missing?); "
-            "the origin is chosen by clock."
-        )
+        notes.append(note.NoRankBorn())
         born = [s for s in states if s.first is not None]
         for s in born:
             s.birth = s.first_nan or s.first
@@ -494,7 +494,7 @@ def _received_by_order(ops: _Ops, born: list[RankState], copies: _Copies) -> Non
 
 
 def _earliest(
-    reader: DumpReader, ops: _Ops, born: list[RankState], copies: _Copies, notes: list[str]
+    reader: DumpReader, ops: _Ops, born: list[RankState], copies: _Copies, notes: list[RankNote]
 ) -> tuple[RankState, RankDecision]:
     """The first of several births: one that a collective orders before every other, else
     the earliest by aligned clocks among those no collective orders."""
@@ -509,10 +509,7 @@ def _earliest(
             # that overflowed its dtype). Every rank's copy is a birth; the lowest rank is named.
             lowest = min(born, key=lambda s: (s.rank is None, s.rank or 0, s.process))
             label = next(e.collective.label for e in entries if e is not None)
-            notes.append(
-                f"Every rank's values were finite going into {label} "
-                "and Inf/NaN coming out: the collective made it (its result overflowed?)."
-            )
+            notes.append(note.CollectiveMadeIt(label))
             return lowest, RankDecision.COLLECTIVE
     after = {s.process: ops.near(s.process, s.birth.index, after=True) for s in born if s.birth}
     before = {s.process: ops.near(s.process, s.birth.index, after=False) for s in born if s.birth}
@@ -547,17 +544,8 @@ def _earliest(
         return s.birth.wall_time + (off or 0.0)
 
     earliest.sort(key=when)
-    names = ", ".join(s.label for s in earliest)
     aligned = all(offsets.get(s.process) is not None for s in earliest)
-    notes.append(
-        f"{names} made Inf/NaN on their own between the same collectives: no collective "
-        f"orders them, so the earliest by clock is named ({earliest[0].label}"
-        + (
-            ", clocks aligned on the collective that followed)."
-            if aligned
-            else "; clocks not aligned)."
-        )
-    )
+    notes.append(note.BornByClock(tuple(s.label for s in earliest), aligned))
     return earliest[0], RankDecision.CLOCK
 
 

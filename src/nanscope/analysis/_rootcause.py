@@ -181,11 +181,6 @@ class Analysis:
                 return v.process, v.step, v.index
         return None
 
-    @property
-    def warnings(self) -> list[str]:
-        """Warnings beside the verdict, one sentence each: overflow or underflow coming."""
-        return [w.message for w in self.headroom.warnings] if self.headroom is not None else []
-
 
 def count_alerts(reader: DumpReader, process: int | None = None) -> Alerts:
     """Inf/NaN events counted by op type and by step, from the index alone.
@@ -433,7 +428,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
     notes += _verdict_notes(judged, origin, first_nan, found=facts["alerts"].total > 0)
     if ranks is not None and judged.found_harmful:
         # Where benign masks were made on every rank is no news: only harm gets the ranks' say.
-        notes += [note.RanksNote(text) for text in ranks.notes]
+        notes += ranks.notes
     for v in (origin, judged.cause, first_inf, first_nan):
         if v is not None:
             view.builder.add_context(v)

@@ -167,6 +167,7 @@ class NanscopeCallback(pl.Callback):
     def _report(self, trainer: pl.Trainer) -> None:
         """Analyse the fit's dump; its headline goes to the loggers and the console."""
         from nanscope.analysis import analyze
+        from nanscope.report import headroom_warnings
 
         try:
             with nanscope.open_dump(self.dump_dir) as reader:  # type: ignore[arg-type]
@@ -178,7 +179,7 @@ class NanscopeCallback(pl.Callback):
         if headline is None:
             headline = "harmful Inf/NaN" if self.analysis.found_harmful else "no Inf/NaN recorded"
         text = f"nanscope: {headline} (`nanscope report {self.dump_dir}`)"
-        warnings = [f"nanscope: {w}" for w in self.analysis.warnings[:3]]
+        warnings = [f"nanscope: {w}" for w in headroom_warnings(self.analysis)[:3]]
         for line in (text, *warnings):
             rank_zero_info(line)
         for logger in trainer.loggers:

@@ -202,6 +202,7 @@ class NanscopeCallback(TrainerCallback):
         from nanscope.analysis import analyze
         from nanscope.reader import open_dump
         from nanscope.report import headline as headline_of
+        from nanscope.report import headroom_warnings
 
         self.analysis = analyze(open_dump(self.logdir))
         headline = headline_of(self.analysis)
@@ -211,7 +212,7 @@ class NanscopeCallback(TrainerCallback):
             )
         self.headline = headline
         line = f"nanscope: {headline} (nanscope report {self.logdir})"
-        warnings = [f"nanscope: {w}" for w in self.analysis.warnings[:3]]
+        warnings = [f"nanscope: {w}" for w in headroom_warnings(self.analysis)[:3]]
         for text in (line, *warnings):
             logger.info(text)
             print(text, file=sys.stderr, flush=True)

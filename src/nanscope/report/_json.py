@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from nanscope.analysis import SCHEMA, Analysis, EventView
-from nanscope.report._sentences import headline, note_texts
+from nanscope.analysis import SCHEMA, Analysis, EventView, RankVerdict
+from nanscope.report._headroom_words import headroom_json
+from nanscope.report._sentences import headline, note_texts, rank_note_texts
 
 
 def report_json(a: Analysis) -> dict[str, Any]:
@@ -60,8 +61,13 @@ def report_json(a: Analysis) -> dict[str, Any]:
         "lineages": [g.to_json() for g in a.lineages],
         "evicted": a.evicted,
         "chain": [c.to_json() for c in a.chain],
-        "ranks": a.ranks.to_json() if a.ranks is not None else None,
-        "headroom": a.headroom.to_json() if a.headroom is not None else None,
+        "ranks": ranks_json(a.ranks) if a.ranks is not None else None,
+        "headroom": headroom_json(a.headroom) if a.headroom is not None else None,
         "notes": note_texts(a),
         "problems": a.problems,
     }
+
+
+def ranks_json(v: RankVerdict) -> dict[str, Any]:
+    """The JSON report's ``ranks``: the cross-rank verdict's facts and its ``notes``, worded."""
+    return {**v.to_json(), "notes": rank_note_texts(v)}

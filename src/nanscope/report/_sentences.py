@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nanscope.analysis import Analysis, EventView, Note
+from nanscope.analysis import Analysis, EventView, Note, RankVerdict
 from nanscope.analysis import _notes as notes
 from nanscope.analysis._notes import TF_DEFAULT_BUFFER
 from nanscope.vocabulary import LineageVerdict, OriginKind, Verdict
@@ -38,6 +38,10 @@ CURT_HEALTH = (
 ORIGIN_INPUTS_UNKNOWN = (
     "Some inputs of the origin were produced before the recorded window or outside "
     "the recorded ops; their values are unknown."
+)
+NO_RANK_BORN = (
+    "Every rank with Inf/NaN received it from another (records are missing?); "
+    "the origin is chosen by clock."
 )
 LINEAGES_CUT_SHORT = (
     "Lineages were followed through the first "
@@ -200,8 +204,12 @@ def note_text(note: Note) -> str:
             return LINEAGES_NOT_FOLLOWED
         case notes.NothingHarmful(incomplete):
             return NOTHING_HARMFUL_READ if incomplete else NOTHING_HARMFUL
-        case notes.RanksNote(text):
-            return text
+        case notes.NoRankBorn():
+            return NO_RANK_BORN
+        case notes.CollectiveMadeIt(label):
+            return collective_made_it(label)
+        case notes.BornByClock(names, aligned):
+            return born_by_clock(names, aligned)
     raise TypeError(f"not a note of the analysis: {note!r}")
 
 
@@ -294,3 +302,28 @@ def first_is_not_the_cause(
             f"cause is {named}."
         )
     return f"{first} is not in the cause's lineage; the cause is {named}."
+
+
+def collective_made_it(label: str) -> str:
+    """The note where a collective's result was the first Inf/NaN on every rank."""
+    return (
+        f"Every rank's values were finite going into {label} "
+        "and Inf/NaN coming out: the collective made it (its result overflowed?)."
+    )
+
+
+def born_by_clock(names: Sequence[str], aligned: bool) -> str:
+    """The note where no collective orders the ranks' births: the earliest by clock
+    (``names[0]``) is named."""
+    clocks = (
+        ", clocks aligned on the collective that followed" if aligned else "; clocks not aligned"
+    )
+    return (
+        f"{', '.join(names)} made Inf/NaN on their own between the same collectives: no "
+        f"collective orders them, so the earliest by clock is named ({names[0]}{clocks})."
+    )
+
+
+def rank_note_texts(v: RankVerdict) -> list[str]:
+    """The ranks' notes, one sentence each (the JSON report's ``ranks.notes``)."""
+    return [note_text(n) for n in v.notes]

@@ -30,6 +30,7 @@ from nanscope.analysis._explain import short_name
 from nanscope.analysis._headroom import WATCH
 from nanscope.format.health import Health
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
+from nanscope.report._headroom_words import warning_text
 from nanscope.report._sentences import headline, note_texts
 from nanscope.vocabulary import (
     EventKind,
@@ -349,7 +350,7 @@ def _headroom_section(h: Headroom, console: Console) -> None:
     against = f" (measured against {h.target})" if h.target else ""
     console.print(Text(f"Headroom{against}:", style="bold"))
     for w in h.warnings:
-        console.print(Text(f"⚠ {w.message}", style="yellow"))
+        console.print(Text(f"⚠ {warning_text(w)}", style="yellow"))
     if h.before_inf:
         steps = sorted({r["step"] for r in h.before_inf})
         console.print(

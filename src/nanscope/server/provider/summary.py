@@ -10,7 +10,7 @@ import numpy as np
 from nanscope.analysis import Analysis, analyze, analyze_headroom, count_alerts, headroom_series
 from nanscope.format.files import DumpNotFoundError
 from nanscope.reader import EXECUTIONS, DumpReader
-from nanscope.report import report_json
+from nanscope.report import report_json, warning_json
 from nanscope.server.provider.rows import row
 from nanscope.server.runs import Run, RunSet
 
@@ -148,7 +148,7 @@ def headroom(
             before = recorded["before_step"] if recorded else None
         else:
             h = analyze_headroom(reader, target, analysis_of(run, reader).first_harm)
-            warnings = [w.to_json() for w in h.warnings] if h else []
+            warnings = [warning_json(w) for w in h.warnings] if h else []
             before = h.before_step if h else None
         return {
             **series,
