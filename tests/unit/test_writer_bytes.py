@@ -342,7 +342,8 @@ def test_the_drop_report_says_whether_the_writer_closed(tmp_path: Path) -> None:
     assert end == {
         "dropped": 0, "executions": 0, "traces": 0, "records": 0, "io_errors": 0,
         "last_write": end["last_write"], "nonfinite_dropped": 0,
-        "shed": {"executions": 0, "traces": 0}, "closed": True, "faults": [],
+        "shed": {"executions": 0, "traces": 0}, "closed": True,
+        "issued": {"executions": 1, "traces": 0}, "faults": [],
     }  # fmt: skip
 
 

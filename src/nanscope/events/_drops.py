@@ -54,11 +54,17 @@ def reported(stats: WriterStats) -> tuple[int, ...]:
 
 
 def drops_report(
-    stats: WriterStats, faults: list[dict[str, Any]], last_write: float, closed: bool
+    stats: WriterStats,
+    faults: list[dict[str, Any]],
+    last_write: float,
+    closed: bool,
+    issued: tuple[int, int] = (0, 0),
 ) -> bytes:
     """The ``.nsdrops`` JSON, padded to :data:`DROPS_SIZE` bytes: the counters, the disk's
-    outages (``faults``: reason, error, since, until), when a write last succeeded, and
-    whether it is the final report (``closed``)."""
+    outages (``faults``: reason, error, since, until), when a write last succeeded, whether
+    it is the final report (``closed``), and how many executions and traces were numbered
+    (``issued``): with the final report, a reader counts events lost after the last one it
+    holds, which no gap between two held events shows."""
     st = stats
     report: dict[str, Any] = {
         "dropped": st.dropped,
@@ -70,6 +76,7 @@ def drops_report(
         "nonfinite_dropped": st.nonfinite_dropped,
         "shed": {"executions": st.executions_shed, "traces": st.traces_shed},
         "closed": closed,
+        "issued": {"executions": issued[0], "traces": issued[1]},
         # Last: the one part of unbounded length, cut short if the report would not fit.
         "faults": faults,
     }

@@ -1130,7 +1130,8 @@ class DumpWriter:
         """The report from the counters as they are (``closed``: the final one, written
         by :meth:`close` once everything it could write was written)."""
         self._reported = reported(self.stats)
-        return drops_report(self.stats, self._faults, self._last_write, closed)
+        issued = (self._exec_next - 1, self._trace_seq - 1)
+        return drops_report(self.stats, self._faults, self._last_write, closed, issued)
 
     def _finish(self) -> None:
         """The last writes, each waited for until the close deadline; then the report."""

@@ -37,6 +37,10 @@ class WriterDrops:
     # True when the writer's close() wrote the report, False when the process never got
     # there (killed, still running), None when the writer predates the field.
     closed: bool | None = None
+    # How many executions and traces the writer numbered, from its final report only (None:
+    # not closed, or a writer predating the field): events lost after the last one held.
+    issued_executions: int | None = None
+    issued_traces: int | None = None
 
     @property
     def lost(self) -> bool:
@@ -101,6 +105,8 @@ def read_drops(file_set: files.FileSet) -> WriterDrops | str | None:
             shed_executions=int(shed.get("executions", 0)),
             shed_traces=int(shed.get("traces", 0)),
             closed=closed if isinstance(closed := raw.get("closed"), bool) else None,
+            issued_executions=_issued(raw, "executions"),
+            issued_traces=_issued(raw, "traces"),
         )
     except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
         return f"{path}: not a drop report (damaged JSON); ignored"
@@ -118,3 +124,13 @@ def _clock(wall: object) -> str:
         return time.strftime("%H:%M:%S", time.localtime(wall))
     except (OverflowError, OSError, ValueError):
         return "an unknown time"
+
+
+def _issued(raw: dict[str, Any], kind: str) -> int | None:
+    """How many events of ``kind`` the writer numbered, from a final (closed) report only:
+    while the writer runs, numbered events may still be on their way to the disk."""
+    issued = raw.get("issued")
+    if raw.get("closed") is not True or not isinstance(issued, dict):
+        return None
+    n = issued.get(kind)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None

@@ -895,8 +895,24 @@ class DumpReader:
         return list(zip(procs.tolist(), after.tolist(), missing.tolist(), strict=True))
 
     def evicted(self, kind: str) -> int:
-        """How many events of ``kind`` are missing from the dump (all :meth:`gaps`, summed)."""
-        return sum(self._gap_arrays(kind)[2].tolist())
+        """How many events of ``kind`` are missing from the dump: all :meth:`gaps`, summed,
+        and those a closed writer numbered after the last event of its process that the
+        dump holds (lost at its end, which no gap between two held events shows)."""
+        return int(self._gap_arrays(kind)[2].sum()) + self._lost_at_end(kind)
+
+    def _lost_at_end(self, kind: str) -> int:
+        """Events of ``kind`` each closed writer numbered past its process's last held one."""
+        lost = 0
+        seq, procs = None, None
+        for process, drops in self.writer_drops().items():
+            issued = drops.issued_executions if kind == EXECUTIONS else drops.issued_traces
+            if issued is None:
+                continue
+            if seq is None:
+                seq, procs = self.index(kind)["sequence"], self.processes_of(kind)
+            mine = seq[procs == process]
+            lost += max(0, issued - (int(mine.max()) if mine.size else 0))
+        return lost
 
     def _gap_arrays(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`gaps` as three arrays: process, index before the gap (-1: none), missing."""
