@@ -243,6 +243,19 @@ def test_check_numerics_depends_one_way() -> None:
     assert graph[names[-1]] >= {*names[2:5], "nanscope.backends.torch.native"}
 
 
+def test_the_lineage_record_sits_below_what_follows_lineages() -> None:
+    """``analysis/_lineage.py`` holds the lineage record and its rules: the modules that
+    follow lineages import it, not one another (the circle among them that was)."""
+    graph = import_graph(PACKAGE_ROOT)
+    boundaries = graph["nanscope.analysis._boundaries"]
+    assert "nanscope.analysis._lineage" in boundaries
+    assert "nanscope.analysis._lineages" not in boundaries
+    analysis = {m: e for m, e in graph.items() if m.startswith("nanscope.analysis.")}
+    assert strongly_connected(analysis) == []
+    circle = {"_lineages": {"_boundaries"}, "_boundaries": {"_lineages", "_x"}, "_x": set()}
+    assert strongly_connected(circle) == [["_boundaries", "_lineages"]]
+
+
 def test_no_import_cycles() -> None:
     graph = import_graph(PACKAGE_ROOT)
     assert strongly_connected(graph) == [], "nanscope's imports go round:\n" + describe_cycles(
