@@ -80,6 +80,7 @@ def enable_dump_debug_info(
     tensor_dtypes: Any = None,
     *,
     framework: str = "auto",
+    statistics: bool = False,
     **options: Any,
 ) -> DebugSession:
     """Record every op of the program into a tfdbg2 dump at ``logdir``.
@@ -96,6 +97,9 @@ def enable_dump_debug_info(
     - ``tensor_dtypes``: a list of dtypes (or names), or a predicate on a dtype.
     - ``framework``: ``"auto"`` (the framework the program imported), ``"torch"``,
       ``"jax"`` or ``"tensorflow"`` (TensorFlow's own dumping, into the same logdir).
+    - ``statistics``: with ``FULL_HEALTH``, also record each float output's mean,
+      standard deviation and L2 norm (of its finite elements) and a hash of its bits:
+      what ``nanscope diff`` compares (``Execution.output_statistics``). PyTorch only.
     - ``options``: passed to :class:`nanscope.DumpWriter` (``flush_interval``,
       ``origin_window``, ``source_snapshots``, ...).
 
@@ -112,7 +116,10 @@ def enable_dump_debug_info(
         op_regex=op_regex,
         tensor_dtypes=tensor_dtypes,
         framework=detect(framework),
+        statistics=bool(statistics),
     )
+    if settings.statistics:
+        _check_statistics(settings)
     with _lock:
         if _active is not None:
             if _active._settings == settings:
@@ -124,6 +131,24 @@ def enable_dump_debug_info(
         session = backend(settings.framework).start_dump(settings, options)
         _active = DebugSession(settings, session)
         return _active
+
+
+# The frameworks whose recorders compute statistics (nanscope.format.statistics).
+STATISTICS_FRAMEWORKS = ("torch",)
+
+
+def _check_statistics(settings: DumpSettings) -> None:
+    """``statistics=True`` is a FULL_HEALTH option of the frameworks that compute them."""
+    if settings.mode != TensorDebugMode.FULL_HEALTH:
+        raise ValueError(
+            f"statistics=True needs tensor_debug_mode='FULL_HEALTH' (got {settings.mode.name}); "
+            "the statistics are recorded beside FULL_HEALTH's counts"
+        )
+    if settings.framework not in STATISTICS_FRAMEWORKS:
+        raise ValueError(
+            f"statistics=True is not supported for {settings.framework} yet; "
+            f"it is for: {', '.join(STATISTICS_FRAMEWORKS)}"
+        )
 
 
 def disable_dump_debug_info() -> None:

@@ -29,16 +29,22 @@ class DumpSettings:
     op_regex: str | None
     tensor_dtypes: Any
     framework: str
+    # FULL_HEALTH summaries carry each float output's statistics (nanscope.format.statistics).
+    statistics: bool = False
 
     def recording(self) -> dict[str, Any]:
-        """What a recording session is made with: the logdir, mode and filters, by name."""
-        return {
+        """What a recording session is made with: the logdir, mode and filters, by name
+        (and ``statistics`` when asked for)."""
+        made = {
             "logdir": self.logdir,
             "mode": self.mode,
             "circular_buffer_size": self.circular_buffer_size,
             "op_regex": self.op_regex,
             "tensor_dtypes": self.tensor_dtypes,
         }
+        if self.statistics:
+            made["statistics"] = True
+        return made
 
 
 class Session(Protocol):

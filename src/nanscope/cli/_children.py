@@ -54,8 +54,10 @@ class Recording:
         circular_buffer_size: int,
         op_regex: str | None,
         check_numerics: bool,
+        statistics: bool = False,
     ) -> None:
         self.logdir = logdir
+        self.statistics = statistics  # FULL_HEALTH's statistics (nanscope run --statistics)
         self.mode = mode
         self.circular_buffer_size = circular_buffer_size
         self.op_regex = op_regex
@@ -96,6 +98,7 @@ class Recording:
                         self.circular_buffer_size,
                         self.op_regex,
                         framework=framework,
+                        **({"statistics": True} if self.statistics else {}),
                     )
                 )
         except Exception as exc:  # the program runs on, unrecorded: never take it down
@@ -148,6 +151,7 @@ class Recording:
             "circular_buffer_size": self.circular_buffer_size,
             "op_regex": self.op_regex,
             "check_numerics": self.check_numerics,
+            "statistics": self.statistics,
             "run_id": run_id,
         }
 
@@ -195,6 +199,7 @@ def start_child(settings: dict[str, Any]) -> AfterImport | None:
         int(settings.get("circular_buffer_size", 1000)),
         settings.get("op_regex"),
         bool(settings.get("check_numerics")),
+        bool(settings.get("statistics")),
     )
     recording.run_id = str(settings.get("run_id") or "")
     if recording.run_id:  # inherited from nanscope run, unless the program's env= left it out

@@ -23,6 +23,7 @@ from nanscope.format.headroom import (
 from nanscope.format.health import IndexRow, index_row, of_array
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
+from nanscope.format.statistics import MEAN_SLOT, PER_OUTPUT, STATISTICS_WIDTH
 from nanscope.format.tensors import ValueView, array_to_proto
 
 _V = wire.varint
@@ -279,6 +280,7 @@ class Encoder:
         parts.append(self._mode_exec)
         field = self._summary_field
         ranges = None
+        stats: np.ndarray | None = None
         views = b""
         if self.mode == TensorDebugMode.FULL_HEALTH:
             # In memory a FULL_HEALTH summary carries its ranges after tfdbg2's 11
@@ -287,6 +289,11 @@ class Encoder:
             for i, s in enumerate(summaries):
                 if s is not None and len(s) >= RECORDED_WIDTH:
                     ranges[2 * i : 2 * i + 2] = s[AMAX_SLOT:RECORDED_WIDTH]
+                    if len(s) >= STATISTICS_WIDTH:
+                        # With statistics asked for, four more slots (field 1010).
+                        if stats is None:
+                            stats = np.full(PER_OUTPUT * len(summaries), np.nan, dtype="<f8")
+                        stats[PER_OUTPUT * i : PER_OUTPUT * (i + 1)] = s[MEAN_SLOT:STATISTICS_WIDTH]
                     s = s[:TFDBG_WIDTH]
                 parts.append(field(7, s))
         else:
@@ -330,6 +337,8 @@ class Encoder:
             parts.append(collective_field(ev.collective))
         if ranges is not None and len(ranges) and not np.isnan(ranges).all():
             parts.append(wire.len_field(1008, ranges.tobytes()))
+        if stats is not None and not np.isnan(stats).all():
+            parts.append(wire.len_field(1010, stats.tobytes()))
         parts.append(views)
         body = b"".join(parts)
         payload = b"".join(
@@ -417,6 +426,20 @@ class Encoder:
         """
         m = np.ascontiguousarray(matrix, dtype=np.float64)
         n = m.shape[0]
+        stats: list[bytes] | None = None
+        if (
+            self.mode == TensorDebugMode.FULL_HEALTH
+            and m.ndim == 2
+            and m.shape[1] >= STATISTICS_WIDTH
+        ):
+            # Statistics (compiled graphs, with statistics asked for): field 1010 of each
+            # trace; the summary keeps tfdbg2's eleven slots.
+            block = m[:, MEAN_SLOT:STATISTICS_WIDTH]
+            stats = [
+                b"" if np.isnan(row).all() else wire.len_field(1010, row.tobytes())
+                for row in np.ascontiguousarray(block, dtype="<f8")
+            ]
+            m = np.ascontiguousarray(m[:, :TFDBG_WIDTH])
         dev = self._trace_device(device_name)
         event_head = wire.double_field(1, wall_time) + wire.int_field(2, step)
         width = m.shape[1] if m.ndim == 2 else 0
@@ -445,6 +468,8 @@ class Encoder:
             )
             if loops is not None and loops[i] > 0:
                 body += tag1006 + varint(int(loops[i]))
+            if stats is not None:
+                body += stats[i]
             append(join((event_head, tag10, varint(len(body)), body)))
         health = np.full((n, 5), -1, dtype=np.int64)
         if self.mode == TensorDebugMode.FULL_HEALTH and width >= 11:

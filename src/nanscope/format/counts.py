@@ -12,13 +12,19 @@ the size less the other classes, so the graph need not count it):
 * FULL_HEALTH: ``[-inf, +inf, < 0, == 0, > 0]``, infinities included in ``< 0``
   and ``> 0`` (with NaN counted: ``[-inf, +inf, nan, < 0, == 0, > 0]``)
 * SHAPE: ``[size, dim0..dim5]`` (or all static)
+
+With statistics asked for (FULL_HEALTH), the graph also computes each value's
+``[mean, std, l2, hash]`` (:mod:`nanscope.format.statistics`), which
+:func:`with_statistics` puts after the summary, in the slots an eager summary has them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from nanscope.format.headroom import TFDBG_WIDTH
 from nanscope.format.modes import SUMMARY_LENGTH, TensorDebugMode
+from nanscope.format.statistics import MEAN_SLOT, STATISTICS_WIDTH
 
 
 def summary_matrix(
@@ -66,6 +72,16 @@ def summary_matrix(
         out[:, 4] = neg + zero + pos + nan
         out[:, 5], out[:, 6], out[:, 7] = ninf, pinf, nan
         out[:, 8], out[:, 9], out[:, 10] = neg - ninf, zero, pos - pinf
+    return out
+
+
+def with_statistics(matrix: np.ndarray, statistics: np.ndarray) -> np.ndarray:
+    """FULL_HEALTH summaries ``[n, 11]`` with each value's ``[n, 4]`` statistics after them:
+    ``[n, 17]``, the ranges' slots NaN (a graph computes no ranges)."""
+    n = len(matrix)
+    out = np.full((n, STATISTICS_WIDTH), np.nan, dtype=np.float64)
+    out[:, :TFDBG_WIDTH] = matrix[:, :TFDBG_WIDTH]
+    out[:, MEAN_SLOT:] = statistics
     return out
 
 

@@ -86,6 +86,69 @@ def bits_hash(a: np.ndarray) -> int:
     return total & ((1 << HASH_BITS) - 1)
 
 
+_CHUNK = 1 << 18  # elements per pass: the float64 and uint64 temporaries stay small
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+class Accumulator:
+    """The statistics of values seen a part at a time (a tensor's slabs, its chunks).
+
+    Each part's mean and sum of squared deviations are combined with Chan's
+    formula, so that the standard deviation keeps its precision when the values'
+    mean is large; the hash's sums add modulo 2**64 (:func:`bits_hash`).
+    """
+
+    __slots__ = ("hash", "m2", "mean", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.hash = 0
+
+    def add(self, a: np.ndarray, finite: bool = False, bits_shift: int = 0) -> None:
+        """Add a flat float array's elements. ``finite``: it holds no Inf/NaN (known);
+        ``bits_shift``: how far each element's bits are shifted right before hashing
+        (16 for bfloat16 values widened to float32, which keep their bits on top)."""
+        unsigned = _UNSIGNED[a.dtype.itemsize]
+        for lo in range(0, a.size, _CHUNK):
+            part = a[lo : lo + _CHUNK]
+            bits = part.view(unsigned)
+            if bits_shift:
+                bits = bits >> unsigned(bits_shift)
+            self.hash = (self.hash + int(splitmix64(bits).sum(dtype=np.uint64))) & _MASK64
+            if not finite:
+                keep = np.isfinite(part)
+                if not keep.all():
+                    part = part[keep]
+            if part.size:
+                self._combine(part)
+
+    def _combine(self, part: np.ndarray) -> None:
+        x = part.astype(np.float64)  # a copy, centred in place
+        n = x.size
+        mean = float(x.mean())
+        x -= mean
+        m2 = float(np.dot(x, x))
+        total = self.n + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.n * n / total
+        self.n = total
+
+    def result(self, repeats: int = 1) -> tuple[float, float, float, float]:
+        """``(mean, std, l2, hash)`` of what was added, each element ``repeats`` times
+        (NaN for the first three when no element was finite)."""
+        hashed = float(((self.hash * repeats) & _MASK64) & ((1 << HASH_BITS) - 1))
+        if not self.n:
+            return math.nan, math.nan, math.nan, hashed
+        n = self.n * repeats
+        m2 = self.m2 * repeats
+        std = math.sqrt(m2 / n)
+        l2 = math.sqrt(m2 + n * self.mean * self.mean)
+        return self.mean, std, l2, hashed
+
+
 def statistics_of(a: np.ndarray) -> Statistics:
     """The statistics of a float array (the reference the recorders are tested against)."""
     values = np.asarray(a)

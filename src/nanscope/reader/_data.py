@@ -11,6 +11,7 @@ import numpy as np
 from nanscope._paths import is_user_file
 from nanscope.format.health import Health
 from nanscope.format.modes import TensorDebugMode, shape_from_summary
+from nanscope.format.statistics import Statistics
 from nanscope.vocabulary import Phase
 
 # Outputs listed for an execution that records no tensor ids: ``num_outputs`` says how many
@@ -198,6 +199,10 @@ class Execution:
     # Each output's (largest finite |x|, smallest non-zero finite |x|) where recorded
     # (FULL_HEALTH's output_ranges, or FULL_TENSOR's values); see nanscope.format.headroom.
     output_ranges: tuple[tuple[float, float] | None, ...] = ()
+    # Each output's statistics where recorded (FULL_HEALTH with statistics asked for:
+    # ``output_statistics``, field 1010); empty when the record holds none. What
+    # ``nanscope diff`` compares; see nanscope.format.statistics.
+    output_statistics: tuple[Statistics | None, ...] = ()
     # What is wrong with this record's tensors ("<file>: record at byte offset N: output 0:
     # ..."), also in the reader's problems: an output refused here reads as not recorded.
     problems: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -233,20 +238,20 @@ class Execution:
             summary, value = self._output(slot)
             h = self.output_health[slot] if slot < len(self.output_health) else None
             r = self.output_ranges[slot] if slot < len(self.output_ranges) else None
-            out.append(
-                {
-                    "slot": slot,
-                    "tensor_id": tid if self.output_tensor_ids else None,
-                    "counts": h.to_json() if h is not None else None,
-                    "shape": _shape(self.tensor_debug_mode, summary, value),
-                    "summary": None if summary is None else _numbers(summary),
-                    "range": None
-                    if r is None
-                    else dict(
-                        zip(("max_abs", "min_nonzero_abs"), _numbers(np.array(r)), strict=True)
-                    ),
-                }
-            )
+            entry: dict[str, Any] = {
+                "slot": slot,
+                "tensor_id": tid if self.output_tensor_ids else None,
+                "counts": h.to_json() if h is not None else None,
+                "shape": _shape(self.tensor_debug_mode, summary, value),
+                "summary": None if summary is None else _numbers(summary),
+                "range": None
+                if r is None
+                else dict(zip(("max_abs", "min_nonzero_abs"), _numbers(np.array(r)), strict=True)),
+            }
+            if self.output_statistics:  # only where recorded: other dumps' JSON is unchanged
+                st = self.output_statistics[slot] if slot < len(self.output_statistics) else None
+                entry["statistics"] = None if st is None else st.to_json()
+            out.append(entry)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -283,6 +288,8 @@ class GraphExecutionTrace:
     graph_name: str = ""
     problems: tuple[str, ...] = field(default=(), repr=False, compare=False)  # as Execution's
     iteration: int = -1  # inside a loop: the iteration the value is from (-1: not in a loop)
+    # The value's statistics where recorded (one entry; empty when none): as Execution's.
+    output_statistics: tuple[Statistics | None, ...] = ()
 
     @property
     def recorded(self) -> bool:
@@ -296,15 +303,17 @@ class GraphExecutionTrace:
     def outputs_json(self) -> list[dict[str, Any]]:
         """The one traced output, as :meth:`Execution.outputs_json` gives each."""
         summary = self.debug_tensor_value
-        return [
-            {
-                "slot": self.output_slot,
-                "tensor_id": None,
-                "counts": self.health.to_json() if self.recorded else None,
-                "shape": self.shape,
-                "summary": None if summary is None else _numbers(summary),
-            }
-        ]
+        entry: dict[str, Any] = {
+            "slot": self.output_slot,
+            "tensor_id": None,
+            "counts": self.health.to_json() if self.recorded else None,
+            "shape": self.shape,
+            "summary": None if summary is None else _numbers(summary),
+        }
+        if self.output_statistics:  # only where recorded: other dumps' JSON is unchanged
+            st = self.output_statistics[0]
+            entry["statistics"] = None if st is None else st.to_json()
+        return [entry]
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a list row: which graph op, where, and its health."""

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from nanscope.format import files, headroom, health
+from nanscope.format import files, headroom, health, statistics
 from nanscope.format.modes import TensorDebugMode
 from nanscope.format.proto import debug_event_pb2 as pb
 from nanscope.format.records import scan
@@ -1160,6 +1160,7 @@ class DumpReader:
             collective=_collective(ex),
             tensor_values=full,
             output_ranges=_output_ranges(ex, mode, values),
+            output_statistics=_output_statistics(ex.output_statistics, mode, len(values)),
             problems=self._damage(record, found),
         )
 
@@ -1251,6 +1252,7 @@ class DumpReader:
             graph_name=graph.name if graph else "",
             problems=self._damage(record, found),
             iteration=tr.iteration - 1,
+            output_statistics=_output_statistics(tr.output_statistics, mode, 1),
         )
 
     def traces(self, begin: int = 0, end: int | None = None) -> list[GraphExecutionTrace]:
@@ -1395,6 +1397,18 @@ def _output_ranges(
     if mode == TensorDebugMode.FULL_HEALTH and ex.output_ranges:
         return tuple(headroom.pairs_of(ex.output_ranges))
     return ()
+
+
+def _output_statistics(
+    field: Sequence[float], mode: TensorDebugMode, outputs: int
+) -> tuple[statistics.Statistics | None, ...]:
+    """Each output's statistics (``output_statistics``, :mod:`nanscope.format.statistics`),
+    one entry per output; empty where the record holds none (or is not FULL_HEALTH)."""
+    if mode != TensorDebugMode.FULL_HEALTH or not field:
+        return ()
+    found = statistics.per_output(field)
+    # Aligned with the outputs whatever the field's length (a damaged record's too).
+    return (found + (None,) * outputs)[: max(outputs, 0)]
 
 
 def _collective(ex: pb.Execution) -> Collective | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from nanscope.backends.torch import summaries
 from nanscope.backends.torch.compiled.rewrite import GraphRewriter
 from nanscope.backends.torch.context import RunContext
 from nanscope.backends.torch.native import native_library
@@ -39,6 +40,7 @@ class TorchDumpSession:
         circular_buffer_size: int,
         op_regex: str | None,
         tensor_dtypes: Any,
+        statistics: bool = False,
         **writer_options: Any,
     ) -> None:
         pattern = re.compile(op_regex) if op_regex else None
@@ -55,7 +57,7 @@ class TorchDumpSession:
         self.context = RunContext()
         self.context.install()
         self.ranks = RankWatch(self.writer)
-        setup = Setup(self.writer, self.context, pattern, dtype_filter)
+        setup = Setup(self.writer, self.context, pattern, dtype_filter, statistics)
         self.eager: Recorder = self._recorder(lib, setup)
         # torch.compile'd code: graphs recorded, summaries computed inside them.
         self.compiled = GraphRewriter(self.eager, setup)
@@ -89,6 +91,7 @@ class TorchDumpSession:
         self._closed = True
         self.compiled.uninstall()
         self.eager.close()
+        summaries.configure(statistics=False)  # what later sessions and checks start from
         self.context.uninstall()
         self.ranks.uninstall()
         self.writer.close()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
+from nanscope.format.statistics import HASH_BITS, Accumulator
 from nanscope.format.tensors import DTYPE_NAMES
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -39,9 +40,26 @@ DTYPE_ENUM[torch.complex128] = 18
 RANGES = True
 
 
+# Whether FULL_HEALTH summaries carry the statistics too (nanscope.format.statistics:
+# slots 13-16, after the ranges, which they then always carry): set when a session starts,
+# from its settings (``enable_dump_debug_info(..., statistics=True)``).
+STATISTICS = False
+
+
 def ranges_from_environment() -> None:
     global RANGES
     RANGES = os.environ.get("NANSCOPE_HEADROOM", "1") != "0"
+
+
+def configure(statistics: bool) -> None:
+    """Set what a session's FULL_HEALTH summaries carry: the ranges (unless
+    ``NANSCOPE_HEADROOM=0``), and the statistics when asked for (with the ranges)."""
+    global STATISTICS
+    ranges_from_environment()
+    STATISTICS = bool(statistics)
+    if STATISTICS:
+        global RANGES
+        RANGES = True  # the statistics' slots come after the ranges'
 
 
 # Elements copied at once from a layout numpy cannot walk in place.
@@ -184,6 +202,19 @@ def tensor_ranges(t: torch.Tensor, finite: bool = False, zeros: bool = True) -> 
     return hi, lo
 
 
+def tensor_statistics(t: torch.Tensor, finite: bool = False) -> tuple[float, float, float, float]:
+    """``(mean, std, l2, hash)`` of a CPU float tensor of any layout, without
+    materialising views (:mod:`nanscope.format.statistics`; ``finite``: the caller
+    knows it holds no Inf/NaN). The hash is over each element's bits in its own
+    dtype: a bfloat16 widened to float32 (exactly) keeps its bits in the upper half."""
+    acc = Accumulator()
+    parts, repeats = host_parts(t)
+    shift = 16 if t.dtype == torch.bfloat16 else 0
+    for a in parts:
+        acc.add(a, finite=finite, bits_shift=shift)
+    return acc.result(repeats)
+
+
 def tensor_all_finite(t: torch.Tensor) -> bool:
     """True when a CPU float tensor of any layout holds no Inf and no NaN."""
     return all(all_finite(a) for a in host_parts(t)[0])
@@ -225,9 +256,19 @@ def summarize_host(
             dtype=np.float64,
         )
     # FULL_HEALTH's 11 slots, then the ranges (nanscope.format.headroom).
-    hi, lo = tensor_ranges(t, finite=not (ni or pi or nn), zeros=zero > 0)
+    finite = not (ni or pi or nn)
+    hi, lo = tensor_ranges(t, finite=finite, zeros=zero > 0)
+    if not STATISTICS:
+        return np.array(
+            [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos, hi, lo],
+            dtype=np.float64,
+        )
+    # Then the statistics (nanscope.format.statistics).
     return np.array(
-        [tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos, hi, lo],
+        [
+            *(tensor_id, -1, DTYPE_ENUM[dtype], t.dim(), size, ni, pi, nn, neg, zero, pos, hi, lo),
+            *tensor_statistics(t, finite=finite),
+        ],
         dtype=np.float64,
     )
 
@@ -278,4 +319,54 @@ def summarize_device(t: torch.Tensor, mode: TensorDebugMode, tensor_id: int = -1
     mag = torch.where(torch.isfinite(x), x.abs(), 0).double()
     hi = mag.max() if x.numel() else torch.zeros((), dtype=torch.float64, device=x.device)
     lo = torch.where(mag > 0, mag, math.inf).min() if x.numel() else torch.full_like(hi, math.inf)
-    return torch.cat([head, counts, torch.stack([hi, lo])])
+    if not STATISTICS:
+        return torch.cat([head, counts, torch.stack([hi, lo])])
+    return torch.cat([head, counts, torch.stack([hi, lo]), device_statistics(x, repeats)])
+
+
+# splitmix64's constants as signed 64-bit integers (torch has no unsigned 64-bit arithmetic;
+# two's complement wraps the same way).
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_BITS_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _logical_shift(z: torch.Tensor, k: int) -> torch.Tensor:
+    """``z >> k`` as an unsigned 64-bit shift (torch's ``>>`` on int64 is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def device_statistics(x: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+    """``[mean, std, l2, hash]`` of a flat float tensor as a float64 tensor on its device
+    (no host sync): the same numbers as :func:`nanscope.format.statistics.statistics_of`
+    of the tensor with each element repeated ``repeats`` times."""
+    if x.is_neg() or x.is_conj():
+        x = x.resolve_neg().resolve_conj()  # the values, not the memory's bits
+    finite = torch.isfinite(x)
+    n = finite.sum().double()
+    v = torch.where(finite, x.double(), 0.0)
+    mean = v.sum() / n
+    dev = torch.where(finite, v - mean, 0.0)
+    std = (dev.square().sum() / n).sqrt()
+    l2 = (v.square().sum() * repeats).sqrt()
+    width = x.element_size()
+    z = x.view(_BITS_VIEW[width]).to(torch.int64)
+    if width < 8:
+        z = z & ((1 << (8 * width)) - 1)  # zero-extended, not sign-extended
+    z = z + _GOLDEN
+    z = (z ^ _logical_shift(z, 30)) * _MIX1
+    z = (z ^ _logical_shift(z, 27)) * _MIX2
+    z = z ^ _logical_shift(z, 31)
+    total = z.sum() * repeats  # modulo 2**64, as int64 arithmetic wraps
+    hashed = (total & ((1 << HASH_BITS) - 1)).double()
+    nan = torch.full_like(mean, math.nan)
+    none = n == 0  # no finite element: NaN, as statistics_of says
+    return torch.stack(
+        [
+            torch.where(none, nan, mean),
+            torch.where(none, nan, std),
+            torch.where(none, nan, l2),
+            hashed,
+        ]
+    )

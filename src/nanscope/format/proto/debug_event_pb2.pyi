@@ -172,7 +172,7 @@ class DebuggedDevice(_message.Message):
     def __init__(self, device_name: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class Execution(_message.Message):
-    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos", "collective", "output_ranges", "output_views")
+    __slots__ = ("op_type", "num_outputs", "graph_id", "input_tensor_ids", "output_tensor_ids", "tensor_debug_mode", "tensor_protos", "code_location", "output_tensor_device_ids", "module_path", "phase", "forward_sequence", "forward_code_location", "sequence", "input_tensor_protos", "collective", "output_ranges", "output_views", "output_statistics")
     OP_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class Execution(_message.Message):
     COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_RANGES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_VIEWS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     op_type: str
     num_outputs: int
     graph_id: str
@@ -209,7 +210,8 @@ class Execution(_message.Message):
     collective: CollectiveOp
     output_ranges: _containers.RepeatedScalarFieldContainer[float]
     output_views: _containers.RepeatedCompositeFieldContainer[ValueView]
-    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ..., output_ranges: _Optional[_Iterable[float]] = ..., output_views: _Optional[_Iterable[_Union[ValueView, _Mapping]]] = ...) -> None: ...
+    output_statistics: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, op_type: _Optional[str] = ..., num_outputs: _Optional[int] = ..., graph_id: _Optional[str] = ..., input_tensor_ids: _Optional[_Iterable[int]] = ..., output_tensor_ids: _Optional[_Iterable[int]] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., output_tensor_device_ids: _Optional[_Iterable[int]] = ..., module_path: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., forward_sequence: _Optional[int] = ..., forward_code_location: _Optional[_Union[CodeLocation, _Mapping]] = ..., sequence: _Optional[int] = ..., input_tensor_protos: _Optional[_Iterable[_Union[_tensor_pb2.TensorProto, _Mapping]]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ..., output_ranges: _Optional[_Iterable[float]] = ..., output_views: _Optional[_Iterable[_Union[ValueView, _Mapping]]] = ..., output_statistics: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ValueView(_message.Message):
     __slots__ = ("output_slot", "sequence", "slot", "offset", "shape", "strides", "counts")
@@ -248,7 +250,7 @@ class CollectiveOp(_message.Message):
     def __init__(self, group: _Optional[str] = ..., group_desc: _Optional[str] = ..., group_size: _Optional[int] = ..., kind: _Optional[str] = ..., sequence: _Optional[int] = ..., peer: _Optional[int] = ..., framework_sequence: _Optional[int] = ...) -> None: ...
 
 class GraphExecutionTrace(_message.Message):
-    __slots__ = ("tfdbg_context_id", "op_name", "output_slot", "tensor_debug_mode", "tensor_proto", "device_name", "sequence", "iteration")
+    __slots__ = ("tfdbg_context_id", "op_name", "output_slot", "tensor_debug_mode", "tensor_proto", "device_name", "sequence", "iteration", "output_statistics")
     TFDBG_CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
     OP_NAME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SLOT_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +259,7 @@ class GraphExecutionTrace(_message.Message):
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     tfdbg_context_id: str
     op_name: str
     output_slot: int
@@ -265,4 +268,5 @@ class GraphExecutionTrace(_message.Message):
     device_name: str
     sequence: int
     iteration: int
-    def __init__(self, tfdbg_context_id: _Optional[str] = ..., op_name: _Optional[str] = ..., output_slot: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_proto: _Optional[_Union[_tensor_pb2.TensorProto, _Mapping]] = ..., device_name: _Optional[str] = ..., sequence: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+    output_statistics: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tfdbg_context_id: _Optional[str] = ..., op_name: _Optional[str] = ..., output_slot: _Optional[int] = ..., tensor_debug_mode: _Optional[_Union[TensorDebugMode, str]] = ..., tensor_proto: _Optional[_Union[_tensor_pb2.TensorProto, _Mapping]] = ..., device_name: _Optional[str] = ..., sequence: _Optional[int] = ..., iteration: _Optional[int] = ..., output_statistics: _Optional[_Iterable[float]] = ...) -> None: ...

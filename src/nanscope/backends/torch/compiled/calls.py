@@ -92,8 +92,12 @@ class GraphCalls:
             summaries = [full_value(t) for t in extra]
             outputs = [summaries[i] if i >= 0 else None for i in plan.output_traces]
         else:
+            if plan.statistics:  # the statistics' outputs come after the counts'
+                stats, extra = extra[len(extra) - plan.statistics :], extra[: -plan.statistics]
+            else:
+                stats = []
             call = _CallSummaries(
-                plan, extra if plan.native_counts else extra[0] if extra else None
+                plan, extra if plan.native_counts else extra[0] if extra else None, stats
             )
             summaries = call
             outputs = _OutputSummaries(call, plan.output_traces)
@@ -157,12 +161,28 @@ class GraphCalls:
 class _CallSummaries:
     """One graph call's summaries: resolved once, on the writer thread."""
 
-    __slots__ = ("_event", "_host", "_matrix", "_plan")
+    __slots__ = ("_event", "_host", "_matrix", "_plan", "_stats")
 
-    def __init__(self, plan: GraphPlan, extra: torch.Tensor | list[torch.Tensor] | None) -> None:
+    def __init__(
+        self,
+        plan: GraphPlan,
+        extra: torch.Tensor | list[torch.Tensor] | None,
+        stats: list[torch.Tensor] | None = None,
+    ) -> None:
         self._plan = plan
         self._event: Any = None
         self._matrix: np.ndarray | None = None
+        self._stats: Any = None
+        if stats:
+            # [rows, 4], copied like the counts: off an accelerator without a sync.
+            s = torch.stack(stats)
+            if s.is_cuda:
+                host = torch.empty(s.shape, dtype=s.dtype, pin_memory=True)
+                host.copy_(s, non_blocking=True)
+                s = host
+            elif not s.is_cpu:
+                s = s.cpu()
+            self._stats = s
         if isinstance(extra, list):  # nanscope_graph::counts's CPU vectors, one per row
             self._host: Any = extra
             return
@@ -185,7 +205,8 @@ class _CallSummaries:
                 counts = np.concatenate([t.numpy() for t in host]) if host else None
             else:
                 counts = None if host is None else host.numpy()
-            self._matrix = self._plan.matrix(counts)
+            stats = None if self._stats is None else self._stats.numpy()
+            self._matrix = self._plan.matrix(counts, stats)
         return self._matrix
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanscope.format.counts import summary_matrix
+from nanscope.format.counts import summary_matrix, with_statistics
 from nanscope.format.modes import SHAPE_SLOTS, TensorDebugMode
 
 
@@ -52,6 +52,8 @@ class GraphPlan:
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     static: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     output_traces: list[int] = field(default_factory=list)  # graph output -> trace index, -1
+    # With statistics asked for: one [4] statistics output per row, after the counts'.
+    statistics: int = 0
 
     def finish(self) -> None:
         self.op_names = [t.op_name for t in self.traces]
@@ -72,8 +74,9 @@ class GraphPlan:
                 [[t.dtype, t.rank] for t in self.traces], dtype=np.float64
             ).reshape(len(self.traces), 2)
 
-    def matrix(self, counts: np.ndarray | None) -> np.ndarray:
-        """The ``[n, width]`` float64 summaries in the mode's layout."""
+    def matrix(self, counts: np.ndarray | None, stats: np.ndarray | None = None) -> np.ndarray:
+        """The ``[n, width]`` float64 summaries in the mode's layout (``stats``: the
+        ``[rows, 4]`` statistics, put after them: :func:`~nanscope.format.counts.with_statistics`)."""
         mode = self.mode
         if counts is None:
             assert mode == TensorDebugMode.SHAPE
@@ -81,7 +84,10 @@ class GraphPlan:
         c = counts.reshape(-1, self.k)[self.rows].astype(np.float64)
         if self.native_counts:
             c = _mode_counts(c, mode)
-        return summary_matrix(mode, c, self.static, self.sizes if self.nan_from_size else None)
+        m = summary_matrix(mode, c, self.static, self.sizes if self.nan_from_size else None)
+        if stats is not None and len(stats):
+            m = with_statistics(m, stats.reshape(-1, 4)[self.rows])
+        return m
 
 
 # Counts per computed row of the in-graph summary vector, by mode.

@@ -123,6 +123,8 @@ class GraphRewriter:
         self.context = setup.context
         self.op_regex = setup.op_regex
         self.dtype_filter = setup.dtype_filter
+        # FULL_HEALTH with statistics: each traced value's statistics computed in the graph.
+        self.statistics = setup.statistics and self.mode == TensorDebugMode.FULL_HEALTH
         self.calls = GraphCalls(eager, self.writer, self.context)
         self._stacks: dict[str, int] = {}
         self._hook = InductorHook(self._instrument, self.calls.wrap, eager.failed)
@@ -251,6 +253,8 @@ class GraphRewriter:
             index.get((o, 0), -1) if isinstance(o, torch.fx.Node) else -1 for o in outs
         ]
         extras = self._add_summaries(gm, plan)
+        if extras and self.statistics:
+            extras += _add_statistics(gm.graph, plan)
         if extras:
             append_outputs(output, extras)
             gm.recompile()
@@ -388,6 +392,29 @@ def _add_native_counts(graph: torch.fx.Graph, plan: GraphPlan, op: Any) -> list[
             t.row = rows[x] = len(new)
             new.append(node)
     _fake_propagate(new, graph)
+    return new
+
+
+def _add_statistics(graph: torch.fx.Graph, plan: GraphPlan) -> list[torch.fx.Node]:
+    """One ``nanscope_stats::statistics`` call per row of counts (a view of a counted
+    value shares its row: the statistics do not depend on the layout), right after the
+    value's producer; returns them, extra outputs after the counts', in row order."""
+    from nanscope.backends.torch.compiled.statistics_op import statistics_op
+
+    op = statistics_op()
+    first: dict[int, torch.fx.Node] = {}
+    for t in plan.traces:
+        if t.row >= 0:
+            first.setdefault(t.row, t.value)
+    if not first or sorted(first) != list(range(len(first))):
+        return []  # rows not numbered 0..n-1: no statistics rather than misplaced ones
+    new: list[torch.fx.Node] = []
+    for row in range(len(first)):
+        x = first[row]
+        with graph.inserting_after(x):
+            new.append(graph.call_function(op, (x,)))
+    _fake_propagate(new, graph)
+    plan.statistics = len(new)
     return new
 
 

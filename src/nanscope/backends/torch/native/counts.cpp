@@ -291,6 +291,208 @@ int any_nonfinite(const at::Tensor& t) {
   }
 }
 
+namespace {
+
+// -- statistics (see counts.h) ----------------------------------------------------------------
+
+inline uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Finite elements' count, mean and sum of squared deviations, combined part by part
+// with Chan's formula (the deviation keeps its precision when the mean is large),
+// and the hash's sum (wrapping).
+struct StatAcc {
+  double n = 0, mean = 0, m2 = 0;
+  uint64_t hash = 0;
+  void combine(double n2, double mean2, double m22) {
+    if (n2 == 0) return;
+    const double total = n + n2, delta = mean2 - mean;
+    mean += delta * n2 / total;
+    m2 += m22 + delta * delta * n * n2 / total;
+    n = total;
+  }
+};
+
+// The hash's sum over n elements' bits (U: their unsigned type), each XORed with
+// `flip` first (a negated view's sign bit).
+template <typename U>
+__attribute__((target_clones("avx2", "default"))) uint64_t hash_bits(const U* p, int64_t n,
+                                                                  U flip) {
+  uint64_t h = 0;
+  for (int64_t i = 0; i < n; ++i) h += splitmix64(static_cast<uint64_t>(static_cast<U>(p[i] ^ flip)));
+  return h;
+}
+
+// A small block's finite statistics, in two passes over it while it is in cache.
+// W: the type the values are read as (float or double); `sign`: -1 for a negated view.
+// Branch-free, so that the loops vectorise: a non-finite value's bits are zeroed into
+// a copy, with a weight of 0, and the sums run in kLanes independent lanes (the
+// additions of one lane stay in order: no -ffast-math needed).
+template <typename W>
+__attribute__((target_clones("avx2", "default"))) void block_statistics(const W* q, int64_t m,
+                                                                        double sign,
+                                                                        StatAcc* acc) {
+  using B = std::conditional_t<sizeof(W) == 4, uint32_t, uint64_t>;
+  constexpr B kAbs = static_cast<B>(~(B(1) << (sizeof(W) * 8 - 1)));
+  constexpr B kInf = sizeof(W) == 4 ? B(0x7f800000u) : B(0x7ff0000000000000ull);
+  constexpr int kLanes = 8;
+  W vals[1024];
+  W weight[1024];
+  for (int64_t i = 0; i < m; ++i) {
+    B b;
+    std::memcpy(&b, q + i, sizeof(W));
+    const B keep = static_cast<B>(0) - static_cast<B>((b & kAbs) < kInf);
+    const B x = b & keep;
+    std::memcpy(&vals[i], &x, sizeof(W));
+    weight[i] = static_cast<W>(keep & 1u);
+  }
+  double sum[kLanes] = {}, count[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= m; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      sum[k] += static_cast<double>(vals[i + k]);
+      count[k] += static_cast<double>(weight[i + k]);
+    }
+  }
+  double s = 0, c = 0;
+  for (int k = 0; k < kLanes; ++k) s += sum[k], c += count[k];
+  for (int64_t j = i; j < m; ++j) s += static_cast<double>(vals[j]), c += static_cast<double>(weight[j]);
+  if (c == 0) return;
+  const double mean = s / c;
+  double m2[kLanes] = {};
+  for (i = 0; i + kLanes <= m; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const double d = (static_cast<double>(vals[i + k]) - mean) * static_cast<double>(weight[i + k]);
+      m2[k] += d * d;
+    }
+  }
+  double dev = 0;
+  for (int k = 0; k < kLanes; ++k) dev += m2[k];
+  for (int64_t j = i; j < m; ++j) {
+    const double d = (static_cast<double>(vals[j]) - mean) * static_cast<double>(weight[j]);
+    dev += d * d;
+  }
+  acc->combine(c, sign * mean, dev);
+}
+
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, uint16_t,
+                                std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+
+// The statistics of n contiguous elements, in blocks.
+template <typename T>
+void statistics_run(const T* p, int64_t n, bool negated, StatAcc* acc) {
+  using U = Bits<T>;
+  const U flip = negated ? static_cast<U>(U(1) << (sizeof(T) * 8 - 1)) : U(0);
+  const double sign = negated ? -1.0 : 1.0;
+  constexpr int64_t kBlock = 1024;
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min<int64_t>(kBlock, n - i);
+    // Block by block, so that the moments read what the hash just brought into cache:
+    // one pass over memory.
+    acc->hash += hash_bits<U>(reinterpret_cast<const U*>(p + i), m, flip);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      block_statistics<T>(p + i, m, sign, acc);
+    } else {
+      float buf[kBlock];
+      for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(p[i + j]);
+      block_statistics<float>(buf, m, sign, acc);
+    }
+  }
+}
+
+// The statistics over a strided layout, walked in place as count_walk walks it
+// (a strided run gathered into a small buffer first).
+template <typename T>
+void statistics_walk(const T* base, c10::SmallVector<Dim, 8> dims, bool negated, StatAcc* acc) {
+  std::sort(dims.begin(), dims.end(),
+            [](const Dim& x, const Dim& y) { return x.stride > y.stride; });
+  int64_t expected = 1;
+  bool dense = true;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+    dense = dense && it->stride == expected;
+    expected *= it->size;
+  }
+  if (dims.empty() || dense) {
+    statistics_run<T>(base, expected, negated, acc);
+    return;
+  }
+  const Dim inner = dims.back();
+  dims.pop_back();
+  c10::SmallVector<int64_t, 8> at(dims.size(), 0);
+  const T* p = base;
+  T buf[1024];
+  while (true) {
+    for (int64_t i = 0; i < inner.size; i += 1024) {
+      const int64_t m = std::min<int64_t>(1024, inner.size - i);
+      for (int64_t j = 0; j < m; ++j) buf[j] = p[(i + j) * inner.stride];
+      statistics_run<T>(buf, m, negated, acc);
+    }
+    int64_t d = static_cast<int64_t>(dims.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++at[d] < dims[d].size) {
+        p += dims[d].stride;
+        break;
+      }
+      p -= dims[d].stride * (dims[d].size - 1);
+      at[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+bool tensor_statistics(const at::Tensor& t, Statistics* out) {
+  StatAcc acc;
+  int64_t repeats = 1;
+  if (t.numel() > 0) {
+    const void* data = t.const_data_ptr();
+    if (data == nullptr) return false;
+    // A broadcast repeats each element along its stride-0 dimensions: one copy, scaled.
+    c10::SmallVector<Dim, 8> dims;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t size = t.size(d), stride = t.stride(d);
+      if (size == 1) continue;
+      if (stride == 0) {
+        repeats *= size;
+      } else if (stride < 0) {
+        return false;
+      } else {
+        dims.push_back({size, stride});
+      }
+    }
+    const bool neg = t.is_neg();
+    switch (t.scalar_type()) {
+      case at::kFloat: statistics_walk<float>(static_cast<const float*>(data), dims, neg, &acc); break;
+      case at::kDouble: statistics_walk<double>(static_cast<const double*>(data), dims, neg, &acc); break;
+      case at::kHalf: statistics_walk<at::Half>(static_cast<const at::Half*>(data), dims, neg, &acc); break;
+      case at::kBFloat16: statistics_walk<at::BFloat16>(static_cast<const at::BFloat16*>(data), dims, neg, &acc); break;
+      default: return false;
+    }
+  } else {
+    switch (t.scalar_type()) {
+      case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: break;
+      default: return false;
+    }
+  }
+  const uint64_t hashed = (acc.hash * static_cast<uint64_t>(repeats)) & ((uint64_t(1) << 52) - 1);
+  out->hash = static_cast<double>(hashed);
+  if (acc.n == 0) {
+    out->mean = out->std = out->l2 = std::nan("");
+    return true;
+  }
+  const double n = acc.n * static_cast<double>(repeats), m2 = acc.m2 * static_cast<double>(repeats);
+  out->mean = acc.mean;
+  out->std = std::sqrt(m2 / n);
+  out->l2 = std::sqrt(m2 + n * acc.mean * acc.mean);
+  return true;
+}
+
 bool count_tensor(const at::Tensor& t, Counts* c, Special* s, bool want_special, bool want_ranges) {
   return want_ranges ? count_typed<true>(t, c, s, want_special)
                      : count_typed<false>(t, c, s, want_special);

@@ -30,6 +30,17 @@ struct Special {
 bool count_tensor(const at::Tensor& t0, Counts* c, Special* s, bool want_special,
                   bool want_ranges = false);
 
+// The statistics of a CPU float tensor (nanscope.format.statistics): the mean,
+// the population standard deviation and the L2 norm of its finite elements (NaN
+// when there is none), and the order-free hash of every element's bits (the sum
+// modulo 2**64 of splitmix64 of each element's bits, zero-extended, kept to its
+// low 52 bits), the same numbers as format.statistics.statistics_of. False for a
+// dtype it does not know (float, double, half and bfloat16) or a tensor without data.
+struct Statistics {
+  double mean = 0, std = 0, l2 = 0, hash = 0;
+};
+bool tensor_statistics(const at::Tensor& t, Statistics* out);
+
 // Whether a CPU float tensor holds Inf or NaN, for check_numerics: one pass
 // over the values' bits (half types as they are, without widening), a max
 // reduction that vectorises; -1 for a dtype it does not know or a tensor

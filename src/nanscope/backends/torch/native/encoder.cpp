@@ -254,7 +254,9 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
   // FULL_TENSOR values come with such rows, for the index and the ranges only.
   const bool full_tensor = mode == kFullTensor && ev.values != nullptr;
   if (full_tensor) width = kFullRecorded;
-  const bool ranged = (mode == kFull && width == kFullRecorded) || full_tensor;
+  const bool ranged = (mode == kFull && width >= kFullRecorded) || full_tensor;
+  // With statistics asked for, four more slots per row: to output_statistics (1010).
+  const bool with_statistics = mode == kFull && width == kFullStatistics && !full_tensor;
   const int written = ranged ? kFullSlots : width;
   // FULL_TENSOR: the values' bytes are not copied into `body`, but straight
   // into the payload at these places of it.
@@ -267,6 +269,8 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
   size_t hole_bytes = 0;
   std::string views;
   std::string ranges;
+  std::string stats;
+  bool stats_seen = false;
   double amax = std::nan(""), amin = std::numeric_limits<double>::infinity(), best = -1;
   int range_dtype = 0;
   if (mode != kNoTensor) {
@@ -274,6 +278,10 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
       if (i >= ev.has.size() || ev.has[i] != 1) {
         body += none_field;
         if (ranged) put_nan_pair(ranges);
+        if (with_statistics) {
+          put_nan_pair(stats);
+          put_nan_pair(stats);
+        }
         continue;
       }
       const double* row = ev.sums.data() + i * width;
@@ -305,6 +313,10 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
       } else {
         body += sum_prefix;
         body.append(reinterpret_cast<const char*>(row), sizeof(double) * written);
+      }
+      if (with_statistics) {
+        stats.append(reinterpret_cast<const char*>(row + kFullRecorded), sizeof(double) * 4);
+        for (int k = kFullRecorded; k < kFullStatistics; ++k) stats_seen = stats_seen || !std::isnan(row[k]);
       }
       if (ranged) {
         ranges.append(reinterpret_cast<const char*>(row + kFullSlots), sizeof(double) * 2);
@@ -362,6 +374,11 @@ void Encoder::encode(const Event& ev, const OpFlags& op, int mode, int width, in
     }
   } else {
     amin = std::nan("");
+  }
+  if (stats_seen) {  // as the Python encoder: only where some output's are known
+    put_tag(body, 1010, 2);
+    put_varint(body, stats.size());
+    body += stats;
   }
   body += views;
   std::string& payload = payload_buf;

@@ -25,8 +25,10 @@ constexpr int kNoTensor = 1, kCurt = 2, kConcise = 3, kFull = 4, kShape = 5, kFu
 constexpr int kPhaseForward = 1, kPhaseBackward = 2, kPhaseOptimizer = 3;
 // A FULL_HEALTH row in memory: tfdbg2's 11 slots, then the largest finite |x|
 // and the smallest non-zero finite |x| (nanscope.format.headroom), which the
-// encoder writes to Execution.output_ranges.
-constexpr int kFullSlots = 11, kFullRecorded = 13, kWidestRow = 13;
+// encoder writes to Execution.output_ranges. With statistics asked for, four
+// more (nanscope.format.statistics): the mean, standard deviation and L2 norm of
+// the finite elements and the bits hash, which go to Execution.output_statistics.
+constexpr int kFullSlots = 11, kFullRecorded = 13, kFullStatistics = 17, kWidestRow = 17;
 // The most entries of a table that links backward ops to forward ones (the
 // recorder's links, the encoder's sequence numbers) before it starts over.
 constexpr size_t kLinksMax = 1 << 20;
@@ -121,7 +123,7 @@ struct Event {
   c10::SmallVector<int64_t, 4> in_ids;
   c10::SmallVector<int64_t, 4> out_ids;
   c10::SmallVector<int32_t, 4> out_dev;
-  c10::SmallVector<double, 3 * kWidestRow> sums;  // width values per output
+  c10::SmallVector<double, 3 * kFullRecorded> sums;  // width values per output
   c10::SmallVector<uint8_t, 4> has;   // 1: computed here, 2: in `parts`, 0: none
   // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
   // of their counts, FULL_HEALTH's layout, for the index and the ranges).

@@ -47,6 +47,24 @@ at::Tensor counts_cpu(const at::Tensor& x) {
   return out;
 }
 
+// nanscope_graph::statistics: [mean, std, l2, hash] of one CPU float value (counts.h),
+// float64; NaN where the kernel does not read the dtype or the layout.
+at::Tensor statistics_cpu(const at::Tensor& x) {
+  at::Tensor out = at::empty({4}, at::TensorOptions().dtype(at::kDouble));
+  double* o = out.data_ptr<double>();
+  Statistics st;
+  if (tensor_statistics(x, &st)) {
+    o[0] = st.mean, o[1] = st.std, o[2] = st.l2, o[3] = st.hash;
+  } else {
+    o[0] = o[1] = o[2] = o[3] = std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
+at::Tensor statistics_meta(const at::Tensor& x) {
+  return at::empty({4}, x.options().dtype(at::kDouble).device(at::kMeta));
+}
+
 at::Tensor counts_meta(const at::Tensor& x) {
   return at::empty({kWidth}, x.options().dtype(at::kLong).device(at::kMeta));
 }
@@ -55,6 +73,15 @@ at::Tensor counts_meta(const at::Tensor& x) {
 }  // namespace nanscope
 
 // A namespace of its own: the extension's other files may define one for theirs.
-TORCH_LIBRARY(nanscope_graph, m) { m.def("counts(Tensor x) -> Tensor"); }
-TORCH_LIBRARY_IMPL(nanscope_graph, CPU, m) { m.impl("counts", nanscope::counts_cpu); }
-TORCH_LIBRARY_IMPL(nanscope_graph, Meta, m) { m.impl("counts", nanscope::counts_meta); }
+TORCH_LIBRARY(nanscope_graph, m) {
+  m.def("counts(Tensor x) -> Tensor");
+  m.def("statistics(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(nanscope_graph, CPU, m) {
+  m.impl("counts", nanscope::counts_cpu);
+  m.impl("statistics", nanscope::statistics_cpu);
+}
+TORCH_LIBRARY_IMPL(nanscope_graph, Meta, m) {
+  m.impl("counts", nanscope::counts_meta);
+  m.impl("statistics", nanscope::statistics_meta);
+}

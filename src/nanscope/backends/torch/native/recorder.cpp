@@ -563,7 +563,7 @@ bool summarize(const at::Tensor& t, double* row) {
   Counts c;
   Special s;
   bool special = mode != kCurt;
-  const bool ranges = mode == kFull && S->width == kFullRecorded;
+  const bool ranges = mode == kFull && S->width >= kFullRecorded;
   if (!count_tensor(t, &c, &s, special, ranges)) return false;
   int64_t n = t.numel();
   switch (mode) {
@@ -584,6 +584,16 @@ bool summarize(const at::Tensor& t, double* row) {
       if (ranges) {
         row[11] = c.hi;  // the ranges: the encoder writes them to output_ranges
         row[12] = c.lo;
+      }
+      if (S->width == kFullStatistics) {
+        // The statistics (nanscope.format.statistics): the encoder writes them to
+        // output_statistics; NaN where this layout is not walked.
+        Statistics st;
+        if (tensor_statistics(t, &st)) {
+          row[13] = st.mean, row[14] = st.std, row[15] = st.l2, row[16] = st.hash;
+        } else {
+          row[13] = row[14] = row[15] = row[16] = std::nan("");
+        }
       }
       return true;
   }
@@ -1082,7 +1092,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
         ev.has[i] = 1;
         bad = bad || nonfinite(row);
         // A view's values are its input's: their ranges belong to the op that made them.
-        if (op.view && w == kFullRecorded) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
+        if (op.view && w >= kFullRecorded) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
       }
     }
     if (!in_python.empty()) {
@@ -1308,7 +1318,8 @@ void drop_python_objects(State* s) {
 
 // `dtypes`: (an empty tensor of the dtype, tfdbg2 enum or -1, kept by the filter, a float type).
 void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bool, bool>> dtypes,
-           py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field, bool ranges) {
+           py::bytes mode_field, py::bytes sum_prefix, py::bytes none_field, bool ranges,
+           bool statistics) {
   if (S == nullptr) {
     S = new State();  // lives for the process: callbacks may still be running
     // Leaked on purpose too: unregistering at exit would run after the dispatcher is gone.
@@ -1350,12 +1361,12 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   drop_python_objects(s);
   s->host = std::move(host);
   s->mode = mode;
-  // `ranges`: FULL_HEALTH rows carry the headroom ranges (the Python side decides:
-  // nanscope.backends.torch.summaries.RANGES).
+  // `ranges`: FULL_HEALTH rows carry the headroom ranges; `statistics`: the statistics
+  // too, after them (the Python side decides: nanscope.backends.torch.summaries).
   s->width = mode == kCurt     ? 2
              : mode == kConcise ? 5
              : mode == kShape   ? 10
-             : mode == kFull    ? (ranges ? kFullRecorded : kFullSlots)
+             : mode == kFull    ? (statistics ? kFullStatistics : ranges ? kFullRecorded : kFullSlots)
                                 : 0;
   s->dtype_enum.fill(-1);
   s->dtype_ok.fill(false);

@@ -89,6 +89,8 @@ class Setup:
     context: RunContext
     op_regex: re.Pattern[str] | None
     dtype_filter: DtypeFilter | None
+    # FULL_HEALTH summaries carry the statistics (nanscope.format.statistics).
+    statistics: bool = False
 
 
 class RecorderBase:
@@ -102,7 +104,8 @@ class RecorderBase:
         self.dtype_filter = setup.dtype_filter
         self.device_buffer = DeviceBuffer()
         self.collectives = CollectiveCounter()
-        summaries.ranges_from_environment()
+        self.statistics = setup.statistics and self.mode == TensorDebugMode.FULL_HEALTH
+        summaries.configure(self.statistics)
         self._warned = False
 
     def failed(self, exc: Exception) -> None:

@@ -115,6 +115,7 @@ class NativeRecorder(RecorderBase):
                 table,
                 *self.writer.encoder.execution_pieces(width),
                 summaries.RANGES,
+                summaries.STATISTICS,
             )
         except RuntimeError:
             # An op of the previous session still inside the recorder on
