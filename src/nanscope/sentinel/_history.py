@@ -14,7 +14,8 @@ Lines, each a JSON object with a ``kind``:
   gradients), ``grad_amax``, ``param_amax``, ``state_amax`` (largest ``|x|`` of
   the gradients, the parameters and the optimizer state), ``module_amax`` (one
   per header module: the largest ``|x|`` the module's forward outputs reached in
-  the step), ``bad`` (which checks saw Inf/NaN: ``loss``, ``gradients``,
+  the step; empty on steps where they were not measured), ``param_norm`` (L2
+  norm over all parameters after the step; absent in older files), ``bad`` (which checks saw Inf/NaN: ``loss``, ``gradients``,
   ``parameters``, ``optimizer_state``).
 - ``trip``: the step where the sentinel saw Inf/NaN and what it did: ``step``,
   ``where`` (as ``bad``), ``action`` (``stop`` or ``skip``), ``replay`` (the
@@ -22,9 +23,11 @@ Lines, each a JSON object with a ``kind``:
   (whether the replay saw Inf/NaN again: true, false, or null when there was no
   replay), ``reason`` (why there was no replay, or null), ``cause`` (the replay's
   root cause: ``headline``, ``op_type``, ``file``, ``line``, ``step``; or null).
-- ``end``: ``step`` (the last step checked), ``time``. Its absence means the
-  program did not stop the sentinel (it crashed, or was killed): the history is
-  then incomplete, never read as a clean run.
+- ``end``: ``step`` (the last step checked), ``time``, ``error`` (null, or the
+  exception that ended the program, when it ended by one that was not the
+  sentinel's own: the steps after it were never checked). Its absence means the
+  program did not stop the sentinel (it was killed): the history is then
+  incomplete, never read as a clean run.
 
 Floats that are not finite are written ``"nan"``, ``"inf"`` and ``"-inf"``
 (JSON has no such numbers); ``null`` where a figure was not measured.
@@ -75,6 +78,7 @@ class StepRecord:
     state_amax: float | None = None
     module_amax: tuple[float | None, ...] = ()
     bad: tuple[str, ...] = ()
+    param_norm: float | None = None  # L2 norm over all parameters (measured every step)
 
 
 @dataclass(frozen=True)
@@ -112,11 +116,13 @@ class SentinelHistory:
     ended: bool
     last_step: int | None
     problems: tuple[str, ...] = ()
+    error: str | None = None  # the exception that ended the program (the end record's)
 
     @property
     def complete(self) -> bool:
-        """Whether the history was closed by the sentinel and read without damage."""
-        return self.ended and not self.problems
+        """Whether the history was closed by the sentinel, read without damage, and the
+        program did not end by an error (after which nothing was checked)."""
+        return self.ended and not self.problems and self.error is None
 
     def replay_dir(self, trip: Trip) -> Path | None:
         """The directory of a trip's replay dump, or ``None`` when it has none."""
@@ -192,6 +198,7 @@ class HistoryWriter:
                 "state_amax": _encode_float(record.state_amax),
                 "module_amax": [_encode_float(x) for x in record.module_amax],
                 "bad": list(record.bad),
+                "param_norm": _encode_float(record.param_norm),
             }
         )
         if len(self._pending) >= self._flush_every:
@@ -230,11 +237,14 @@ class HistoryWriter:
         self._file.flush()
         self._pending.clear()
 
-    def close(self) -> None:
-        """Write the ``end`` record and close the file; a second call does nothing."""
+    def close(self, error: str | None = None) -> None:
+        """Write the ``end`` record and close the file; a second call does nothing.
+
+        ``error``: the exception that is ending the program, when one is (in words).
+        """
         if self._file is None:
             return
-        self._write({"kind": "end", "step": self._last_step, "time": time.time()})
+        self._write({"kind": "end", "step": self._last_step, "time": time.time(), "error": error})
         self.flush()
         self._file.close()
         self._file = None
@@ -281,6 +291,7 @@ def read_history(logdir: str | os.PathLike[str]) -> SentinelHistory:
     trips: list[Trip] = []
     problems: list[str] = []
     ended = False
+    error: str | None = None
     last_step: int | None = None
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -293,6 +304,8 @@ def read_history(logdir: str | os.PathLike[str]) -> SentinelHistory:
                 trips.append(_trip(record))
             elif kind == "end":
                 ended = True
+                if record.get("error") is not None:
+                    error = str(record["error"])
                 if record.get("step") is not None:
                     last_step = int(record["step"])
             else:
@@ -317,6 +330,7 @@ def read_history(logdir: str | os.PathLike[str]) -> SentinelHistory:
         ended=ended,
         last_step=last_step,
         problems=tuple(problems),
+        error=error,
     )
 
 
@@ -331,6 +345,7 @@ def _step(record: Mapping[str, Any]) -> StepRecord:
         state_amax=_decode_float(record.get("state_amax")),
         module_amax=tuple(_decode_float(x) for x in record.get("module_amax") or ()),
         bad=_checks(record.get("bad") or ()),
+        param_norm=_decode_float(record.get("param_norm")),
     )
 
 

@@ -175,6 +175,14 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int, gen: torch.G
     return x, y
 
 
+# A late divergence, and nanscope's sentinel (the module docstring's lines are kept as they
+# were: documents cite this file's line numbers):
+#
+#     python nanogpt.py --lr 1e-3 --steps 300 --diverge-at 280   # trains, then a learning-rate
+#                         # spike (--spike-lr, default 1e10) at step 280: diverges a step later
+#     python nanogpt.py ... --spike-lr inf     # the optimizer step itself writes Inf/NaN
+#     python nanogpt.py ... --sentinel LOGDIR  # each step through nanscope's sentinel
+#                         # (--on-nan stop|skip, --snapshot-state)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=8)
@@ -185,6 +193,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--compile", action="store_true", help="train torch.compile(model)")
     parser.add_argument("--checkpoint", choices=["reentrant", "non-reentrant"], default=None)
+    parser.add_argument(
+        "--diverge-at", type=int, default=None, metavar="STEP",
+        help="from this step on the learning rate is --spike-lr (a schedule gone wrong)",
+    )  # fmt: skip
+    parser.add_argument("--spike-lr", type=float, default=1e10)
+    parser.add_argument("--sentinel", metavar="LOGDIR", help="check each step with a Sentinel")
+    parser.add_argument("--on-nan", choices=["stop", "skip"], default="stop")
+    parser.add_argument("--snapshot-state", action="store_true")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -200,14 +216,39 @@ def main(argv: list[str] | None = None) -> None:
     )
     model.train()
     step = torch.compile(model) if args.compile else model
-    for it in range(args.steps):
-        X, Y = get_batch(data, args.batch_size, config.block_size, gen)
+
+    def train_step(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         _, loss = step(X, Y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        print(f"iter {it}: loss {loss.item():.4f}", flush=True)
+        return loss
+
+    run = train_step
+    sentinel = None
+    if args.sentinel:
+        from nanscope.sentinel import Sentinel
+
+        sentinel = Sentinel(
+            args.sentinel, model=model, optimizer=optimizer, on_nan=args.on_nan,
+            snapshot_state=args.snapshot_state,
+        )  # fmt: skip
+
+        def run(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+            return sentinel.step(train_step, X, Y)
+
+    try:
+        for it in range(args.steps):
+            if args.diverge_at is not None and it == args.diverge_at:
+                for group in optimizer.param_groups:
+                    group["lr"] = args.spike_lr
+            X, Y = get_batch(data, args.batch_size, config.block_size, gen)
+            loss = run(X, Y)
+            print(f"iter {it}: loss {loss.item():.4f}", flush=True)
+    finally:
+        if sentinel is not None:
+            sentinel.close()
 
 
 if __name__ == "__main__":
