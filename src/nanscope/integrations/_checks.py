@@ -1,9 +1,16 @@
-"""What the integrations call harmful: one check, shared by every trainer's callback."""
+"""What the integrations call harmful, and what they say about it: shared by every
+trainer's callback."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanscope.sentinel import Trip
+
+ON_NAN = ("stop", "skip")
 
 
 def all_finite(tensors: list[Any]) -> bool:
@@ -32,3 +39,38 @@ def all_finite(tensors: list[Any]) -> bool:
             if not bool(torch.isfinite(peak)):
                 return False
     return True
+
+
+def check_sentinel_options(
+    sentinel: bool, on_nan: str, snapshot_state: bool, stop_on_harmful: bool
+) -> None:
+    """Refuse, in one line, settings of a callback that contradict each other."""
+    if on_nan not in ON_NAN:
+        raise ValueError(f"on_nan={on_nan!r}: use 'stop' or 'skip'")
+    if not sentinel and (on_nan != "stop" or snapshot_state):
+        raise ValueError(
+            "on_nan and snapshot_state are the sentinel's: pass sentinel=True with them"
+        )
+    if sentinel and stop_on_harmful:
+        raise ValueError(
+            "stop_on_harmful is for the full recording; with sentinel=True use on_nan='stop'"
+        )
+
+
+def trip_lines(trip: Trip, logdir: str | os.PathLike[str] | None) -> list[str]:
+    """What a callback says when the sentinel trips: where, what the replay found, what next."""
+    where = " and ".join(trip.where).replace("_", " ") or "a check"
+    then = "training stops" if trip.action == "stop" else "the step is skipped, training goes on"
+    lines = [f"nanscope: Inf/NaN in the {where} at step {trip.step}: {then}"]
+    if trip.cause is not None:
+        lines.append(f"nanscope: the replay of step {trip.step}: {trip.cause.headline}")
+    elif trip.reproduced is False:
+        lines.append(
+            f"nanscope: the replay of step {trip.step} did not reproduce the Inf/NaN "
+            "(non-determinism, or a hardware fault)"
+        )
+    elif trip.reason:
+        lines.append(f"nanscope: step {trip.step} was not replayed: {trip.reason}")
+    if logdir is not None:
+        lines.append(f"nanscope: the whole story: `nanscope report {os.fspath(logdir)}`")
+    return lines

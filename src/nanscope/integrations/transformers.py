@@ -10,7 +10,10 @@ The callback turns recording on when training begins and off when it ends, numbe
 dump's steps with the Trainer's global step, and at the end analyses the dump on the main
 process and writes the headline to the Trainer's log. With ``stop_on_harmful=True`` it
 also stops training at the first step whose gradients are not finite (see
-:class:`NanscopeCallback`). docs/integrations/transformers.md describes it.
+:class:`NanscopeCallback`). With ``sentinel=True`` nothing is recorded per op: a
+:class:`nanscope.sentinel.Sentinel` checks each step, and the step that goes bad is run
+again, with the Trainer's own ``training_step`` on the same inputs, with everything
+recorded. docs/integrations/transformers.md describes it.
 
 ``transformers`` is imported here, not by ``nanscope``: importing ``nanscope`` never
 imports it.
@@ -18,17 +21,21 @@ imports it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from nanscope.api import DebugSession, enable_dump_debug_info
-from nanscope.integrations._checks import all_finite
+from nanscope.integrations._checks import all_finite, check_sentinel_options, trip_lines
+
+if TYPE_CHECKING:
+    from nanscope.sentinel import Sentinel, Trip
 
 __all__ = ["NanscopeCallback", "attach"]
 
@@ -85,6 +92,18 @@ class NanscopeCallback(TrainerCallback):
       step instead. The step that made the NaN completes (a callback cannot skip the
       Trainer's optimizer step); training stops after it, with ``state.global_step`` one
       past the dump's step. :attr:`harmful_step` is that dump step.
+    - ``sentinel=True``: no per-op recording. A :class:`nanscope.sentinel.Sentinel` writes
+      ``<logdir>/sentinel.jsonl`` and checks every optimizer step (the loss, the gradients
+      after the Trainer's clipping, the parameters and optimizer state after the update);
+      the callback keeps each step's inputs (every micro-batch, by wrapping the Trainer's
+      ``training_step``). At a step that holds Inf/NaN the update is dropped and the step
+      is run again from the state it began with, on the same inputs, with the Trainer's
+      own ``training_step`` and clipping, recorded into ``<logdir>/replay-step-<K>``; then
+      training stops (``on_nan="stop"``: ``control.should_training_stop``) or goes on
+      without that update (``"skip"``). ``snapshot_state=True`` copies the parameters and
+      optimizer state before each update, so that an Inf/NaN born in the update itself is
+      replayed, with the update, and undone. :attr:`trips` holds the trips; the callback
+      needs the Trainer: found from the hook's caller, or given by :func:`attach`.
 
     Nothing this callback does raises into training: an error is logged as a warning and
     recording stops.
@@ -96,11 +115,28 @@ class NanscopeCallback(TrainerCallback):
         tensor_debug_mode: str = "FULL_HEALTH",
         circular_buffer_size: int = 1000,
         stop_on_harmful: bool = False,
+        *,
+        sentinel: bool = False,
+        on_nan: str = "stop",
+        snapshot_state: bool = False,
     ) -> None:
+        check_sentinel_options(sentinel, on_nan, snapshot_state, stop_on_harmful)
         self.logdir = os.fspath(logdir)
         self.tensor_debug_mode = tensor_debug_mode
         self.circular_buffer_size = circular_buffer_size
         self.stop_on_harmful = stop_on_harmful
+        self.sentinel = sentinel
+        self.on_nan = on_nan
+        self.snapshot_state = snapshot_state
+        self.trips: list[Trip] = []  # sentinel=True: where it tripped and what the replays found
+        self._trainer: Any = None  # the Trainer (set by attach, or found at on_train_begin)
+        self._guard: Sentinel | None = None
+        self._step_open = False  # between on_step_begin and the step's end
+        self._inputs: list[tuple[Any, Any, Any]] = []  # the step's (model, inputs, num_items)
+        self._wrapped: tuple[Any, Any] | None = None  # (the training_step replaced, the old one)
+        self._original_step: Any = None  # the Trainer's training_step that the wrapper calls
+        self._bad_loss: Any = None  # under a GradScaler: the losses' finiteness, on the device
+        self._replaying = False
         self.session: DebugSession | None = None
         self.analysis: Any = None  # nanscope.analysis.Analysis, after training
         self.headline: str | None = None  # the line written at the end of training
@@ -115,6 +151,9 @@ class NanscopeCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        if self.sentinel:
+            self._start_sentinel(kw.get("model"), kw.get("optimizer"))
+            return
         self.session = enable_dump_debug_info(
             self.logdir,
             tensor_debug_mode=self.tensor_debug_mode,
@@ -135,12 +174,19 @@ class NanscopeCallback(TrainerCallback):
     ) -> None:
         if self.session is not None:
             self.session.set_step(state.global_step)
+        if self._guard is not None:
+            self._guard.begin_step(state.global_step)
+            self._step_open, self._inputs, self._bad_loss = True, [], None
 
     @_guarded
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         model, optimizer = kw.get("model"), kw.get("optimizer")
+        if self._guard is not None:
+            if self._step_open:
+                self._check_gradients(args, state, control, model, optimizer)
+            return
         if not self.stop_on_harmful or model is None or _has_scaler(optimizer):
             return
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -151,6 +197,10 @@ class NanscopeCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         model, optimizer = kw.get("model"), kw.get("optimizer")
+        if self._guard is not None:
+            if self._step_open:
+                self._end_step(args, state, control, model, optimizer, updated=True)
+            return
         if not self.stop_on_harmful or model is None or not _has_scaler(optimizer):
             return
         # The GradScaler skipped any step whose gradients were not finite: only an Inf/NaN
@@ -161,6 +211,11 @@ class NanscopeCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        if self.sentinel:
+            if self._guard is not None and not self.trips:
+                _say(f"nanscope: the sentinel saw no Inf/NaN (nanscope report {self.logdir})")
+            self._close()
+            return
         self._close()
         _barrier()  # every rank's dump is complete before the main process reads them
         if state.is_world_process_zero:
@@ -197,6 +252,145 @@ class NanscopeCallback(TrainerCallback):
         session, self.session = self.session, None
         if session is not None:
             session.close()  # never raises
+        self._stop_sentinel()
+
+    # -- sentinel=True --------------------------------------------------------------------------
+
+    def _start_sentinel(self, model: Any, optimizer: Any) -> None:
+        """A sentinel for this run, and the Trainer's ``training_step`` wrapped to keep inputs."""
+        from nanscope.sentinel import Sentinel
+
+        trainer = self._trainer if self._trainer is not None else _find_trainer(self)
+        if trainer is None:
+            raise RuntimeError(
+                "sentinel=True needs the Trainer and could not find it: add the callback "
+                "with nanscope.integrations.transformers.attach(trainer, logdir, sentinel=True)"
+            )
+        self._trainer = trainer
+        self.trips, self.headline = [], None
+        self._guard = Sentinel(
+            self.logdir,
+            model=model,
+            optimizer=_torch_optimizer(optimizer),
+            on_nan=self.on_nan,
+            snapshot_state=self.snapshot_state,
+        )
+        old = trainer.__dict__.get("training_step")
+        original = trainer.training_step
+
+        def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            keep = self._guard is not None and self._step_open and not self._replaying
+            if keep:  # a shallow copy: the Trainer's preparation builds dicts of its own
+                kept = dict(inputs) if isinstance(inputs, Mapping) else inputs
+                self._inputs.append((model, kept, (args, kwargs)))
+            loss = original(model, inputs, *args, **kwargs)
+            if keep and self._guard is not None:
+                self._observe_loss(loss)
+            return loss
+
+        trainer.training_step = training_step
+        self._wrapped = (training_step, old)
+        self._original_step = original
+
+    def _stop_sentinel(self) -> None:
+        """Put the Trainer's ``training_step`` back and close the history (never raises)."""
+        wrapped, self._wrapped = self._wrapped, None
+        if wrapped is not None and self._trainer is not None:
+            ours, old = wrapped
+            if self._trainer.__dict__.get("training_step") is ours:
+                if old is None:
+                    del self._trainer.training_step
+                else:
+                    self._trainer.training_step = old
+        guard, self._guard = self._guard, None
+        self._step_open, self._inputs, self._bad_loss = False, [], None
+        if guard is not None:
+            try:
+                guard.close()
+            except Exception as exc:
+                logger.warning("nanscope: closing the sentinel failed (%s)", _first_line(exc))
+
+    def _observe_loss(self, loss: Any) -> None:
+        assert self._guard is not None
+        self._guard.observe_loss(loss)
+        import torch
+
+        from nanscope.backends.torch.suspension import not_recorded
+
+        if isinstance(loss, torch.Tensor) and self._scaled():
+            with not_recorded():  # read only when a GradScaler finds an overflow
+                bad = ~torch.isfinite(loss.detach()).all()
+                self._bad_loss = bad if self._bad_loss is None else self._bad_loss | bad
+
+    def _scaled(self) -> bool:
+        return self._trainer is not None and _has_scaler(getattr(self._trainer, "optimizer", None))
+
+    def _check_gradients(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any,
+        optimizer: Any,
+    ) -> None:
+        """Before the update: a bad step's update is dropped and the step replayed now."""
+        assert self._guard is not None
+        raw = _torch_optimizer(optimizer)
+        if _has_scaler(optimizer):
+            # Unscale now (the GradScaler does it in its step otherwise, and refuses twice):
+            # the gradients are read as they are, and the scaler's step skips an overflow.
+            with contextlib.suppress(RuntimeError):  # the Trainer's clipping unscaled them
+                optimizer.scaler.unscale_(raw)
+            grads = [p.grad for g in raw.param_groups for p in g["params"] if p.grad is not None]
+            if not all_finite(grads):
+                # An overflow: the scaler skips this update (handled); a loss that is not
+                # finite is still harm.
+                bad_loss, self._bad_loss = self._bad_loss, None
+                if bad_loss is not None and bool(bad_loss):
+                    self._end_step(args, state, control, model, optimizer, updated=False)
+                return
+        if self._guard.before_optimizer_step(raw):  # the update is dropped
+            self._end_step(args, state, control, model, optimizer, updated=False)
+
+    def _end_step(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any,
+        optimizer: Any,
+        updated: bool,
+    ) -> None:
+        assert self._guard is not None
+        inputs = self._inputs
+        self._step_open, self._inputs, self._bad_loss = False, [], None
+        self._guard.after_optimizer_step(_torch_optimizer(optimizer))
+        record = self._guard.end_step()
+        if not record.bad:
+            return
+        # An Inf/NaN born in the update is replayed with it (the sentinel replays such a
+        # step only from a snapshot: snapshot_state=True); under a GradScaler, the scaler's
+        # state belongs to the run: the replay is the forward and backward passes.
+        scaled = _has_scaler(optimizer)
+        with_update = updated and self.snapshot_state and not scaled
+        trainer, step = self._trainer, self._original_step
+
+        def again() -> Any:
+            return _run_step_again(trainer, step, args, inputs, optimizer, not scaled, with_update)
+
+        self._replaying = True
+        try:
+            trip = self._guard.replay(again)
+        finally:
+            self._replaying = False
+        self.trips.append(trip)
+        if self.headline is None and trip.cause is not None:
+            self.headline = trip.cause.headline
+        for line in trip_lines(trip, self.logdir):
+            _say(line)
+        if trip.action == "stop":
+            self.harmful_step = state.global_step
+            control.should_training_stop = True
 
     def _report(self, state: TrainerState) -> None:
         from nanscope.analysis import analyze
@@ -233,6 +427,58 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def _say(text: str) -> None:
+    logger.info(text)
+    print(text, file=sys.stderr, flush=True)
+
+
+def _find_trainer(callback: NanscopeCallback) -> Any:
+    """The ``Trainer`` whose hook is calling: the nearest caller's ``self`` that holds
+    ``callback`` (a ``TrainerCallback`` is given no reference to its Trainer)."""
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
+            return candidate
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    """The ``torch.optim`` optimizer inside Accelerate's wrapper (its hooks run on that one)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _run_step_again(
+    trainer: Any,
+    step: Callable[..., Any],
+    args: TrainingArguments,
+    inputs: list[tuple[Any, Any, Any]],
+    optimizer: Any,
+    clip: bool,
+    with_update: bool,
+) -> Any:
+    """The step as the Trainer runs it: its ``training_step`` on each micro-batch's inputs,
+    then (``clip``) its gradient clipping and (``with_update``) the optimizer step. Returns
+    the step's loss (the sum of the micro-batches')."""
+    total = None
+    for model, batch, (rest, kwargs) in inputs:
+        loss = step(model, batch, *rest, **kwargs)
+        total = loss if total is None else total + loss
+    model = inputs[0][0] if inputs else trainer.model
+    if clip and args.max_grad_norm is not None and args.max_grad_norm > 0:
+        clip_grad_norm = getattr(trainer, "_clip_grad_norm", None)
+        if clip_grad_norm is not None:
+            clip_grad_norm(model)
+        else:  # transformers before 5
+            trainer.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+    if with_update:
+        optimizer.step()
+    return total
+
+
 def _has_scaler(optimizer: Any) -> bool:
     """Whether Accelerate's optimizer steps through a GradScaler (fp16 mixed precision)."""
     return getattr(optimizer, "scaler", None) is not None
@@ -251,14 +497,28 @@ def attach(
     tensor_debug_mode: str = "FULL_HEALTH",
     circular_buffer_size: int = 1000,
     stop_on_harmful: bool = False,
+    *,
+    sentinel: bool = False,
+    on_nan: str = "stop",
+    snapshot_state: bool = False,
 ) -> NanscopeCallback:
     """Add a :class:`NanscopeCallback` to ``trainer`` (``trainer.add_callback``); returns it.
 
     Unlike ``Trainer(callbacks=[...])``, this also finds the Trainer's
     ``TensorBoardCallback`` (``report_to="tensorboard"``), whose writer then gets the
-    headline as text.
+    headline as text, and gives the callback the Trainer (``sentinel=True`` replays the
+    Trainer's steps).
     """
-    callback = NanscopeCallback(logdir, tensor_debug_mode, circular_buffer_size, stop_on_harmful)
+    callback = NanscopeCallback(
+        logdir,
+        tensor_debug_mode,
+        circular_buffer_size,
+        stop_on_harmful,
+        sentinel=sentinel,
+        on_nan=on_nan,
+        snapshot_state=snapshot_state,
+    )
+    callback._trainer = trainer
     trainer.add_callback(callback)
     for other in trainer.callback_handler.callbacks:
         if type(other).__name__ == "TensorBoardCallback":
