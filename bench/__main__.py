@@ -28,6 +28,8 @@ SUITES: dict[str, tuple[str, ...]] = {
         "startup",
         "integrations_lightning",
         "integrations_transformers",
+        "sentinel",
+        "statistics_cost",
     ),
     "dumps: writing and reading them, at scale": (
         "reader",
@@ -35,6 +37,7 @@ SUITES: dict[str, tuple[str, ...]] = {
         "scale_ranks",
         "views_memory",
         "writer_faults",
+        "diff",
     ),
     "server: nanscope serve": ("server_load", "gui"),
     "diagnostics: not timings": ("real_programs",),

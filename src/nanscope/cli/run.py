@@ -9,6 +9,10 @@ threads. An exception that escapes the program goes to its own sys.excepthook.
 The Python processes the program starts (spawn, forkserver and fork workers, Python
 run by subprocess) record into the same logdir, each as its own process:
 cli/_children.py.
+
+``--sentinel`` records no op: the sentinel checks each training step instead, and
+replays a step that went bad with everything recorded (cli/_sentinel.py); it watches
+the program's own process only.
 """
 
 from __future__ import annotations
@@ -50,6 +54,32 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--check-numerics",
         action="store_true",
         help="raise at the first NaN or harmful Inf instead of recording a dump",
+    )
+    p.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="record no op: check every optimizer step for Inf/NaN (loss, gradients, "
+        "parameters, optimizer state) at almost no cost, in this process only (not in the "
+        "processes the program starts); a step run as nanscope.sentinel.step(fn, *args) is "
+        "replayed with everything recorded when it goes bad",
+    )
+    p.add_argument(
+        "--on-nan",
+        choices=("stop", "skip"),
+        default="stop",
+        help="with --sentinel: at Inf/NaN, stop the program (default), or skip the step and go on",
+    )
+    p.add_argument(
+        "--snapshot-state",
+        action="store_true",
+        help="with --sentinel: copy the parameters and optimizer state before each step, so "
+        "that a NaN born in the optimizer step can be replayed (costs a copy a step)",
+    )
+    p.add_argument(
+        "--statistics",
+        action="store_true",
+        help="with FULL_HEALTH (PyTorch): also record each float output's mean, std, L2 norm "
+        "and a hash of its bits, what `nanscope diff` compares",
     )
     p.add_argument("--force", action="store_true", help="replace a dump already in --logdir")
     p.add_argument("-m", dest="module", help="run a library module as a script (like python -m)")
@@ -148,10 +178,22 @@ def run(args: argparse.Namespace) -> int:
         args.module, args.target = args.target[1], args.target[2:]
     if not args.module:
         _check_script(args.target[0])
+    if args.sentinel:
+        from nanscope.cli._sentinel import run_sentinel
+
+        logdir = Path(args.logdir) if args.logdir else _default_logdir(args)
+        return run_sentinel(args, logdir, sys.modules[__name__])
+    if args.on_nan != "stop" or args.snapshot_state:
+        raise CommandError("--on-nan and --snapshot-state go with --sentinel")
     try:
         mode = parse_mode(args.mode)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    if args.statistics and (args.check_numerics or mode.name != "FULL_HEALTH"):
+        raise CommandError(
+            "--statistics goes with --mode FULL_HEALTH (the default), not with "
+            + ("--check-numerics" if args.check_numerics else f"--mode {mode.name}")
+        )
     if args.op_regex is not None:
         # The recorder compiles it once the program imports its framework: a bad one
         # found then would leave the whole run unrecorded. Say so before it starts.
@@ -166,7 +208,12 @@ def run(args: argparse.Namespace) -> int:
         _prepare_logdir(logdir, args.force)
 
     recording = Recording(
-        logdir, mode, args.circular_buffer_size, args.op_regex, args.check_numerics
+        logdir,
+        mode,
+        args.circular_buffer_size,
+        args.op_regex,
+        args.check_numerics,
+        statistics=args.statistics,
     )
     # Recording starts when the program imports a framework that nanscope records; the
     # Python processes it starts record too (cli/_children.py).
