@@ -14,7 +14,7 @@ from nanscope.format.files import DumpNotFoundError
 
 # One module per subcommand (nanscope.cli.<name>), imported when needed: the report's and
 # the server's libraries are no part of `nanscope run`, which must start fast.
-COMMANDS = ("run", "report", "serve", "demo")
+COMMANDS = ("run", "report", "diff", "serve", "demo")
 
 
 def command(name: str) -> ModuleType:
