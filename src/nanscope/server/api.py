@@ -16,7 +16,16 @@ from typing import Any
 from nanscope.format.files import DumpNotFoundError
 from nanscope.format.headroom import TARGET_FORMATS
 from nanscope.reader import EXECUTIONS, TRACES, DumpReader
-from nanscope.server.provider import NotFound, events, rows, sources, summary, timeline
+from nanscope.server.provider import (
+    NotFound,
+    diff,
+    events,
+    rows,
+    sentinel,
+    sources,
+    summary,
+    timeline,
+)
 from nanscope.server.query import ApiError, Query
 from nanscope.server.runs import Run, RunNotFound, RunSet
 
@@ -26,6 +35,11 @@ MAX_TENSOR_VALUES = 100_000
 MAX_RANKS_WINDOW = 50
 # Modules charted at once by /api/headroom.
 MAX_HEADROOM_SERIES = 32
+# /api/sentinel: buckets of the charted steps, and exact steps before each trip.
+MAX_SENTINEL_POINTS = 4000
+MAX_SENTINEL_LEAD = 1000
+# /api/diff: ops shown on either side of the parted op.
+MAX_DIFF_WINDOW = 50
 
 Route = Callable[[RunSet, Query, Mapping[str, Any]], dict[str, Any]]
 Args = Mapping[str, Any]
@@ -179,6 +193,54 @@ def tensor_route(run: Run, reader: DumpReader, q: Query, args: Args) -> dict[str
     return events.tensor(reader, kind, index, slot, limit)
 
 
+def sentinels_route(runs: RunSet, q: Query, args: Args) -> dict[str, Any]:
+    """The sentinel histories under the logdir, each with the runs (replays) below it."""
+    return sentinel.histories(runs)
+
+
+def sentinel_route(runs: RunSet, q: Query, args: Args) -> dict[str, Any]:
+    """A sentinel's per-step history: buckets over a window of steps, each trip's lead-up."""
+    name = q.text("history", max_len=1024)
+    run = q.text("run", max_len=1024)
+    points = q.integer("points", 600, lo=1, hi=MAX_SENTINEL_POINTS)
+    lead = q.integer("lead", 100, lo=0, hi=MAX_SENTINEL_LEAD)
+    lo = q.optional_int("from_step")
+    hi = q.optional_int("to_step")
+    if lo is not None and hi is not None and hi < lo:
+        raise ApiError(400, f"to_step ({hi}) is before from_step ({lo})")
+    try:
+        found, root = sentinel.locate(runs, name, run or None)
+        return sentinel.history(runs, found, root, points, lead, lo, hi)
+    except (RunNotFound, NotFound) as exc:
+        raise ApiError(404, str(exc)) from None
+    except sentinel.AmbiguousHistory as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def diff_route(runs: RunSet, q: Query, args: Args) -> dict[str, Any]:
+    """Two runs compared op by op: the first op where they part, side by side."""
+    a = q.required("run")
+    b = q.required("against")
+    rank_a = q.optional_int("rank", lo=0)
+    rank_b = q.optional_int("against_rank", lo=0)
+    raw = q.text("rtol", max_len=40)
+    rtol = None
+    if raw not in (None, ""):
+        try:
+            rtol = float(raw)
+        except ValueError:
+            raise ApiError(400, f"parameter rtol must be a number, not {raw[:40]!r}") from None
+        if not (rtol >= 0 and rtol != float("inf")):
+            raise ApiError(400, f"parameter rtol must be a finite number >= 0 (got {raw})")
+    window = q.integer("window", 8, lo=0, hi=MAX_DIFF_WINDOW)
+    try:
+        return diff.compare(runs, a, b, rank_a, rank_b, rtol, window)
+    except (RunNotFound, DumpNotFoundError, NotFound) as exc:
+        raise ApiError(404, str(exc)) from None
+    except diff.DiffRefused as exc:
+        raise ApiError(400, str(exc)) from None
+
+
 # Path (werkzeug rule syntax) -> handler; the server serves exactly these, read-only.
 ROUTES: dict[str, Route] = {
     "/api/runs": runs_route,
@@ -195,4 +257,7 @@ ROUTES: dict[str, Route] = {
     "/api/source": source_route,
     "/api/source_files": source_files_route,
     "/api/tensor": tensor_route,
+    "/api/sentinels": sentinels_route,
+    "/api/sentinel": sentinel_route,
+    "/api/diff": diff_route,
 }

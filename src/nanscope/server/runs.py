@@ -2,7 +2,9 @@
 
 A *run* is one directory holding a dump (its file sets: one per process or host).
 ``nanscope serve LOGDIR`` shows every run found under ``LOGDIR`` (the logdir itself
-when it is a dump), and new ones as they appear.
+when it is a dump), and new ones as they appear. Directories holding a sentinel's
+history (``sentinel.jsonl``, :mod:`nanscope.sentinel`) are noted on the same walk
+(:meth:`RunSet.sentinels`); the replay dumps below them are runs like any other.
 
 Given several logdirs (``nanscope serve /a/logs /b/logs``: one per host, each host
 writing its ranks below its own), directories whose file sets record the same run id
@@ -33,6 +35,7 @@ from typing import Any, TypeVar
 
 from nanscope.format import files
 from nanscope.reader import TRACES, DumpReader, read_run_id
+from nanscope.sentinel._history import HISTORY_FILE  # the module: the package imports more
 
 T = TypeVar("T")
 
@@ -68,6 +71,7 @@ class _Dir:
     mtime_ns: int
     children: tuple[str, ...]  # subdirectories: not hidden, not symbolic links
     is_run: bool
+    is_sentinel: bool = False  # holds a sentinel's history (sentinel.jsonl)
 
 
 class _RunIndex:
@@ -82,10 +86,12 @@ class _RunIndex:
         self.logdir = logdir
         self.max_depth = max_depth
         self._dirs: dict[str, _Dir] = {}
+        # The directories holding a sentinel's history, as of the last scan.
+        self.sentinels: list[str] = []
 
     def _list(self, path: str, depth: int, mtime_ns: int) -> _Dir:
         children: list[str] = []
-        is_run = False
+        is_run = is_sentinel = False
         try:
             with os.scandir(path) as it:
                 for e in it:
@@ -97,17 +103,20 @@ class _RunIndex:
                                 children.append(e.name)
                         elif not is_run and fnmatch.fnmatchcase(e.name, _METADATA_GLOB):
                             is_run = e.is_file()
+                        elif e.name == HISTORY_FILE:
+                            is_sentinel = e.is_file()
                     except OSError:
                         continue
         except OSError:  # unreadable or gone: nothing below it, as os.walk would
             pass
-        return _Dir(mtime_ns, tuple(sorted(children)), is_run)
+        return _Dir(mtime_ns, tuple(sorted(children)), is_run, is_sentinel)
 
     def scan(self) -> list[str]:
         """The runs, in walk order (each directory before the sorted ones below it)."""
         racy = time.time_ns() - _RACY_NS
         old, new = self._dirs, {}
         found: list[str] = []
+        sentinels: list[str] = []
         stack: list[tuple[str, int]] = [(".", 0)]
         root = str(self.logdir)
         while stack:
@@ -123,9 +132,12 @@ class _RunIndex:
             new[rel] = entry
             if entry.is_run:
                 found.append(rel)
+            if entry.is_sentinel:
+                sentinels.append(rel)
             prefix = "" if rel == "." else rel + "/"
             stack.extend((prefix + c, depth + 1) for c in reversed(entry.children))
         self._dirs = new
+        self.sentinels = sentinels
         return found
 
 
@@ -486,6 +498,18 @@ class RunSet:
     def names(self) -> list[str]:
         self._maybe_refresh()
         return list(self._runs)
+
+    def sentinels(self) -> dict[str, Path]:
+        """The directories holding a sentinel's history, by name: the path under its logdir
+        (``"."`` for the logdir itself; ``@<n>`` added, as for runs, when an earlier logdir
+        has a history of that name), in walk order."""
+        self._maybe_refresh()
+        out: dict[str, Path] = {}
+        for i, index in enumerate(self._indexes):
+            for rel in list(index.sentinels):
+                name = rel if i == 0 or rel not in out else f"{rel}@{i + 1}"
+                out.setdefault(name, self.logdirs[i] / rel if rel != "." else self.logdirs[i])
+        return out
 
     def get(self, name: str | None) -> Run:
         """The run called ``name``; ``None`` means the only run."""

@@ -10,7 +10,9 @@ they are; what the run does not hold raises :class:`NotFound`.
 - ``timeline``: each event's status, and buckets of them;
 - ``summary``: the run list, alerts, analysis, ranks and headroom;
 - ``events``: one event in detail, a graph op, a tensor's values;
-- ``sources``: the recorded source files.
+- ``sources``: the recorded source files;
+- ``sentinel``: a sentinel's per-step history (buckets, each trip's lead-up, its replay's run);
+- ``diff``: two runs compared (``nanscope.analysis.diff``), side by side at the parted op.
 """
 
 from nanscope.server.provider.events import NotFound

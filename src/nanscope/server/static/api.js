@@ -98,6 +98,18 @@ export class Api {
   runs() {
     return getJSON("api/runs");
   }
+  /** Two runs compared op by op (/api/diff): the first op where they part, side by side. */
+  diff(run, against) {
+    return getJSON("api/diff", { run, against });
+  }
+  /** The sentinel histories under the logdir: [{history, path, runs}]. */
+  sentinels() {
+    return getJSON("api/sentinels").then((body) => body.sentinels || []);
+  }
+  /** A sentinel's history (/api/sentinel): buckets of the steps, each trip's lead-up. */
+  sentinel(history, params = {}) {
+    return getJSON("api/sentinel", { history, ...params });
+  }
   alerts(process) {
     return getJSON("api/alerts", this.params({ process }));
   }

@@ -46,6 +46,14 @@
 //   .hr-lg[data-module][data-phase] (focusable; .hr-lg-name, .hr-lg-peak); warnings
 //   .hr-warn[data-module][data-phase][data-step] (.hr-warn-text: the message; Enter selects)
 //   or .hr-ok when there are none. line.hr-sel[data-step]: the selected event's step.
+//   The sentinel view (a logdir with a sentinel's history, sentinel.js): #sentinel-view (in
+//   place of #layout, <body class="view-sentinel">), opened by the #run-select option with
+//   data-sentinel (value "sentinel:<history>") or "#sentinel=<history>"; a URL naming no run
+//   opens on it when the logdir has a history. a.sn-replay opens the replay's run on its root
+//   cause; in that run #sentinel-back leads back to the history.
+//   The diff view (diff.js): #diff-view (in place of #layout, <body class="view-diff">),
+//   opened by #compare-select (#compare-field, shown with two runs or more: the run to compare
+//   the one in view with) or "#run=A&against=B"; #diff-close goes back to the run.
 //   <body data-pending="N"> counts API requests in flight; data-ready="1" once the first
 //   run's alerts are shown; data-selected="e401" / "t12" once the selection's detail is shown.
 //   The first view: a URL naming no selection opens on the root cause (the cause, else the
@@ -74,6 +82,8 @@ import { leadOpTypesWithCause, renderAlerts, renderRootCause, renderRootCauseErr
 import { renderDetail, renderDetailError } from "./detail.js";
 import { RANKS_WINDOW, renderRanks, renderRanksLoading, renderRanksError, hideRanks, markRanksSelection } from "./ranks.js";
 import { renderHeadroom, renderHeadroomLoading, renderHeadroomError, hideHeadroom, headroomShown, headroomNearLimit, setHeadroomCollapsed } from "./headroom.js";
+import { renderDiff, renderDiffLoading, renderDiffError } from "./diff.js";
+import { renderSentinel, renderSentinelLoading, renderSentinelError } from "./sentinel.js";
 import { renderTraceGraph, renderExecGraph, renderGraphMessage } from "./graph.js";
 import { SourceView } from "./source.js";
 import { renderStack } from "./stack.js";
@@ -89,8 +99,11 @@ const POLL_MS = 2000;
 class App {
   constructor() {
     this.api = new Api();
-    this.state = { run: null, process: null, sel: null, tab: null, nf: false, op: "", src: null, focus: "list" };
+    this.state = { run: null, process: null, sel: null, tab: null, nf: false, op: "", src: null, focus: "list", sentinel: null, sv: null, trip: null, against: null };
     this.runs = [];
+    this.sentinels = []; // /api/sentinels: the sentinel histories under the logdir
+    this.sentinelData = null;
+    this.sentinelSeq = 0;
     this.logdir = "";
     this.runInfo = null;
     this.alerts = null;
@@ -160,6 +173,16 @@ class App {
 
   /** The user edited the URL's hash: apply the view `h` it names (urlstate.js parsed it). */
   async onHashChange(h) {
+    if (h.sentinel !== null) {
+      await this.showSentinel(h.sentinel, { mode: h.sv, trip: h.trip });
+      return;
+    }
+    if (this.state.sentinel !== null || h.against !== this.state.against) {
+      this.hideSentinel();
+      Object.assign(this.state, h);
+      await this.loadRun();
+      return;
+    }
     if (h.run !== undefined && h.run !== this.state.run) {
       Object.assign(this.state, h);
       await this.loadRun();
@@ -184,9 +207,31 @@ class App {
 
   wire() {
     $("#run-select").addEventListener("change", (e) => {
-      Object.assign(this.state, { run: e.target.value, process: null, sel: null, src: null, tab: null, nf: false, op: "" });
+      const opt = e.target.selectedOptions[0];
+      if (opt && opt.dataset.sentinel !== undefined) {
+        this.showSentinel(opt.dataset.sentinel, {});
+        return;
+      }
+      this.hideSentinel();
+      Object.assign(this.state, { against: null, run: e.target.value, process: null, sel: null, src: null, tab: null, nf: false, op: "" });
       this.loadRun();
     });
+    $("#compare-select").addEventListener("change", (e) => {
+      this.state.against = e.target.value || null;
+      this.loadRun();
+    });
+    $("#diff-close").addEventListener("click", () => {
+      this.state.against = null;
+      this.loadRun();
+    });
+    $("#sentinel-back").addEventListener("click", () => {
+      const b = $("#sentinel-back");
+      this.showSentinel(b.dataset.history, { mode: "lead", trip: Number(b.dataset.step) });
+    });
+    const redrawSentinel = debounce(() => {
+      if (this.sentinelChart && !$("#sentinel-view").hidden) this.sentinelChart.redraw();
+    }, 150);
+    new ResizeObserver(redrawSentinel).observe($("#sentinel-view"));
     $("#headroom-format").addEventListener("change", () => {
       if (this.analysis) this.loadHeadroom(this.analysis);
     });
@@ -251,11 +296,15 @@ class App {
   // ---- runs and polling -----------------------------------------------------------------
 
   async boot() {
-    Object.assign(this.state, this.url.read());
+    const h = this.url.read();
+    Object.assign(this.state, h);
+    // A URL naming nothing opens on the sentinel's history, where the logdir has one.
+    this.openOnSentinel = h.run === undefined && !h.sel && !h.src;
     this.setFocus("list");
     try {
-      const body = await this.api.runs();
+      const [body, sentinels] = await Promise.all([this.api.runs(), this.api.sentinels()]);
       this.pollOk = true;
+      this.sentinels = sentinels;
       this.setRuns(body);
     } catch (e) {
       this.showBanner(e.message, true);
@@ -274,16 +323,31 @@ class App {
     const select = $("#run-select");
     const current = select.value;
     // Rebuild only when the runs change (an open dropdown would close otherwise).
-    const sig = JSON.stringify(this.runs.map((r) => [r.run, r.error, r.framework, r.tensor_debug_mode, r.incomplete, r.num_incomplete]));
+    const sig = JSON.stringify([this.runs.map((r) => [r.run, r.error, r.framework, r.tensor_debug_mode, r.incomplete, r.num_incomplete]), this.sentinels]);
     if (sig === this.runsSig) return;
     this.runsSig = sig;
     // An incomplete run (events missing: no all-clear for it) is marked in the list.
     const label = (r) => `${r.run === "." ? "(logdir)" : r.run}${r.incomplete ? " ⚠ incomplete" : ""}`;
     const title = (r) => (r.error ? r.error : `${r.framework || ""} ${r.tensor_debug_mode || ""}`) + (r.incomplete && !r.error ? ` · incomplete: ${r.num_incomplete} problem${r.num_incomplete === 1 ? "" : "s"}` : "");
-    setChildren(select, ...this.runs.map((r) => el("option", { value: r.run, text: label(r), title: title(r), dataset: { incomplete: r.incomplete ? "1" : "0" } })));
-    select.value = this.state.run !== null && this.runs.some((r) => r.run === this.state.run) ? this.state.run : current;
+    const options = this.runs.map((r) => el("option", { value: r.run, text: label(r), title: title(r), dataset: { incomplete: r.incomplete ? "1" : "0" } }));
+    // The sentinel histories: a view of their own (sentinel.js), listed after the runs.
+    const histories = this.sentinels.map((s) => el("option", { value: `sentinel:${s.history}`, text: `sentinel history${s.history === "." ? "" : ` (${s.history})`}`, title: `the sentinel's per-step history in ${s.path}`, dataset: { sentinel: s.history } }));
+    setChildren(select, ...(histories.length ? [el("optgroup", { label: "runs" }, options), el("optgroup", { label: "sentinel" }, histories)] : options));
+    if (this.state.sentinel !== null) select.value = `sentinel:${this.state.sentinel}`;
+    else select.value = this.state.run !== null && this.runs.some((r) => r.run === this.state.run) ? this.state.run : current;
     // One run in the logdir itself: no list, unless it must say the run is incomplete.
-    $("#run-select").closest(".field").hidden = this.runs.length < 2 && this.runs.length > 0 && this.runs[0].run === "." && !this.runs[0].incomplete;
+    $("#run-select").closest(".field").hidden = !histories.length && this.runs.length < 2 && this.runs.length > 0 && this.runs[0].run === "." && !this.runs[0].incomplete;
+    this.updateSentinelBack();
+    this.fillCompare();
+  }
+
+  /** #compare-select: the other runs, to compare the one in view with (the diff view). */
+  fillCompare() {
+    const select = $("#compare-select");
+    const others = this.runs.filter((r) => r.run !== this.state.run && !r.error);
+    $("#compare-field").hidden = this.state.sentinel !== null || !others.length || this.state.run === null;
+    setChildren(select, el("option", { value: "", text: "—" }), ...others.map((r) => el("option", { value: r.run, text: r.run === "." ? "(logdir)" : r.run })));
+    select.value = this.state.against && others.some((r) => r.run === this.state.against) ? this.state.against : "";
   }
 
   showBanner(message, isError = false) {
@@ -298,6 +362,13 @@ class App {
   }
 
   async loadRun() {
+    const openSentinel = this.openOnSentinel && this.sentinels.length;
+    this.openOnSentinel = false;
+    if (this.state.sentinel !== null || openSentinel || (!this.runs.length && this.sentinels.length)) {
+      const name = this.state.sentinel ?? this.sentinels[0].history;
+      await this.showSentinel(name, { mode: this.state.sv, trip: this.state.trip });
+      return;
+    }
     document.body.classList.toggle("no-runs", !this.runs.length);
     if (!this.runs.length) {
       this.runInfo = null;
@@ -325,6 +396,13 @@ class App {
       Object.assign(this.state, { run: good.run, sel: null, src: null, tab: null, process: null, nf: false, op: "" });
     }
     $("#run-select").value = this.state.run;
+    this.updateSentinelBack();
+    this.fillCompare();
+    if (this.state.against) {
+      await this.showDiff();
+      return;
+    }
+    this.hideDiff();
     const info = this.runs.find((r) => r.run === this.state.run);
     this.runInfo = info;
     this.api.setRun(info.run, info.generation);
@@ -446,7 +524,7 @@ class App {
   async poll() {
     let body;
     try {
-      body = await this.api.runs();
+      [body, this.sentinels] = await Promise.all([this.api.runs(), this.api.sentinels()]);
       this.pollOk = true;
     } catch {
       this.pollOk = false;
@@ -456,6 +534,11 @@ class App {
     const before = this.runInfo;
     const hadRuns = this.runs.length;
     this.setRuns(body);
+    if (this.state.sentinel !== null) {
+      await this.refreshSentinel();
+      this.setLive();
+      return;
+    }
     if (!hadRuns && this.runs.length) {
       this.lastChange = Date.now();
       await this.loadRun();
@@ -491,6 +574,136 @@ class App {
       this.loadAlerts();
     }
     this.setLive();
+  }
+
+  // ---- the diff view ----------------------------------------------------------------------
+
+  /** Compare the run in view (A) with state.against (B), in place of the run's panels. */
+  async showDiff() {
+    const run = this.state.run;
+    const against = this.state.against;
+    document.body.classList.add("view-diff");
+    const view = $("#diff-view");
+    view.hidden = false;
+    this.showBanner(null);
+    this.booted = true;
+    this.writeHash();
+    const seq = (this.diffSeq = (this.diffSeq || 0) + 1);
+    renderDiffLoading(view, $("#diff-body"));
+    $("#diff-sub").textContent = `${run} against ${against}`;
+    try {
+      const data = await this.api.diff(run, against);
+      if (seq !== this.diffSeq) return;
+      renderDiff(view, $("#diff-body"), $("#diff-sub"), data, this);
+    } catch (e) {
+      if (seq === this.diffSeq) renderDiffError(view, $("#diff-body"), e.message);
+    }
+    this.markReady();
+  }
+
+  hideDiff() {
+    this.diffSeq = (this.diffSeq || 0) + 1;
+    $("#diff-view").hidden = true;
+    document.body.classList.remove("view-diff");
+  }
+
+  /** Open a run at an event (from the diff view): its panels, the event selected. */
+  async openEvent(run, ref) {
+    this.hideDiff();
+    Object.assign(this.state, { run, against: null, process: null, sel: ref, src: null, tab: null, nf: false, op: "" });
+    await this.loadRun();
+  }
+
+  // ---- the sentinel view -----------------------------------------------------------------
+
+  /**
+   * Show a sentinel's history in place of the run's panels. opts.mode: "lead" (a trip's
+   * lead-up; opts.trip its step) or "whole"; the history is fetched again when it is another
+   * one or opts.refetch.
+   */
+  async showSentinel(name, opts = {}) {
+    Object.assign(this.state, { sentinel: name, sv: opts.mode || null, trip: opts.trip ?? null });
+    document.body.classList.add("view-sentinel");
+    document.body.classList.remove("no-runs");
+    this.hideDiff();
+    this.state.against = null;
+    $("#compare-field").hidden = true;
+    const view = $("#sentinel-view");
+    view.hidden = false;
+    $("#sentinel-back").hidden = true;
+    this.showBanner(null);
+    const select = $("#run-select");
+    select.value = `sentinel:${name}`;
+    this.booted = true;
+    this.writeHash();
+    const seq = ++this.sentinelSeq;
+    let data = this.sentinelData;
+    if (!data || data.history !== name || opts.refetch) {
+      renderSentinelLoading(view, $("#sn-body"));
+      try {
+        data = await this.api.sentinel(name);
+      } catch (e) {
+        if (seq === this.sentinelSeq) {
+          renderSentinelError(view, $("#sn-body"), e.message);
+          this.markReady();
+        }
+        return;
+      }
+      if (seq !== this.sentinelSeq || this.state.sentinel !== name) return;
+      this.sentinelData = data;
+    }
+    this.sentinelChart = renderSentinel(view, $("#sn-body"), $("#sn-sub"), data, this, { mode: this.state.sv, trip: this.state.trip });
+    this.markReady();
+  }
+
+  /** A poll while the history shows: draw it again when it grew, ended or was damaged. */
+  async refreshSentinel() {
+    const name = this.state.sentinel;
+    const old = this.sentinelData;
+    let data;
+    try {
+      data = await this.api.sentinel(name);
+    } catch {
+      return;
+    }
+    if (this.state.sentinel !== name) return;
+    const sig = (d) => d && JSON.stringify([d.num_steps, d.ended, d.problems, d.error, (d.trips || []).map((t) => [t.step, t.run, t.reproduced])]);
+    if (sig(old) === sig(data)) return;
+    this.lastChange = Date.now();
+    this.sentinelData = data;
+    this.sentinelChart = renderSentinel($("#sentinel-view"), $("#sn-body"), $("#sn-sub"), data, this, { mode: this.state.sv, trip: this.state.trip });
+  }
+
+  hideSentinel() {
+    if (this.state.sentinel === null) return;
+    Object.assign(this.state, { sentinel: null, sv: null, trip: null });
+    ++this.sentinelSeq;
+    this.sentinelChart = null;
+    $("#sentinel-view").hidden = true;
+    document.body.classList.remove("view-sentinel");
+    this.fillCompare();
+  }
+
+  /** Open a trip's replay: its run, on its root cause (the first view). */
+  async openReplay(run) {
+    this.hideSentinel();
+    Object.assign(this.state, { run, process: null, sel: null, src: null, tab: null, nf: false, op: "" });
+    this.sentinelData = null; // read again on the way back (it may have grown)
+    await this.loadRun();
+  }
+
+  /** #sentinel-back: shown in a run that is the replay of a sentinel's trip. */
+  updateSentinelBack() {
+    const b = $("#sentinel-back");
+    const run = this.state.run;
+    const s = this.state.sentinel === null && run !== null ? this.sentinels.find((x) => (x.runs || []).includes(run)) : null;
+    b.hidden = !s;
+    if (!s) return;
+    const m = /replay-step-(\d+)$/.exec(run);
+    b.dataset.history = s.history;
+    if (m) b.dataset.step = m[1];
+    else delete b.dataset.step;
+    b.textContent = m ? `◂ sentinel: replay of step ${fmtInt(Number(m[1]))}` : "◂ sentinel history";
   }
 
   // ---- lists and timeline ----------------------------------------------------------------

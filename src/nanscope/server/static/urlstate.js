@@ -8,6 +8,9 @@
 //   run, process (absent: all), sel (e<index> execution, t<index> trace), tab (executions |
 //   traces), nf (only Inf/NaN), op (op type filter), sp/sf/spath/sl (source: process, file
 //   index or recorded path, line).
+// The diff view, e.g. #run=a&against=b: run a compared with run b (/api/diff).
+// The sentinel view, e.g. #sentinel=.&sv=lead&trip=412: the history (its name in
+//   /api/sentinels), the range charted (sv: lead | whole) and the trip whose lead-up it is.
 
 import { kindLetter, kindFromLetter } from "./util.js";
 
@@ -35,13 +38,28 @@ export function parseHash(hash) {
       line: Number(qs.get("sl")),
     };
   } else s.src = null;
+  s.against = qs.get("against") || null;
+  s.sentinel = qs.has("sentinel") ? qs.get("sentinel") : null;
+  const sv = qs.get("sv");
+  s.sv = sv === "lead" || sv === "whole" ? sv : null;
+  s.trip = qs.has("trip") && /^-?\d+$/.test(qs.get("trip")) ? Number(qs.get("trip")) : null;
   return s;
 }
 
 /** The hash ("#…") of the app's state; defaults are left out. */
 export function formatHash(s) {
   const qs = new URLSearchParams();
+  if (s.sentinel !== null && s.sentinel !== undefined) {
+    qs.set("sentinel", s.sentinel);
+    if (s.sv) qs.set("sv", s.sv);
+    if (s.trip !== null && s.trip !== undefined) qs.set("trip", String(s.trip));
+    return "#" + qs.toString();
+  }
   if (s.run !== null) qs.set("run", s.run);
+  if (s.against) {
+    qs.set("against", s.against);
+    return "#" + qs.toString();
+  }
   if (s.process !== null) qs.set("process", String(s.process));
   if (s.sel) qs.set("sel", kindLetter(s.sel.kind) + s.sel.index);
   if (s.tab) qs.set("tab", s.tab);
