@@ -34,8 +34,7 @@ jnp = pytest.importorskip("jax.numpy")
 pytest.importorskip("flax")
 optax = pytest.importorskip("optax")
 
-from nanscope.sentinel import SentinelHistory, read_history  # noqa: E402
-from nanscope.sentinel._jax import JaxSentinel, SentinelTripped  # noqa: E402
+from nanscope.sentinel import JaxSentinel, SentinelHistory, SentinelTripped, read_history  # noqa: E402
 from nanscope.sentinel._jax_checks import layout_of  # noqa: E402
 from nanscope.sentinel._replay import NOT_REPRODUCED  # noqa: E402
 from tests.jax_oracle import evaluate  # noqa: E402
