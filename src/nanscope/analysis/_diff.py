@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanscope.analysis._align import align, base_name, skippable
+from nanscope.analysis._align import VIEW_OPS, align, base_name, skippable
 from nanscope.analysis._diff_result import (
     EVIDENCE,
     Alignment,
@@ -364,13 +364,69 @@ def _last_row(out_ids: np.ndarray, tid: int, limit: int) -> int | None:
     return None
 
 
+def _op_kinds(side: _Side) -> tuple[np.ndarray, np.ndarray]:
+    """Per table position: whether the op is a view (its output shares its input's
+    storage), and whether it writes its first input in place (``copy_``, ``mul_``,
+    ``_foreach_mul_``: aten's in-place names end with ``_``)."""
+    cached: tuple[np.ndarray, np.ndarray] | None = getattr(side, "_op_kinds", None)
+    if cached is None:
+        bases = [base_name(n) for n in side.strings.strings] or [""]
+        views = np.array([b in VIEW_OPS for b in bases], dtype=bool)
+        inplace = np.array([b.endswith("_") and b.strip("_") != "" for b in bases], dtype=bool)
+        cached = (views[side.table.op_type], inplace[side.table.op_type])
+        side._op_kinds = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _first_inputs(t: OpTable, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ops among ``ops`` that have inputs, and the tensor id of each one's first input."""
+    ops = ops[t.in_start[ops + 1] > t.in_start[ops]]
+    return ops, t.in_ids[t.in_start[ops]]
+
+
+def _aliases(side: _Side, tid: int, pos: int) -> np.ndarray:
+    """Tensor ``tid`` and the views made of it (transitively) by ops before ``pos``: a
+    write into any of them is a write into ``tid``'s values."""
+    t = side.table
+    views, first_in = _first_inputs(t, np.flatnonzero(_op_kinds(side)[0][:pos]))
+    ids = np.array([tid], dtype=t.out_ids.dtype)
+    for _ in range(8):  # views of views
+        made = views[np.isin(first_in, ids)].tolist()
+        out = [t.out_ids[t.out_start[v] : t.out_start[v + 1]] for v in made]
+        grown = np.union1d(ids, np.concatenate(out)) if out else ids
+        grown = grown[grown != 0]
+        if len(grown) == len(ids):
+            break
+        ids = grown
+    return ids
+
+
+def _last_write(side: _Side, tid: int, pos: int) -> int | None:
+    """The last output row of an op before ``pos`` that wrote ``tid``'s values: the op
+    that made it, or a later one that wrote into it, or into a view of it, in place
+    (``x[0] = ...`` is a ``select`` and a ``copy_``; the write's output is a new version)."""
+    t = side.table
+    limit = int(t.out_start[pos])
+    row = _last_row(t.out_ids, tid, limit)
+    writers, first_in = _first_inputs(t, np.flatnonzero(_op_kinds(side)[1][:pos]))
+    if not writers.size:
+        return row
+    writes = writers[np.isin(first_in, _aliases(side, tid, pos))]
+    writes = writes[t.out_start[writes + 1] > t.out_start[writes]]  # it recorded an output
+    if writes.size:
+        wrow = int(t.out_start[writes[-1]])
+        if row is None or wrow > row:
+            return wrow
+    return row
+
+
 def _made_by(side: _Side, pos: int, tid: int, skip_ok: np.ndarray) -> tuple[int, int] | None:
     """The op (table position) that made tensor ``tid`` before op ``pos``, and the output
     slot it came out of; through skipped ops (views, casts) to the op that made their
     input."""
     t = side.table
     for _ in range(32):
-        row = _last_row(t.out_ids, tid, int(t.out_start[pos]))
+        row = _last_write(side, tid, pos)
         if row is None:
             return None
         prod = int(np.searchsorted(t.out_start, row, side="right") - 1)
