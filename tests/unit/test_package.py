@@ -42,7 +42,13 @@ TOP_LEVEL = [
     "open_dump",
 ]
 # Library packages: their modules are private, their __init__ re-exports the API.
-LIBRARY_PACKAGES = ("nanscope.reader", "nanscope.analysis", "nanscope.report", "nanscope.events")
+LIBRARY_PACKAGES = (
+    "nanscope.reader",
+    "nanscope.analysis",
+    "nanscope.report",
+    "nanscope.events",
+    "nanscope.sentinel",
+)
 
 
 def test_public_names_are_deliberate() -> None:

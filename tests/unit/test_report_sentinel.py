@@ -73,7 +73,9 @@ def write_history(
 
 def report(run: SentinelRun) -> str:
     out = io.StringIO()
-    render_sentinel_text(run, console_for(out))
+    console = console_for(out)
+    console.width = 160  # whatever COLUMNS the test runner has: the assertions read whole rows
+    render_sentinel_text(run, console)
     return out.getvalue()
 
 

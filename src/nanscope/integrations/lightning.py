@@ -215,7 +215,10 @@ class NanscopeCallback(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._stop_sentinel()
+        from nanscope.sentinel._errors import error_words
+
+        # The history says the fit ended by this error: the steps after it were never checked.
+        self._stop_sentinel(error_words(exception))
         if self._session is None:
             return
         self._close()
@@ -338,8 +341,9 @@ class NanscopeCallback(pl.Callback):
         rank_zero_warn(f"nanscope: the sentinel failed ({_first_line(exc)}); it stops here")
         self._stop_sentinel()
 
-    def _stop_sentinel(self) -> None:
-        """Remove the hooks and close the history (never raises)."""
+    def _stop_sentinel(self, error: str | None = None) -> None:
+        """Remove the hooks and close the history (never raises); ``error``: the exception
+        ending the fit, in words, when one is."""
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook.remove()
@@ -348,7 +352,7 @@ class NanscopeCallback(pl.Callback):
         if guard is None:
             return
         try:
-            guard.close()
+            guard.close(error)
         except Exception as exc:
             rank_zero_warn(f"nanscope: closing the sentinel failed ({_first_line(exc)})")
             return

@@ -65,3 +65,8 @@ def __getattr__(name: str) -> Any:
 
         return JaxSentinel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazily loaded names are part of the package's surface too.
+    return sorted({n for n in globals() if n.startswith("_")} | set(__all__))
