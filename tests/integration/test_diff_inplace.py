@@ -33,12 +33,8 @@ def record(tmp: Path, name: str, *args: str) -> Path:
     script = tmp / f"{name}.py"
     script.write_text(PROGRAM)
     logdir = tmp / name
-    subprocess.run(
-        [sys.executable, "-m", "nanscope", "run", "--statistics", "--logdir", str(logdir)]
-        + [str(script), *args],
-        check=True,
-        capture_output=True,
-    )
+    command = [sys.executable, "-m", "nanscope", "run", "--statistics", "--logdir", str(logdir)]
+    subprocess.run([*command, str(script), *args], check=True, capture_output=True)
     return logdir
 
 
