@@ -37,7 +37,13 @@ from nanscope.analysis import Analysis
 from nanscope.report._json import report_json
 from nanscope.report._sentences import headline
 from nanscope.report._text import render_text
-from nanscope.sentinel._history import SentinelHistory, StepRecord, Trip, steps_before
+from nanscope.sentinel._history import (
+    SentinelHistory,
+    StepRecord,
+    Trip,
+    json_float,
+    steps_before,
+)
 from nanscope.vocabulary import Verdict
 
 SCHEMA = "nanscope.sentinel/1"
@@ -232,16 +238,7 @@ def sentinel_headline(run: SentinelRun) -> str:
 # -- JSON -------------------------------------------------------------------------------------
 
 
-def _num(x: float | None) -> float | str | None:
-    """A figure for JSON: non-finite values as ``"nan"``, ``"inf"``, ``"-inf"`` (as in
-    ``sentinel.jsonl``)."""
-    if x is None:
-        return None
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
+_num = json_float  # as in sentinel.jsonl
 
 
 def step_json(s: StepRecord) -> dict[str, Any]:

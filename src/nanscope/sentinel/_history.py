@@ -129,7 +129,8 @@ class SentinelHistory:
         return None if trip.replay is None else self.logdir / trip.replay
 
 
-def _encode_float(x: float | None) -> float | str | None:
+def json_float(x: float | None) -> float | str | None:
+    """A figure as JSON holds it: non-finite values as ``"nan"``, ``"inf"``, ``"-inf"``."""
     if x is None:
         return None
     x = float(x)
@@ -191,14 +192,14 @@ class HistoryWriter:
                 "kind": "step",
                 "step": int(record.step),
                 "time": float(record.time),
-                "loss": _encode_float(record.loss),
-                "grad_norm": _encode_float(record.grad_norm),
-                "grad_amax": _encode_float(record.grad_amax),
-                "param_amax": _encode_float(record.param_amax),
-                "state_amax": _encode_float(record.state_amax),
-                "module_amax": [_encode_float(x) for x in record.module_amax],
+                "loss": json_float(record.loss),
+                "grad_norm": json_float(record.grad_norm),
+                "grad_amax": json_float(record.grad_amax),
+                "param_amax": json_float(record.param_amax),
+                "state_amax": json_float(record.state_amax),
+                "module_amax": [json_float(x) for x in record.module_amax],
                 "bad": list(record.bad),
-                "param_norm": _encode_float(record.param_norm),
+                "param_norm": json_float(record.param_norm),
             }
         )
         if len(self._pending) >= self._flush_every:

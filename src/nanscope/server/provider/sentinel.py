@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 # The history's module, not the package: the package also holds the sentinel itself.
-from nanscope.sentinel._history import CHECKS, HISTORY_FILE
+from nanscope.sentinel._history import CHECKS, HISTORY_FILE, json_float
 from nanscope.server.provider.events import NotFound
 from nanscope.server.runs import RunSet
 
@@ -65,15 +65,7 @@ def _number(x: Any) -> float | None:
     return float(x)
 
 
-def _json_number(x: float | None) -> float | str | None:
-    """A figure for the answer: JSON has no NaN or infinity (http_api.md's convention)."""
-    if x is None:
-        return None
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
+_json_number = json_float  # JSON has no NaN or infinity (http_api.md's convention)
 
 
 def _no_constants(name: str) -> Any:
