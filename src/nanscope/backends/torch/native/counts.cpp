@@ -162,14 +162,14 @@ struct Dim {
   int64_t size, stride;
 };
 
-// Counts over a strided layout by walking it in place: any view (transposed,
-// sliced, a sliding window whose elements overlap) is counted element by
-// element as it appears, and nothing is copied or dispatched (an op run here
-// would be seen by the program's own dispatch modes).
-template <typename T, bool kRanges>
-void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special* s,
-                bool want_special) {
-  // Innermost (smallest stride) last; a dense layout in any order is one run.
+// Walks a strided layout in place: any view (transposed, sliced, a sliding window
+// whose elements overlap) is visited element by element as it appears, as runs of
+// `run(p, n, stride)` along its innermost dimension; a dense layout in any order is
+// one run. Nothing is copied or dispatched (an op run here would be seen by the
+// program's own dispatch modes).
+template <typename T, typename Run>
+void walk_layout(const T* base, c10::SmallVector<Dim, 8> dims, Run run) {
+  // Innermost (smallest stride) last.
   std::sort(dims.begin(), dims.end(),
             [](const Dim& x, const Dim& y) { return x.stride > y.stride; });
   int64_t expected = 1;
@@ -179,7 +179,7 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
     expected *= it->size;
   }
   if (dims.empty() || dense) {
-    count_run<T, kRanges>(base, expected, 1, c, s, want_special);
+    run(base, expected, int64_t{1});
     return;
   }
   const Dim inner = dims.back();
@@ -187,7 +187,7 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
   c10::SmallVector<int64_t, 8> at(dims.size(), 0);
   const T* p = base;
   while (true) {
-    count_run<T, kRanges>(p, inner.size, inner.stride, c, s, want_special);
+    run(p, inner.size, inner.stride);
     int64_t d = static_cast<int64_t>(dims.size()) - 1;
     for (; d >= 0; --d) {  // the odometer: next position of the outer dimensions
       if (++at[d] < dims[d].size) {
@@ -199,6 +199,15 @@ void count_walk(const T* base, c10::SmallVector<Dim, 8> dims, Counts* c, Special
     }
     if (d < 0) return;
   }
+}
+
+// Counts over a strided layout, walked in place (walk_layout).
+template <typename T, bool kRanges>
+void count_walk(const T* base, const c10::SmallVector<Dim, 8>& dims, Counts* c, Special* s,
+                bool want_special) {
+  walk_layout<T>(base, dims, [&](const T* p, int64_t n, int64_t stride) {
+    count_run<T, kRanges>(p, n, stride, c, s, want_special);
+  });
 }
 
 template <bool kRanges>
@@ -405,44 +414,23 @@ void statistics_run(const T* p, int64_t n, bool negated, StatAcc* acc) {
   }
 }
 
-// The statistics over a strided layout, walked in place as count_walk walks it
-// (a strided run gathered into a small buffer first).
+// The statistics over a strided layout, walked in place (walk_layout; a strided run
+// gathered into a small buffer first).
 template <typename T>
-void statistics_walk(const T* base, c10::SmallVector<Dim, 8> dims, bool negated, StatAcc* acc) {
-  std::sort(dims.begin(), dims.end(),
-            [](const Dim& x, const Dim& y) { return x.stride > y.stride; });
-  int64_t expected = 1;
-  bool dense = true;
-  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
-    dense = dense && it->stride == expected;
-    expected *= it->size;
-  }
-  if (dims.empty() || dense) {
-    statistics_run<T>(base, expected, negated, acc);
-    return;
-  }
-  const Dim inner = dims.back();
-  dims.pop_back();
-  c10::SmallVector<int64_t, 8> at(dims.size(), 0);
-  const T* p = base;
-  T buf[1024];
-  while (true) {
-    for (int64_t i = 0; i < inner.size; i += 1024) {
-      const int64_t m = std::min<int64_t>(1024, inner.size - i);
-      for (int64_t j = 0; j < m; ++j) buf[j] = p[(i + j) * inner.stride];
+void statistics_walk(const T* base, const c10::SmallVector<Dim, 8>& dims, bool negated,
+                     StatAcc* acc) {
+  walk_layout<T>(base, dims, [&](const T* p, int64_t n, int64_t stride) {
+    if (stride == 1) {
+      statistics_run<T>(p, n, negated, acc);
+      return;
+    }
+    T buf[1024];
+    for (int64_t i = 0; i < n; i += 1024) {
+      const int64_t m = std::min<int64_t>(1024, n - i);
+      for (int64_t j = 0; j < m; ++j) buf[j] = p[(i + j) * stride];
       statistics_run<T>(buf, m, negated, acc);
     }
-    int64_t d = static_cast<int64_t>(dims.size()) - 1;
-    for (; d >= 0; --d) {
-      if (++at[d] < dims[d].size) {
-        p += dims[d].stride;
-        break;
-      }
-      p -= dims[d].stride * (dims[d].size - 1);
-      at[d] = 0;
-    }
-    if (d < 0) return;
-  }
+  });
 }
 
 }  // namespace
