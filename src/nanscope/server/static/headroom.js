@@ -25,17 +25,28 @@ const PAD = { left: 50, right: 14, top: 18, bottom: 22 };
 const LOWEST_DECADE = -8; // levels below 1e-8 sit on the chart's floor
 const HIT_PX = 28; // how far from a line a click still picks its nearest point
 
-function svg(tag, attrs = {}, ...children) {
+export function svg(tag, attrs = {}, ...children) {
   const node = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) node.setAttribute(k, String(v));
   for (const c of children) if (c) node.appendChild(c);
   return node;
 }
 
-function svgText(x, y, text, cls, anchor = "start") {
+export function svgText(x, y, text, cls, anchor = "start") {
   const t = svg("text", { x, y, class: cls, "text-anchor": anchor });
   t.textContent = text;
   return t;
+}
+
+/** Runs of "x,y" points (a series split where a value is missing) drawn into `parent`:
+ * a polyline each, a lone point as a dot; `dot` and `line` are their other attributes. */
+export function plotRuns(parent, runs, dot, line) {
+  for (const pts of runs) {
+    if (pts.length === 1) {
+      const [cx, cy] = pts[0].split(",");
+      parent.appendChild(svg("circle", { cx, cy, ...dot }));
+    } else parent.appendChild(svg("polyline", { points: pts.join(" "), ...line }));
+  }
 }
 
 /** A module's name for people: "ops outside modules" for the empty path. */
@@ -399,12 +410,12 @@ function drawChart(chart) {
       }
     }
     if (cur.length) runs.push(cur);
-    for (const pts of runs) {
-      if (pts.length === 1) {
-        const [cx, cy] = pts[0].split(",");
-        lines.appendChild(svg("circle", { cx, cy, r: 2.5, fill: s.color, class: "hr-dot", "data-key": s.key, "data-module": s.module, "data-phase": s.phase }));
-      } else lines.appendChild(svg("polyline", { points: pts.join(" "), stroke: s.color, class: "hr-line", "data-key": s.key, "data-module": s.module, "data-phase": s.phase, "data-process": s.process }));
-    }
+    plotRuns(
+      lines,
+      runs,
+      { r: 2.5, fill: s.color, class: "hr-dot", "data-key": s.key, "data-module": s.module, "data-phase": s.phase },
+      { stroke: s.color, class: "hr-line", "data-key": s.key, "data-module": s.module, "data-phase": s.phase, "data-process": s.process },
+    );
   }
   root.appendChild(lines);
 

@@ -20,25 +20,12 @@
 // bucket's first step, where a series was not finite); legend .sn-lg[data-key]; tooltip .sn-tip.
 
 import { el, setChildren, fmtInt } from "./util.js";
-import { fmtValue } from "./headroom.js";
+import { fmtValue, plotRuns, svg, svgText } from "./headroom.js";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
 const HEIGHT = 170;
 const PAD = { left: 58, right: 14, top: 16, bottom: 22 };
 const COLORS = ["#ff7b72", "#58a6ff", "#e3b341", "#3fb950", "#d2a8ff", "#56d4dd", "#f0883e", "#db61a2"];
 const CHECK_WORDS = { loss: "loss", gradients: "gradients", parameters: "parameters", optimizer_state: "optimizer state" };
-
-function svg(tag, attrs = {}) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) node.setAttribute(k, String(v));
-  return node;
-}
-
-function svgText(x, y, text, cls, anchor = "start") {
-  const t = svg("text", { x, y, class: cls, "text-anchor": anchor });
-  t.textContent = text;
-  return t;
-}
 
 /** A figure as the route sends it: a number, "nan"/"inf"/"-inf", or null (not measured). */
 function num(v) {
@@ -380,12 +367,12 @@ function drawChart(h, cd) {
       }
     }
     if (cur.length) runs.push(cur);
-    for (const pts of runs) {
-      if (pts.length === 1) {
-        const [cx, cy] = pts[0].split(",");
-        lines.appendChild(svg("circle", { cx, cy, r: 2.2, fill: s.color, class: "sn-dot", "data-key": s.key }));
-      } else lines.appendChild(svg("polyline", { points: pts.join(" "), stroke: s.color, "stroke-dasharray": s.dash || null, class: "sn-line", "data-key": s.key }));
-    }
+    plotRuns(
+      lines,
+      runs,
+      { r: 2.2, fill: s.color, class: "sn-dot", "data-key": s.key },
+      { stroke: s.color, "stroke-dasharray": s.dash || null, class: "sn-line", "data-key": s.key },
+    );
   }
   root.appendChild(lines);
 
