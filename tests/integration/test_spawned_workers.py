@@ -361,3 +361,28 @@ def test_dataloader_workers_values_are_traced_to_the_worker(
     main_pid = min(pid_of(data, p) for p in range(3))  # the workers were started after it
     assert pid_of(data, cause["process"]) != main_pid
     assert any("made in another process" in note for note in data["notes"])
+
+
+@pytest.mark.torch
+def test_a_worker_forked_while_the_recording_holds_its_locks_records_and_ends(
+    tmp_path: Path,
+) -> None:
+    """A fork copies a lock held by another thread (the writer, the drain) as held, and that
+    thread does not come along: a worker that took one of the parent's locks would hang for
+    ever (a DataLoader then waits on it). Forked while every lock is held, the worker
+    records into a state of its own and ends; its ``log`` of zero is the cause."""
+    program = PROGRAMS / "fork_while_locked.py"
+    logdir = tmp_path / "dump"
+    out = subprocess.run(
+        [sys.executable, "-m", "nanscope", "run", "--logdir", str(logdir), str(program)],
+        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "worker log -inf" in out.stdout
+    assert "worker exit code 0" in out.stdout, out.stdout
+    status, data = report(logdir)
+    assert (status, data["verdict"]) == (1, "harmful")
+    assert len(data["processes"]) == 2
+    cause = data["cause"]
+    assert cause["op_type"] == "aten.log.default"
+    assert pid_of(data, cause["process"]) != min(pid_of(data, p) for p in range(2))

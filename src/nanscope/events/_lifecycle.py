@@ -68,6 +68,27 @@ def unregister(item: Writer | Source) -> None:
         _sources.discard(item)
 
 
+def _forget_inherited() -> None:
+    # In a forked child (a DataLoader worker): the parent's writers and sources are not
+    # this process's. Their threads did not come along, and a lock that one of them (or
+    # another thread, this module's own lock included) held at the fork stays held here
+    # for ever: each writer lets go of its files without a lock, and none is closed at
+    # exit. A session the child starts registers anew.
+    global _lock
+    _lock = threading.Lock()
+    for writer in list(_writers):
+        forget = getattr(writer, "forget_in_child", None)  # DumpWriter's; others keep theirs
+        if forget is not None:
+            with contextlib.suppress(Exception):
+                forget()
+    _writers.clear()
+    _sources.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited)
+
+
 # close_all() calls running (on the main thread: at exit, or in a signal handler), and a
 # SIGTERM/SIGINT that arrived during one: delivered again once it is done. A process that
 # exits normally while being terminated (a multiprocessing Pool's worker, told to stop and

@@ -277,9 +277,7 @@ class DumpWriter:
         self._disk = DiskWorker()
         self._thread = threading.Thread(target=self._run, name="nanscope-writer", daemon=True)
         self._thread.start()
-        lifecycle.register(self)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_in_child)
+        lifecycle.register(self)  # which also forgets it in a forked child (forget_in_child)
 
     def _create_files(self, origin_window: int, framework: str, world_size: int | None) -> None:
         # The metadata file is created exclusively: should a tag ever repeat, the
@@ -825,9 +823,10 @@ class DumpWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _forget_in_child(self) -> None:
-        # A forked child (a DataLoader worker, say) must not write into the
-        # parent's files, and has no writer thread anyway.
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): write nothing more. The files are the
+        parent's, the writer thread did not come along, and a lock it held at the fork
+        stays held; a closed writer's producer methods take no lock."""
         self._closed = True
         self._queue.clear()
 

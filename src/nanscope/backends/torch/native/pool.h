@@ -11,6 +11,7 @@
 // them apart, as CPython's own small-object allocator does for Python objects.
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory_resource>
 #include <new>
@@ -30,17 +31,26 @@ class MmapResource final : public std::pmr::memory_resource {
   }
 };
 
-// The process-wide pool (never destroyed: callbacks may run during exit).
-inline std::pmr::memory_resource* pool() {
-  static std::pmr::memory_resource* resource = [] {
-    auto* upstream = new MmapResource();
-    std::pmr::pool_options options;
-    options.largest_required_pool_block = 4096;
-    return static_cast<std::pmr::memory_resource*>(
-        new std::pmr::synchronized_pool_resource(options, upstream));
-  }();
-  return resource;
+// The process-wide pool (never destroyed: callbacks may run during exit). A forked
+// child gets a new one (renew_pool): another thread of the parent may have held the
+// old one's lock at the fork, and nothing in the child would ever release it.
+inline std::pmr::memory_resource* make_pool() {
+  auto* upstream = new MmapResource();
+  std::pmr::pool_options options;
+  options.largest_required_pool_block = 4096;
+  return new std::pmr::synchronized_pool_resource(options, upstream);
 }
+
+inline std::atomic<std::pmr::memory_resource*>& pool_slot() {
+  static std::atomic<std::pmr::memory_resource*> slot{make_pool()};
+  return slot;
+}
+
+inline std::pmr::memory_resource* pool() { return pool_slot().load(std::memory_order_acquire); }
+
+// In a forked child, before anything is allocated: what came from the old pool is left
+// there (the child never frees it).
+inline void renew_pool() { pool_slot().store(make_pool(), std::memory_order_release); }
 
 template <typename T>
 using pvec = std::pmr::vector<T>;

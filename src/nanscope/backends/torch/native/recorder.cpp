@@ -1651,11 +1651,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_suspended", [](int n) { tl_suspended = n; });
   m.def("set_bench_cut", [](int cut) { g_cut = cut; });  // bench/overhead_breakdown.py
   m.def("exclude_this_thread", []() { tl_excluded = true; });
-  // A forked child (a DataLoader worker) has no drain thread: it records
-  // nothing. Only flags are touched: another thread may have held a lock.
+  // A forked child (a DataLoader worker) has only the thread that forked. The parent's
+  // drain thread, or an op on another thread, may have held any of the state's mutexes
+  // (or the pool's lock) at the fork, and nothing here would ever release them: the
+  // child never touches that state again (its memory is left as it is) and records, if
+  // it does, into a new state from a new pool.
   m.def("forget_in_child", []() {
     if (S == nullptr) return;
-    S->active = false;
-    S->inflight = 0;  // the parent's other threads, in callbacks at the fork, are not here
+    if (S->active.load()) at::removeCallback(S->handle);  // its callbacks would read S
+    renew_pool();
+    S = new State();
+  });
+  // For tests (test_torch_native's forked workers): hold every mutex of the state, as a
+  // thread of the program might at a fork, for `seconds`, without the GIL.
+  m.def("hold_locks", [](double seconds) {
+    if (S == nullptr) return;
+    State* s = S;
+    py::gil_scoped_release nogil;
+    std::scoped_lock all(s->drain_mu, s->ev_mu, s->ops_mu, s->ids_mu, s->links_mu, s->cache_mu,
+                         s->dev_mu, s->stacks.mutex());
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   });
 }

@@ -32,6 +32,9 @@ class StackTable {
   // Forgets every stack and lets go of their code objects; with the GIL.
   void clear();
 
+  // The table's mutex, for a test that holds it across a fork (the recorder's hold_locks).
+  std::mutex& mutex() { return mu_; }
+
  private:
   struct Entry {
     pvec<RawFrame> frames{pool()};

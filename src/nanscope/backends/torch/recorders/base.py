@@ -7,6 +7,7 @@ that the Python and the native recorder have in common.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -107,6 +108,13 @@ class RecorderBase:
         self.statistics = setup.statistics and self.mode == TensorDebugMode.FULL_HEALTH
         summaries.configure(self.statistics)
         self._warned = False
+        self.pid = os.getpid()  # a process forked from this one inherits the recorder
+
+    def inherited(self) -> bool:
+        """Whether this process was forked from the one that made the recorder (a
+        DataLoader worker): the parent's other threads did not come along, and a lock
+        one of them held at the fork stays held here, so the recorder is only put away."""
+        return os.getpid() != self.pid
 
     def failed(self, exc: Exception) -> None:
         """Say once that an op could not be recorded: never break the user's program."""

@@ -347,14 +347,17 @@ class NativeRecorder(RecorderBase):
             return
         self._closed = True
         unregister(self)
-        self.lib.stop()
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self.submit_device_summaries()
-        self.sync()
-        # Events the recorder's full buffer let go of: reported with the writer's drops.
-        self.writer.count_dropped(self.lib.dropped(), self.lib.dropped_nonfinite())
-        self.lib.release()
+        if not self.inherited():
+            self.lib.stop()
+            self._stop.set()
+            self._thread.join(timeout=30)
+            self.submit_device_summaries()
+            self.sync()
+            # Events the recorder's full buffer let go of: reported with the writer's drops.
+            self.writer.count_dropped(self.lib.dropped(), self.lib.dropped_nonfinite())
+            self.lib.release()
+        # else a forked child: forget_in_child left the parent's native state at the fork,
+        # and its events are the parent's to write; no lock of the parent's is taken.
         # This thread's copy must not carry into a later session.
         self.lib.set_module(0)
         self.lib.set_optimizer(0, -1)

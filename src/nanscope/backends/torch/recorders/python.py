@@ -166,7 +166,8 @@ class PythonRecorder(RecorderBase, DynamoFreeMode):
 
     def close(self) -> None:
         self._installed.remove()
-        self.submit_device_summaries()
+        if not self.inherited():  # a forked child: the device buffer's lock is the parent's
+            self.submit_device_summaries()
 
     # -- recording ---------------------------------------------------------------------------
 
