@@ -29,6 +29,13 @@ An event matches the oracle's when op type, source file name, source line and th
 All runs are shared through the module-scoped ``lab`` fixture: the ``nanscope``
 subprocesses of the selected tests start at once (two at a time) while the
 oracles run in this process.
+
+The cases are split by theme over two files, so that two test workers share them
+evenly: this file runs the language models (``MODELS``: transformers' GPT-2, T5 and
+its Trainer, nanoGPT); test_real_programs_loops.py runs the same tests on the
+training-loop pieces (loss scaling, clipping, optimizers' in-place writes, held
+masks, views, padding). ``pytest_generate_tests`` parametrizes each file's tests
+with its own cases.
 """
 
 from __future__ import annotations
@@ -194,6 +201,11 @@ CASES: dict[str, Case] = {
     ),
 }  # fmt: skip
 BUFFERS: dict[str, tuple[str, ...]] = {"default": (), "full": ("--circular-buffer-size", "-1")}
+# The cases this file runs (the others: test_real_programs_loops.py).
+MODELS = [
+    "gpt2_fp32", "gpt2_fp16", "gpt2_checkpointing", "hf_trainer", "t5", "umt5",
+    "nanogpt", "nanogpt_checkpoint", "nanogpt_checkpoint_reentrant",
+]  # fmt: skip
 
 # (case, buffer or None for both, test) -> why nanscope fails it today.
 KNOWN_FAILURES: dict[tuple[str, str | None, str], str] = {}
@@ -211,6 +223,40 @@ def cases_for(test: str, only: list[str] | None = None) -> list[Any]:
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             params.append(pytest.param(name, buffer, id=f"{name}-{buffer}", marks=marks))
     return params
+
+
+def healthy_cases(only: list[str]) -> list[Any]:
+    """The healthy cases among ``only``, those that nanscope's check fails today marked xfail."""
+    return [
+        pytest.param(name, marks=[pytest.mark.xfail(reason=reason, strict=True)])
+        if (reason := CHECK_NUMERICS_FAILURES.get(name))
+        else name
+        for name in only
+        if CASES[name].healthy
+    ]
+
+
+# The test that reads the ``nanscope run --check-numerics`` runs (of the healthy cases).
+CHECKED_TEST = "test_check_numerics_runs_healthy_programs_to_the_end"
+
+
+def parametrize_cases(metafunc: pytest.Metafunc, only: list[str]) -> None:
+    """Parametrize a test of this file's over the cases ``only``: ``(case, buffer)`` for the
+    tests of a recorded run, the healthy cases for the check, every case for the others."""
+    names = metafunc.fixturenames
+    if "case" not in names:
+        return
+    test = metafunc.function.__name__
+    if "buffer" in names:
+        metafunc.parametrize(("case", "buffer"), cases_for(test.removeprefix("test_"), only))
+    elif test == CHECKED_TEST:
+        metafunc.parametrize("case", healthy_cases(only))
+    else:
+        metafunc.parametrize("case", only)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_cases(metafunc, MODELS)
 
 
 # -- running everything once -----------------------------------------------------------------
@@ -303,11 +349,12 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     checked: set[str] = set()
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if getattr(item, "module", None) is not sys.modules[__name__] or "case" not in params:
+        if getattr(item, "module", None) is not request.module or "case" not in params:
             continue
         if "buffer" in params:
             recorded.add((params["case"], params["buffer"]))
-        else:
+        elif getattr(item, "originalname", None) == CHECKED_TEST:
+            # Only the check's own test reads these runs (test_story reads the oracle alone).
             checked.add(params["case"])
     lab = Lab(tmp_path_factory.mktemp("real"), recorded, checked)
     yield lab
@@ -357,7 +404,6 @@ def recorded(lab: Lab, case: str, buffer: str) -> dict[str, Any]:
 # -- the tests -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", list(CASES))
 def test_story(lab: Lab, case: str) -> None:
     """The programs really do what their case says (the oracle alone, no nanscope)."""
     r = lab.oracle(case)
@@ -420,7 +466,6 @@ def test_story(lab: Lab, case: str) -> None:
     assert r.found_harmful == (not c.healthy)
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("exit_status"))
 def test_exit_status(lab: Lab, case: str, buffer: str) -> None:
     """The program's own exit status is kept; the report exits 1 only for harmful Inf/NaN."""
     run = lab.run(case, buffer)
@@ -428,7 +473,6 @@ def test_exit_status(lab: Lab, case: str, buffer: str) -> None:
     assert run.report_returncode == (0 if CASES[case].healthy else 1)
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("origin"))
 def test_origin(lab: Lab, case: str, buffer: str) -> None:
     """``origin`` is the first birth of all, harmful or not."""
     report = recorded(lab, case, buffer)
@@ -437,14 +481,12 @@ def test_origin(lab: Lab, case: str, buffer: str) -> None:
     assert report["origin_kind"] == "born"
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("first_nan"))
 def test_first_nan(lab: Lab, case: str, buffer: str) -> None:
     report = recorded(lab, case, buffer)
     expected = oracle_key(lab.oracle(case).first_nan, CASES[case].program)
     assert report_key(report["first_nan"]) == expected
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("cause"))
 def test_cause(lab: Lab, case: str, buffer: str) -> None:
     """``cause``: the birth of the harmful lineage that made the first NaN, else of the first
     harmful Inf; none in a healthy run."""
@@ -454,14 +496,12 @@ def test_cause(lab: Lab, case: str, buffer: str) -> None:
     assert report_key(report["cause"]) == expected
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("found_harmful"))
 def test_found_harmful(lab: Lab, case: str, buffer: str) -> None:
     report = recorded(lab, case, buffer)
     assert report["found_harmful"] is lab.oracle(case).found_harmful
     assert report["found_nonfinite"] is True  # every case has Inf/NaN, harmful or not
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("headroom"))
 def test_headroom(lab: Lab, case: str, buffer: str) -> None:
     """Ranges are recorded; a healthy run gets no overflow or underflow warning (GradScaler's
     overflowing backward is handled by design, finfo.min masks are sentinels)."""
@@ -474,7 +514,6 @@ def test_headroom(lab: Lab, case: str, buffer: str) -> None:
         assert h["before_step"] is not None and h["before_inf"]
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("lineages"))
 def test_lineages(lab: Lab, case: str, buffer: str) -> None:
     """Each birth (op, file, line) is classified as the oracle classifies it. With the
     default circular buffer some births are evicted: those the report lists must agree."""
@@ -495,7 +534,6 @@ def test_lineages(lab: Lab, case: str, buffer: str) -> None:
         assert set().union(*seen.values()) >= {"harmful"} & set().union(*expected.values())
 
 
-@pytest.mark.parametrize(("case", "buffer"), cases_for("steps"))
 def test_steps(lab: Lab, case: str, buffer: str) -> None:
     """The last step is the number of training iterations (each program reads its loss after
     its last optimizer step), skipped optimizer steps included."""
@@ -504,18 +542,6 @@ def test_steps(lab: Lab, case: str, buffer: str) -> None:
     assert report["steps"][1] == lab.oracle(case).iterations
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            name, marks=[pytest.mark.xfail(reason=CHECK_NUMERICS_FAILURES[name], strict=True)]
-        )
-        if name in CHECK_NUMERICS_FAILURES
-        else name
-        for name, c in CASES.items()
-        if c.healthy
-    ],
-)
 def test_check_numerics_runs_healthy_programs_to_the_end(lab: Lab, case: str) -> None:
     run = lab.check(case)
     assert run.returncode == 0, run.stderr[-3000:]

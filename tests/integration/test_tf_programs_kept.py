@@ -27,6 +27,7 @@ missing. The programs take ~5-10 s each, run once and shared through ``lab``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -112,7 +113,11 @@ class Report:
     text: str
 
 
+@functools.cache
 def report(logdir: Path) -> Report:
+    """``nanscope report`` on ``logdir``, as JSON and as text. Each logdir is written once
+    (by the lab, or in a test's own tmp_path), so two tests that read the same dump share
+    one report."""
     out = _run("-m", "nanscope", "report", str(logdir), "--json", cwd=logdir.parent)
     text = _run("-m", "nanscope", "report", str(logdir), cwd=logdir.parent).stdout
     return Report(out.returncode, json.loads(out.stdout), text)
