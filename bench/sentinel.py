@@ -14,6 +14,8 @@ Two models, each trained by a step function that returns its loss:
 Variants, each a fresh model and optimizer (same seed) in the same process:
 
 * ``plain``: ``loss = step(batch)``;
+* ``plain:again``: the same on a second model: the noise floor (its ratio to ``plain``
+  is what the same work measures at, beside itself);
 * ``sentinel``: ``nanscope.sentinel.Sentinel(logdir, model=, optimizer=)`` and
   ``loss = sentinel.step(step, batch)`` (its defaults: module ranges on, details every
   50 steps, replay on);
@@ -26,7 +28,9 @@ Variants, each a fresh model and optimizer (same seed) in the same process:
 * ``detect_anomaly``: each step inside ``torch.autograd.detect_anomaly()``.
 
 Method (the machine is shared and noisy). Time: one child process per model and round,
-one compute thread, every variant's model built in it side by side. The timed steps run
+one compute thread, every variant's model built in it side by side; a block's time is
+the process's CPU time (``--clock cpu``, the default: the time it waits while other jobs
+run is not counted) or elapsed time (``--clock wall``). The timed steps run
 in blocks (``--mlp-block``, ``--transformer-block`` steps): each cycle runs one block of
 every variant, in a new shuffled order, so that a burst of load falls on all of them
 alike. Between blocks the process-wide variants are switched off (FULL_HEALTH's session
@@ -74,6 +78,7 @@ from overhead_models import TRANSFORMER
 
 VARIANTS = (
     "plain",
+    "plain:again",
     "sentinel",
     "sentinel+snapshot",
     "sentinel:hooks",
@@ -89,6 +94,11 @@ TARGETS = {"mlp": 1.03, "transformer": 1.01}
 MEMORY_TARGET = 0.05
 
 Step = Callable[..., Any]
+# A block's time. CPU time (every thread of the process: FULL_HEALTH's writer thread
+# counts) leaves out the time the process waits while other jobs run, which on a
+# loaded machine is most of a wall-clock block's spread.
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+CLOCK_WORDS = {"cpu": "the process's CPU time", "wall": "elapsed (wall-clock) time"}
 
 
 # -- the child's side -------------------------------------------------------------------------
@@ -248,6 +258,7 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
     warnings.simplefilter("ignore")  # detect_anomaly warns at every step
     torch = pin_torch_threads()
     rng = random.Random(cfg["seed"])
+    clock = CLOCKS[cfg["clock"]]
     variants = {name: Variant(torch, name, cfg["model"], cfg) for name in cfg["variants"]}
     for v in variants.values():
         v.begin()
@@ -262,10 +273,10 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
         for name in order:
             v = variants[name]
             v.begin()  # outside the timed steps, as is end()
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(block):
                 v.run()
-            out[name].append((time.perf_counter() - t0) / block)
+            out[name].append((clock() - t0) / block)
             v.end()
     for v in variants.values():
         v.close()
@@ -346,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--memory-steps", type=int, default=12, help="steps of each memory child (default 12)"
     )
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: the process's CPU time (default; time taken by other jobs on a loaded "
+        "machine is not counted); wall: elapsed time",
+    )
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--quick", action="store_true", help="2 rounds, few steps: a smoke run")
     args = ap.parse_args(argv)
@@ -375,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": 3,
             "block": args.mlp_block if model == "mlp" else args.transformer_block,
             "transformer_batch": args.transformer_batch,
+            "clock": args.clock,
         }
         per_round = []
         for r in range(rounds[model]):
@@ -397,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         "Rounds, timed steps: "
         + ", ".join(f"{m} {rounds[m]} x {steps[m]}" for m in models)
         + f"; memory children {args.memory_steps} steps after 3 of warm-up"
-        + f" (Transformer batch {args.transformer_batch}, sequence {TRANSFORMER['seq']})"
+        + f" (Transformer batch {args.transformer_batch}, sequence {TRANSFORMER['seq']});"
+        + f" clock: {CLOCK_WORDS[args.clock]}"
     )
     head = [
         "model",

@@ -341,6 +341,30 @@ def test_buffers_that_training_writes_are_kept_and_constant_ones_are_not() -> No
     assert torch.equal(model.mask, torch.tril(torch.ones(4, 4)))
 
 
+def test_the_fused_reductions_match_an_oracle_and_see_every_inf_and_nan() -> None:
+    from nanscope.sentinel import _checks
+
+    torch.manual_seed(0)
+    mixes = {
+        # one dtype: the three-op path
+        "float32": [torch.randn(50, 78), torch.randn(5), torch.randn(10, 5)],
+        # a transposed (non-contiguous) tensor and other dtypes: per dtype, then gathered
+        "mixed": [torch.randn(10, 5).t(), torch.randn(3).bfloat16(), torch.randn(7).double()],
+    }
+    for tensors in mixes.values():
+        every = torch.cat([t.double().reshape(-1) for t in tensors])
+        norm = float(_checks.total_norm(tensors))
+        assert math.isclose(norm, float(every.norm()), rel_tol=1e-5)
+        assert float(_checks.largest_abs(tensors)) == float(every.abs().max().float())
+        for k in range(len(tensors)):
+            for bad in (math.nan, math.inf, -math.inf):
+                poisoned = [t.clone() for t in tensors]
+                poisoned[k][(-1,) * poisoned[k].dim()] = bad
+                assert not math.isfinite(float(_checks.total_norm(poisoned))), (k, bad)
+                amax = float(_checks.largest_abs(poisoned))
+                assert math.isnan(amax) if math.isnan(bad) else amax == math.inf, (k, bad)
+
+
 def test_a_marked_step_under_the_active_sentinel_is_replayed(tmp_path: Path) -> None:
     model, optimizer, x, y = _mlp()
     x[7, 0, 0] = 0.0  # log(0) in step 7

@@ -92,6 +92,48 @@ def test_round_trip(tmp_path: Path) -> None:
     assert [s.step for s in steps_before(history, 2, 2)] == [1, 2]
 
 
+def test_step_lines_are_what_json_dumps_writes(tmp_path: Path) -> None:
+    figures = (None, 0.0, -0.0, 1.0, 1e-300, 1e300, 2**60, True, math.nan, math.inf, -math.inf)
+    writer = HistoryWriter(tmp_path, Header(run_id="r", framework="torch", started=0.0))
+    records = [
+        StepRecord(
+            step=i,
+            time=1.5e9 + i / 7,
+            loss=figures[i % len(figures)],
+            grad_norm=figures[(i + 1) % len(figures)],
+            grad_amax=figures[(i + 2) % len(figures)],
+            param_amax=figures[(i + 3) % len(figures)],
+            state_amax=figures[(i + 5) % len(figures)],
+            module_amax=tuple(figures[(i + j) % len(figures)] for j in range(i % 3)),
+            bad=("loss", "gradients")[: i % 3],
+            param_norm=figures[(i + 7) % len(figures)],
+        )
+        for i in range(3 * len(figures))
+    ]
+    for record in records:
+        writer.step(record)
+    writer.close()
+
+    def expected(r: StepRecord) -> str:  # the record as a dict, through json.dumps
+        def number(x: float | None) -> float | str | None:
+            if x is None or math.isfinite(x):
+                return None if x is None else float(x)
+            return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+        fields = ("loss", "grad_norm", "grad_amax", "param_amax", "state_amax")
+        return json.dumps(
+            {"kind": "step", "step": r.step, "time": r.time}
+            | {f: number(getattr(r, f)) for f in fields}
+            | {"module_amax": [number(x) for x in r.module_amax], "bad": list(r.bad)}
+            | {"param_norm": number(r.param_norm)},
+            allow_nan=False,
+        )
+
+    lines = (tmp_path / HISTORY_FILE).read_text().splitlines()
+    assert lines[1:-1] == [expected(r) for r in records]
+    assert read_history(tmp_path).complete
+
+
 def test_non_finite_figures_are_valid_json(tmp_path: Path) -> None:
     _write(tmp_path)
 

@@ -13,7 +13,7 @@ overflows on huge finite values: the largest ``|x|``, which cannot, then decides
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -48,10 +48,13 @@ def total_norm(tensors: Sequence[torch.Tensor], device: torch.device | None = No
     """The L2 norm over every value of ``tensors`` (0-d float32; 0 when there are none)."""
     if not tensors:
         return torch.zeros((), device=device)
-    device = device or tensors[0].device
+    first = tensors[0]
+    device = device or first.device
     groups = _groups(tensors)
-    if len(groups) == 1 and tensors[0].dtype == torch.float32 and tensors[0].device == device:
-        # The common case, in three ops: per-tensor norms, then the norm of those.
+    if len(groups) == 1 and first.dtype == torch.float32 and first.device == device:
+        # The common case, in three ops: per-tensor norms, then the norm of those. (Per
+        # tensor dots are faster on a CPU for gradients in cache, but cost two ops a
+        # tensor: in a training step, where the gradients are not in cache, no faster.)
         norms = torch._foreach_norm(list(tensors), 2)
         total: torch.Tensor = torch.linalg.vector_norm(torch.stack(list(norms)))
         return total
@@ -68,17 +71,20 @@ def largest_abs(
 ) -> torch.Tensor:
     """The largest ``|x|`` over every value of ``tensors`` (NaN if any is NaN; 0 for none).
 
-    ``aminmax`` per tensor (one pass, vectorised on a CPU, unlike ``ord=inf`` norms;
-    a NaN makes both its results NaN).
+    ``amax`` and ``amin`` per tensor (vectorised reductions: on a CPU the two together
+    take ~0.6x the time of one ``aminmax``, and ``ord=inf`` norms are ~15x slower);
+    both propagate NaN.
     """
     if not tensors:
         return torch.zeros((), device=device)
     device = device or tensors[0].device
-    parts = []
+    highs = []
+    lows = []
     for t in tensors:
-        lo, hi = torch.aminmax(t.detach().reshape(-1))
-        parts.append(torch.maximum(hi, -lo))  # NaN propagates through both
-    return _gather(parts, device).max()
+        t = t.detach()
+        highs.append(t.amax())
+        lows.append(t.amin())
+    return torch.maximum(_gather(highs, device).max(), _gather(lows, device).min().neg())
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -113,11 +119,11 @@ class ParameterLists:
     """Each optimizer's parameters, listed once and again only when its groups change."""
 
     def __init__(self) -> None:
-        self._lists: dict[int, tuple[tuple[int, ...], list[torch.Tensor]]] = {}
+        self._lists: dict[int, tuple[list[int], list[torch.Tensor]]] = {}
 
     def floating(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer's floating parameters."""
-        key = tuple(len(g["params"]) for g in optimizer.param_groups)
+        key = [len(g["params"]) for g in optimizer.param_groups]
         cached = self._lists.get(id(optimizer))
         if cached is None or cached[0] != key:
             params = floating(parameters([optimizer]))
@@ -126,9 +132,7 @@ class ParameterLists:
 
     def gradients(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The gradients of the optimizer's floating parameters (sparse ones by their values)."""
-        out = []
-        for p in self.floating(optimizer):
-            g = p.grad
-            if g is not None:
-                out.append(g._values() if g.is_sparse else g)
-        return out
+        grads = [p.grad for p in self.floating(optimizer)]
+        if all(g is not None and g.layout is torch.strided for g in grads):
+            return cast(list[torch.Tensor], grads)  # every step's case: no sparse, none missing
+        return [g._values() if g.is_sparse else g for g in grads if g is not None]

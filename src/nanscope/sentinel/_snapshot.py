@@ -39,17 +39,20 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def _hyperparameters(optimizers: Sequence[torch.optim.Optimizer]) -> list[list[dict[str, Any]]]:
-    return [
-        [
-            {
-                k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                for k, v in g.items()
-                if k != "params"
-            }
-            for g in opt.param_groups
-        ]
-        for opt in optimizers
-    ]
+    # Taken at every step: a dict copy and one pass (tensor values, a learning rate held
+    # as a tensor, are cloned: the optimizer may change them in place).
+    out = []
+    for opt in optimizers:
+        groups = []
+        for g in opt.param_groups:
+            saved = g.copy()
+            del saved["params"]
+            for k, v in saved.items():
+                if isinstance(v, torch.Tensor):
+                    saved[k] = v.clone()
+            groups.append(saved)
+        out.append(groups)
+    return out
 
 
 def _set_hyperparameters(
