@@ -16,6 +16,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -63,6 +64,16 @@ class _Side:
     floor: np.ndarray  # the running coarsest format up to each op (inclusive)
     strings: Strings  # the op types' and module paths' names (shared by both sides)
     views: ViewBuilder | None = None
+
+    @cached_property
+    def op_kinds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per table position: whether the op is a view (its output shares its input's
+        storage), and whether it writes its first input in place (``copy_``, ``mul_``,
+        ``_foreach_mul_``: aten's in-place names end with ``_``)."""
+        bases = [base_name(n) for n in self.strings.strings] or [""]
+        views = np.array([b in VIEW_OPS for b in bases], dtype=bool)
+        inplace = np.array([b.endswith("_") and b.strip("_") != "" for b in bases], dtype=bool)
+        return views[self.table.op_type], inplace[self.table.op_type]
 
     def rank(self) -> int | None:
         procs = self.reader.processes
@@ -364,20 +375,6 @@ def _last_row(out_ids: np.ndarray, tid: int, limit: int) -> int | None:
     return None
 
 
-def _op_kinds(side: _Side) -> tuple[np.ndarray, np.ndarray]:
-    """Per table position: whether the op is a view (its output shares its input's
-    storage), and whether it writes its first input in place (``copy_``, ``mul_``,
-    ``_foreach_mul_``: aten's in-place names end with ``_``)."""
-    cached: tuple[np.ndarray, np.ndarray] | None = getattr(side, "_op_kinds", None)
-    if cached is None:
-        bases = [base_name(n) for n in side.strings.strings] or [""]
-        views = np.array([b in VIEW_OPS for b in bases], dtype=bool)
-        inplace = np.array([b.endswith("_") and b.strip("_") != "" for b in bases], dtype=bool)
-        cached = (views[side.table.op_type], inplace[side.table.op_type])
-        side._op_kinds = cached  # type: ignore[attr-defined]
-    return cached
-
-
 def _first_inputs(t: OpTable, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The ops among ``ops`` that have inputs, and the tensor id of each one's first input."""
     ops = ops[t.in_start[ops + 1] > t.in_start[ops]]
@@ -388,7 +385,7 @@ def _aliases(side: _Side, tid: int, pos: int) -> np.ndarray:
     """Tensor ``tid`` and the views made of it (transitively) by ops before ``pos``: a
     write into any of them is a write into ``tid``'s values."""
     t = side.table
-    views, first_in = _first_inputs(t, np.flatnonzero(_op_kinds(side)[0][:pos]))
+    views, first_in = _first_inputs(t, np.flatnonzero(side.op_kinds[0][:pos]))
     ids = np.array([tid], dtype=t.out_ids.dtype)
     for _ in range(8):  # views of views
         made = views[np.isin(first_in, ids)].tolist()
@@ -408,7 +405,7 @@ def _last_write(side: _Side, tid: int, pos: int) -> int | None:
     t = side.table
     limit = int(t.out_start[pos])
     row = _last_row(t.out_ids, tid, limit)
-    writers, first_in = _first_inputs(t, np.flatnonzero(_op_kinds(side)[1][:pos]))
+    writers, first_in = _first_inputs(t, np.flatnonzero(side.op_kinds[1][:pos]))
     if not writers.size:
         return row
     writes = writers[np.isin(first_in, _aliases(side, tid, pos))]

@@ -143,12 +143,10 @@ def json_float(x: float | None) -> float | str | None:
 
 def _json_number(x: float | None) -> str:
     """:func:`json_float` as JSON text (``json.dumps`` writes a float by its ``repr``)."""
-    if x is None:
+    v = json_float(x)
+    if v is None:
         return "null"
-    x = float(x)
-    if math.isfinite(x):
-        return repr(x)
-    return '"nan"' if math.isnan(x) else ('"inf"' if x > 0 else '"-inf"')
+    return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
 def _decode_float(x: Any) -> float | None:
