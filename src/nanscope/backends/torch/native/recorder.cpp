@@ -28,6 +28,9 @@
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/node.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -227,6 +230,9 @@ State* S = nullptr;
 enum Cut : int { kCutAll = 1, kCutStack = 2, kCutCounts = 4, kCutPush = 8 };
 std::atomic<int> g_cut{0};
 
+// The dispatch key of the threads that record by kernel (see record_kernel).
+constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
+
 thread_local int tl_depth = 0;       // recorded-op calls open on this thread
 thread_local int tl_inflight = 0;    // this thread's callbacks counted in S->inflight
 thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
@@ -349,10 +355,14 @@ inline size_t op_slot(const char* key) {
   return static_cast<size_t>(h >> 55) & (kOpSlots - 1);
 }
 
-const OpFlags* lookup_locked_path(const at::RecordFunction& fn, const char* key);
+const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
+                                  const std::optional<c10::OperatorHandle>& handle);
 
-const OpFlags* lookup(const at::RecordFunction& fn) {
-  const char* key = fn.name();
+// The op's flags, by the address of its schema's name (what RecordFunction::name()
+// gives, and the same for the dispatch key's kernel); `resolve` is called only the
+// first time, for the op's name and handle (none: a named range, not an op).
+template <typename Resolve>
+const OpFlags* lookup(const char* key, Resolve&& resolve) {
   const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
   if (tl_ops_gen != gen) {
     tl_ops.fill(OpSlot{});
@@ -360,29 +370,49 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
   }
   OpSlot& slot = tl_ops[op_slot(key)];
   if (slot.key == key) return slot.flags;
-  const OpFlags* p = lookup_locked_path(fn, key);
+  const OpFlags* p = nullptr;
+  {
+    std::lock_guard<std::mutex> g(S->ops_mu);
+    auto it = S->ops.find(key);
+    if (it != S->ops.end()) p = it->second;
+  }
+  if (p == nullptr) {
+    std::optional<c10::OperatorName> name;
+    std::optional<c10::OperatorHandle> handle;
+    resolve(name, handle);
+    p = name ? lookup_locked_path(key, *name, handle) : &kNotOp;
+  }
   // Not a named range (its name's address is per call, not an op's).
   if (p != &kNotOp) slot = OpSlot{key, p};
   return p;
 }
 
-const OpFlags* lookup_locked_path(const at::RecordFunction& fn, const char* key) {
-  {
-    std::lock_guard<std::mutex> g(S->ops_mu);
-    auto it = S->ops.find(key);
-    if (it != S->ops.end()) return it->second;
-  }
-  auto name = fn.operator_name();
-  if (!name) return &kNotOp;  // a named range (the engine's), not an op; its name is per call
+const OpFlags* lookup(const at::RecordFunction& fn) {
+  return lookup(fn.name(), [&](std::optional<c10::OperatorName>& name,
+                               std::optional<c10::OperatorHandle>& handle) {
+    name = fn.operator_name();
+    if (name) handle = c10::Dispatcher::singleton().findOp(*name);
+  });
+}
+
+const OpFlags* lookup(const c10::OperatorHandle& op) {
+  return lookup(op.schema().name().c_str(), [&](std::optional<c10::OperatorName>& name,
+                                                std::optional<c10::OperatorHandle>& handle) {
+    name = op.operator_name();
+    handle = op;
+  });
+}
+
+const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
+                                  const std::optional<c10::OperatorHandle>& handle) {
   OpFlags f;
-  auto handle = c10::Dispatcher::singleton().findOp(*name);
   f.composite = handle.has_value() &&
       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   if (!f.composite) {
     Busy busy;
     py::gil_scoped_acquire gil;
     try {
-      py::tuple d = S->host.attr("describe")(name->name, name->overload_name);
+      py::tuple d = S->host.attr("describe")(name.name, name.overload_name);
       f.index = d[0].cast<int>();
       f.skip = d[1].cast<bool>();
       f.same_elements = d[2].cast<bool>();
@@ -1005,11 +1035,11 @@ void remember_values(const c10::SmallVector<Pending, 4>& pending, int64_t serial
   }
 }
 
-void record(const at::RecordFunction& fn, Ctx& c) {
+void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   Busy busy;
   const OpFlags& op = *c.op;
   Tensors outs;
-  for (const c10::IValue& v : fn.outputs()) tensors_of(v, outs);
+  for (const c10::IValue& v : returned_values) tensors_of(v, outs);
   // What it wrote and does not return (_foreach_mul_ and _fused_adamw_ return nothing):
   // outputs too, new versions of those tensors.
   const size_t returned = outs.size();
@@ -1029,7 +1059,7 @@ void record(const at::RecordFunction& fn, Ctx& c) {
   if (op.collective) {
     py::gil_scoped_acquire gil;
     const auto& fin = c.args;
-    const auto& fout = fn.outputs();
+    const auto& fout = returned_values;
     py::tuple in(fin.size()), out(fout.size());
     for (size_t i = 0; i < fin.size(); ++i) in[i] = torch::jit::toPyObject(fin[i]);
     for (size_t i = 0; i < fout.size(); ++i) out[i] = torch::jit::toPyObject(fout[i]);
@@ -1193,9 +1223,11 @@ bool wrapped_value(const at::Tensor& t, double* out) {
 }
 
 std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn);
+void begin_op(const OpFlags* op, c10::ArrayRef<c10::IValue> inputs, Ctx& c);
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (tl_busy || tl_excluded || S == nullptr || !S->active.load(std::memory_order_relaxed)) {
+  if (tl_busy || tl_excluded || S == nullptr || !S->active.load(std::memory_order_relaxed) ||
+      c10::impl::tls_is_dispatch_key_included(kRecordKey)) {  // recorded by record_kernel
     return nullptr;
   }
   InFlight counted;
@@ -1222,11 +1254,17 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
   auto c = std::make_unique<Ctx>();
   ++tl_depth;
   if (tl_suspended > 0 || op->skip || !S->active.load()) return c;
-  c->record = true;
-  c->session = S->session.load(std::memory_order_relaxed);
-  c->op = op;
-  auto inputs = fn.inputs();
-  if (op->collective) c->args.assign(inputs.begin(), inputs.end());
+  begin_op(op, c10::ArrayRef<c10::IValue>(fn.inputs().data(), fn.inputs().size()), *c);
+  return c;
+}
+
+// What an op to record brings (its input tensors, the values that explain an Inf/NaN,
+// the tensors it writes into), kept in `c` until it has run.
+void begin_op(const OpFlags* op, c10::ArrayRef<c10::IValue> inputs, Ctx& c) {
+  c.record = true;
+  c.session = S->session.load(std::memory_order_relaxed);
+  c.op = op;
+  if (op->collective) c.args.assign(inputs.begin(), inputs.end());
   size_t vi = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::IValue& v = inputs[i];
@@ -1241,35 +1279,34 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
       if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
         if (value_pos) {
           double value = 0;
-          if (wrapped_value(t, &value)) c->values.push_back(value);
+          if (wrapped_value(t, &value)) c.values.push_back(value);
         }
         continue;
       }
-      c->ins.push_back(t);
+      c.ins.push_back(t);
     } else if (v.isDouble()) {
-      if (value_pos) c->values.push_back(v.toDouble());
+      if (value_pos) c.values.push_back(v.toDouble());
     } else if (v.isInt()) {
-      if (value_pos) c->values.push_back(static_cast<double>(v.toInt()));
+      if (value_pos) c.values.push_back(static_cast<double>(v.toInt()));
     } else {
-      tensors_of(v, c->ins);
+      tensors_of(v, c.ins);
     }
   }
   for (int i : op->written) {  // the schema's positions: fn.inputs() holds every argument
     const size_t at = static_cast<size_t>(i);
-    if (at < inputs.size()) tensors_of(inputs[at], c->written);
+    if (at < inputs.size()) tensors_of(inputs[at], c.written);
   }
   const int mode = S->mode;
-  if (op->collective && op->record_values && mode != kNoTensor && mode != kShape && !c->ins.empty()) {
+  if (op->collective && op->record_values && mode != kNoTensor && mode != kShape && !c.ins.empty()) {
     // Few per step: what this rank sends, before the collective overwrites it.
     py::gil_scoped_acquire gil;
     try {
-      py::object sent = S->host.attr("sent")(op->index, py_tensors(c->ins));
-      if (!sent.is_none()) c->before = sent.release().ptr();
+      py::object sent = S->host.attr("sent")(op->index, py_tensors(c.ins));
+      if (!sent.is_none()) c.before = sent.release().ptr();
     } catch (py::error_already_set& e) {
       swallow(e, "nanscope: summarising a collective's inputs");
     }
   }
-  return c;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -1283,7 +1320,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   // nothing, and Python must not run while its error is on its way up.
   if (std::uncaught_exceptions() > 0) return;
   try {
-    record(fn, *c);
+    record(c10::ArrayRef<c10::IValue>(fn.outputs().data(), fn.outputs().size()), *c);
   } catch (py::error_already_set& e) {
     py::gil_scoped_acquire gil;
     swallow(e, "nanscope: recording an op");
@@ -1292,6 +1329,93 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   } catch (...) {
     warn("unknown error");
   }
+}
+
+// -- the dispatch key -----------------------------------------------------------------------
+
+// A thread that nanscope knows (the one that started recording, threads started
+// since, and the autograd engine's threads, which take the key set and the
+// RecordFunction switch of the thread that called backward) records through a
+// kernel for this key instead: a boxed fallback for a mode key above autograd that
+// no tensor carries, included in the thread's dispatch key set. Only the ops a
+// dispatch mode would see reach it (the ops inside a recorded op's kernel run with
+// the key excluded), where the RecordFunction callback is called, and has every
+// argument boxed, for each of the dispatcher's calls. RecordFunction is switched
+// off on such a thread, so that its ops are not seen twice; threads nanscope does
+// not know (started before recording) are still seen by the callback.
+void key_this_thread(bool on) {
+  c10::impl::tls_set_dispatch_key_included(kRecordKey, on);
+  at::enableRecordFunction(!on);
+}
+
+struct Depth {
+  Depth() { ++tl_depth; }
+  ~Depth() { --tl_depth; }
+};
+
+void pass_on(const c10::OperatorHandle& handle, c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard off(kRecordKey);
+  handle.redispatchBoxed(below, stack);
+}
+
+void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
+                   torch::jit::Stack* stack) {
+  const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
+  if (tl_depth > 0 || tl_busy || tl_excluded || tl_suspended > 0) return pass_on(handle, below, stack);
+  if (S == nullptr || !S->active.load(std::memory_order_relaxed)) {
+    // Recording ended: the thread goes back to how it was (the engine's threads are
+    // given back their key set by the engine).
+    key_this_thread(false);
+    return pass_on(handle, below, stack);
+  }
+  Ctx c;
+  const OpFlags* op = nullptr;
+  {
+    InFlight counted;
+    if (!S->active.load() || (g_cut.load(std::memory_order_relaxed) & kCutAll)) {
+      return pass_on(handle, below, stack);
+    }
+    try {
+      op = lookup(handle);
+      if (op->composite) {
+        // Looked through: its decomposition comes back here, op by op.
+        handle.redispatchBoxed(below, stack);
+        return;
+      }
+      if (!op->skip) {
+        const size_t nargs = handle.schema().arguments().size();
+        Depth depth;  // the Python it may call runs ops that are nanscope's
+        begin_op(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs), c);
+      }
+    } catch (py::error_already_set& e) {
+      py::gil_scoped_acquire gil;
+      swallow(e, "nanscope: recording an op");
+      c.record = false;
+    } catch (const std::exception& e) {
+      warn(e.what());
+      c.record = false;
+    }
+  }
+  {
+    Depth depth;
+    pass_on(handle, below, stack);
+  }
+  if (!c.record || S == nullptr || !S->active.load(std::memory_order_relaxed)) return;
+  InFlight counted;
+  if (!S->active.load() || S->session.load() != c.session) return;
+  const size_t nrets = handle.schema().returns().size();
+  try {
+    record(c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nrets, nrets), c);
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    swallow(e, "nanscope: recording an op");
+  } catch (const std::exception& e) {
+    warn(e.what());
+  }
+}
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&record_kernel>());
 }
 
 // -- the Python interface -------------------------------------------------------------------
@@ -1412,6 +1536,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
                                         .needsInputs(true)
                                         .needsOutputs(true)
                                         .scopes({at::RecordScope::FUNCTION}));
+  key_this_thread(true);
 }
 
 // Ends recording: no op is recorded once this returns. Waits (a bounded time,
@@ -1421,6 +1546,7 @@ void stop() {
   S->active = false;
   at::removeCallback(S->handle);
   S->handle = 0;
+  key_this_thread(false);
   {
     std::lock_guard<std::mutex> g(S->ev_mu);
     S->stopping = true;
@@ -1651,6 +1777,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_suspended", [](int n) { tl_suspended = n; });
   m.def("set_bench_cut", [](int cut) { g_cut = cut; });  // bench/overhead_breakdown.py
   m.def("exclude_this_thread", []() { tl_excluded = true; });
+  // A thread started while recording (dispatch.on_new_threads): recorded by key.
+  m.def("key_this_thread", []() {
+    if (S != nullptr && S->active.load()) key_this_thread(true);
+  });
   // A forked child (a DataLoader worker) has only the thread that forked. The parent's
   // drain thread, or an op on another thread, may have held any of the state's mutexes
   // (or the pool's lock) at the fork, and nothing here would ever release them: the

@@ -23,6 +23,7 @@ import torch
 
 from nanscope.backends.torch import summaries
 from nanscope.backends.torch.device_buffer import PendingSummaries
+from nanscope.backends.torch.dispatch import on_new_threads
 from nanscope.backends.torch.ops import OpInfo, describe
 from nanscope.backends.torch.recorders.base import (
     DtypeFilter,
@@ -127,6 +128,8 @@ class NativeRecorder(RecorderBase):
         # first Inf/NaN; and a FULL_TENSOR record holds at most max_value_bytes of values.
         lib.set_shedding(self.writer.origin_window, self.writer.max_value_bytes)
         self.context.sync_mirror()
+        # Threads started from now on record by the recorder's dispatch key, as this one does.
+        self._unfollow = on_new_threads(lib.key_this_thread)
         self._thread = threading.Thread(target=self._drain_loop, name="nanscope-drain", daemon=True)
         self._thread.start()
         self._closed = False
@@ -347,6 +350,7 @@ class NativeRecorder(RecorderBase):
             return
         self._closed = True
         unregister(self)
+        self._unfollow()
         if not self.inherited():
             self.lib.stop()
             self._stop.set()
