@@ -233,21 +233,38 @@ std::atomic<int> g_cut{0};
 // The dispatch key of the threads that record by kernel (see record_kernel).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
 
-thread_local int tl_depth = 0;       // recorded-op calls open on this thread
-thread_local int tl_inflight = 0;    // this thread's callbacks counted in S->inflight
-thread_local int tl_busy = 0;        // > 0 while nanscope itself runs ops
-thread_local int tl_suspended = 0;   // > 0 inside a compiled graph call (compiled.py)
-thread_local bool tl_excluded = false;
-thread_local int tl_module = 0;
-thread_local int tl_optimizer = 0;      // optimizer.step() or GradScaler calls running
-// After backward() returned: the autograd sequence number then, until the step
-// ends or a forward pass begins (-1 otherwise); see context.py's RunContext.
-thread_local int64_t tl_between = -1;
-thread_local int64_t tl_last_seq = -1;
+// Each thread's cache of the ops table (direct-mapped by the name's address): an op
+// seen before costs no lock. `g_ops_gen` moves whenever the table is emptied (a new
+// session, an op deregistered); a thread's cache is emptied when it sees it move.
+std::atomic<uint64_t> g_ops_gen{1};
+struct OpSlot {
+  const char* key = nullptr;
+  const OpFlags* flags = nullptr;
+};
+constexpr size_t kOpSlots = 512;
+
+// The recorder's per-thread state, in one thread_local: in a shared library each
+// thread_local is found by a call (__tls_get_addr), and an op reads several.
+struct Local {
+  int depth = 0;       // recorded-op calls open on this thread
+  int inflight = 0;    // this thread's callbacks counted in S->inflight
+  int busy = 0;        // > 0 while nanscope itself runs ops
+  int suspended = 0;   // > 0 inside a compiled graph call (compiled.py)
+  bool excluded = false;
+  int module = 0;
+  int optimizer = 0;   // optimizer.step() or GradScaler calls running
+  // After backward() returned: the autograd sequence number then, until the step
+  // ends or a forward pass begins (-1 otherwise); see context.py's RunContext.
+  int64_t between = -1;
+  int64_t last_seq = -1;
+  uint64_t ops_gen = 0;
+  std::array<OpSlot, kOpSlots> ops{};
+};
+thread_local Local tl;
 
 struct Busy {
-  Busy() { ++tl_busy; }
-  ~Busy() { --tl_busy; }
+  Busy() { ++tl.busy; }
+  ~Busy() { --tl.busy; }
 };
 
 // A callback at work: counted, so that a session is not torn down under it.
@@ -257,10 +274,10 @@ struct Busy {
 struct InFlight {
   InFlight() {
     S->inflight.fetch_add(1);
-    ++tl_inflight;
+    ++tl.inflight;
   }
   ~InFlight() {
-    --tl_inflight;
+    --tl.inflight;
     S->inflight.fetch_sub(1);
   }
   InFlight(const InFlight&) = delete;
@@ -271,7 +288,7 @@ struct InFlight {
 // the GIL (a callback may be waiting for it); false on timeout.
 bool wait_quiet(double seconds) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  auto quiet = [] { return S->inflight.load() <= tl_inflight; };
+  auto quiet = [] { return S->inflight.load() <= tl.inflight; };
   if (quiet()) return true;
   py::gil_scoped_release nogil;
   while (!quiet()) {
@@ -338,18 +355,6 @@ const OpFlags kNotOp = [] {
   return f;
 }();
 
-// Each thread's cache of the ops table (direct-mapped by the name's address): an op
-// seen before costs no lock. `g_ops_gen` moves whenever the table is emptied (a new
-// session, an op deregistered); a thread's cache is emptied when it sees it move.
-std::atomic<uint64_t> g_ops_gen{1};
-struct OpSlot {
-  const char* key = nullptr;
-  const OpFlags* flags = nullptr;
-};
-constexpr size_t kOpSlots = 512;
-thread_local uint64_t tl_ops_gen = 0;
-thread_local std::array<OpSlot, kOpSlots> tl_ops{};
-
 inline size_t op_slot(const char* key) {
   uint64_t h = reinterpret_cast<uintptr_t>(key) * 0x9E3779B97F4A7C15ULL;
   return static_cast<size_t>(h >> 55) & (kOpSlots - 1);
@@ -364,11 +369,11 @@ const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name
 template <typename Resolve>
 const OpFlags* lookup(const char* key, Resolve&& resolve) {
   const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
-  if (tl_ops_gen != gen) {
-    tl_ops.fill(OpSlot{});
-    tl_ops_gen = gen;
+  if (tl.ops_gen != gen) {
+    tl.ops.fill(OpSlot{});
+    tl.ops_gen = gen;
   }
-  OpSlot& slot = tl_ops[op_slot(key)];
+  OpSlot& slot = tl.ops[op_slot(key)];
   if (slot.key == key) return slot.flags;
   const OpFlags* p = nullptr;
   {
@@ -543,12 +548,14 @@ int64_t get_id_locked(const at::Tensor& t) {
 
 int capture_stack() {
   // A new stack: the Python side interns its frames (and snapshots new files).
-  return S->stacks.capture(
-      [](py::list frames) {
-        Busy busy;
-        return S->host.attr("new_stack")(frames).cast<int>();
-      },
-      [](py::error_already_set& e) { swallow(e, "nanscope: interning a stack"); });
+  static const StackTable::Intern intern = [](py::list frames) {
+    Busy busy;
+    return S->host.attr("new_stack")(frames).cast<int>();
+  };
+  static const StackTable::Failed failed = [](py::error_already_set& e) {
+    swallow(e, "nanscope: interning a stack");
+  };
+  return S->stacks.capture(intern, failed);
 }
 
 // -- summaries ------------------------------------------------------------------------------
@@ -1155,15 +1162,15 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   }
 
   auto node = torch::autograd::get_current_node();
-  if (tl_between >= 0 && !tl_optimizer && !node &&
-      static_cast<int64_t>(at::sequence_number::peek()) != tl_between) {
+  if (tl.between >= 0 && !tl.optimizer && !node &&
+      static_cast<int64_t>(at::sequence_number::peek()) != tl.between) {
     // The first op that autograd recorded since backward() returned: a forward
     // pass began. Python ends the update phase (and the step, for updates made
-    // by hand) and sets tl_between and the step through the mirror.
+    // by hand) and sets tl.between and the step through the mirror.
     py::gil_scoped_acquire gil;
     S->host.attr("forward_began")();
   }
-  ev.phase = (tl_optimizer || tl_between >= 0) ? kPhaseOptimizer
+  ev.phase = (tl.optimizer || tl.between >= 0) ? kPhaseOptimizer
                                                : (node ? kPhaseBackward : kPhaseForward);
   if (node) {
     std::lock_guard<std::mutex> g(S->links_mu);
@@ -1175,15 +1182,15 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
       ev.module = it->second.module;
     }
   } else {
-    ev.module = tl_module;
+    ev.module = tl.module;
   }
   ev.stack = (g_cut.load(std::memory_order_relaxed) & kCutStack) ? -1 : capture_stack();
   ev.step = S->step.load(std::memory_order_relaxed);
   ev.serial = ++S->serial;
   if (!node && ev.phase != kPhaseOptimizer) {
     int64_t cur = static_cast<int64_t>(at::sequence_number::peek());
-    if (cur != tl_last_seq) {
-      tl_last_seq = cur;
+    if (cur != tl.last_seq) {
+      tl.last_seq = cur;
       bool grad = false;
       if (c10::GradMode::is_enabled()) {
         for (const auto& t : c.ins) grad = grad || t.requires_grad();
@@ -1226,7 +1233,7 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn);
 void begin_op(const OpFlags* op, c10::ArrayRef<c10::IValue> inputs, Ctx& c);
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (tl_busy || tl_excluded || S == nullptr || !S->active.load(std::memory_order_relaxed) ||
+  if (tl.busy || tl.excluded || S == nullptr || !S->active.load(std::memory_order_relaxed) ||
       c10::impl::tls_is_dispatch_key_included(kRecordKey)) {  // recorded by record_kernel
     return nullptr;
   }
@@ -1250,10 +1257,10 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
   if (op->not_op || op->composite) return nullptr;
   // Called inside an op that is recorded or left out (its kernel's own ops): never
   // recorded, and needs no context (nothing to undo at its end).
-  if (tl_depth > 0) return nullptr;
+  if (tl.depth > 0) return nullptr;
   auto c = std::make_unique<Ctx>();
-  ++tl_depth;
-  if (tl_suspended > 0 || op->skip || !S->active.load()) return c;
+  ++tl.depth;
+  if (tl.suspended > 0 || op->skip || !S->active.load()) return c;
   begin_op(op, c10::ArrayRef<c10::IValue>(fn.inputs().data(), fn.inputs().size()), *c);
   return c;
 }
@@ -1311,7 +1318,7 @@ void begin_op(const OpFlags* op, c10::ArrayRef<c10::IValue> inputs, Ctx& c) {
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
-  --tl_depth;
+  --tl.depth;
   Ctx* c = static_cast<Ctx*>(ctx);
   if (!c->record || S == nullptr || !S->active.load(std::memory_order_relaxed)) return;
   InFlight counted;
@@ -1349,8 +1356,8 @@ void key_this_thread(bool on) {
 }
 
 struct Depth {
-  Depth() { ++tl_depth; }
-  ~Depth() { --tl_depth; }
+  Depth() { ++tl.depth; }
+  ~Depth() { --tl.depth; }
 };
 
 void pass_on(const c10::OperatorHandle& handle, c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -1361,20 +1368,19 @@ void pass_on(const c10::OperatorHandle& handle, c10::DispatchKeySet below, torch
 void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
                    torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
-  if (tl_depth > 0 || tl_busy || tl_excluded || tl_suspended > 0) return pass_on(handle, below, stack);
+  if (tl.depth > 0 || tl.busy || tl.excluded || tl.suspended > 0) return pass_on(handle, below, stack);
   if (S == nullptr || !S->active.load(std::memory_order_relaxed)) {
     // Recording ended: the thread goes back to how it was (the engine's threads are
     // given back their key set by the engine).
     key_this_thread(false);
     return pass_on(handle, below, stack);
   }
+  if (g_cut.load(std::memory_order_relaxed) & kCutAll) return pass_on(handle, below, stack);
   Ctx c;
   const OpFlags* op = nullptr;
   {
     InFlight counted;
-    if (!S->active.load() || (g_cut.load(std::memory_order_relaxed) & kCutAll)) {
-      return pass_on(handle, below, stack);
-    }
+    if (!S->active.load()) return pass_on(handle, below, stack);
     try {
       op = lookup(handle);
       if (op->composite) {
@@ -1766,17 +1772,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     S->capacity = std::max<size_t>(1, n);
   });
   m.def("tensor_id", &tensor_id, py::arg("tensor"), py::arg("fresh") = false);
-  m.def("set_module", [](int m) { tl_module = m; });
+  m.def("set_module", [](int m) { tl.module = m; });
   m.def("set_optimizer", [](int n, int64_t between) {
-    tl_optimizer = n;
-    tl_between = between;
+    tl.optimizer = n;
+    tl.between = between;
   });
   m.def("set_step", [](int64_t s) {
     if (S != nullptr) S->step = s;
   });
-  m.def("set_suspended", [](int n) { tl_suspended = n; });
+  m.def("set_suspended", [](int n) { tl.suspended = n; });
   m.def("set_bench_cut", [](int cut) { g_cut = cut; });  // bench/overhead_breakdown.py
-  m.def("exclude_this_thread", []() { tl_excluded = true; });
+  m.def("exclude_this_thread", []() { tl.excluded = true; });
   // A thread started while recording (dispatch.on_new_threads): recorded by key.
   m.def("key_this_thread", []() {
     if (S != nullptr && S->active.load()) key_this_thread(true);

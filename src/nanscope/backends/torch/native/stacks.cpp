@@ -21,6 +21,26 @@ int StackTable::find_locked(uint64_t hash, const RawFrame* frames, int n) const 
   return -2;
 }
 
+namespace {
+
+// Each thread's last stacks, direct-mapped by their hash: a stack seen before on
+// this thread is found without the table's lock. An entry names its table and
+// the table's generation (moved by clear()), and keeps the stack's depth and
+// innermost frame, which a stack of the same hash would also have to match.
+struct Recent {
+  const StackTable* table = nullptr;
+  uint64_t generation = 0;
+  uint64_t hash = 0;
+  PyObject* top_code = nullptr;
+  int top_lasti = -1;
+  int n = -1;
+  int id = -1;
+};
+constexpr size_t kRecent = 64;
+thread_local std::array<Recent, kRecent> tl_recent{};
+
+}  // namespace
+
 int StackTable::capture(const Intern& intern, const Failed& failed) {
   RawFrame buf[kMaxFrames];
   const int n = walk_frames(buf, kMaxFrames);
@@ -29,10 +49,20 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
     h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
     h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
   }
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  Recent& recent = tl_recent[(h >> 17) & (kRecent - 1)];
+  if (recent.table == this && recent.generation == generation && recent.hash == h &&
+      recent.n == n && (n == 0 || (recent.top_code == buf[0].code && recent.top_lasti == buf[0].lasti))) {
+    return recent.id;
+  }
+  auto remember = [&](int id) {
+    recent = Recent{this, generation, h, n > 0 ? buf[0].code : nullptr, n > 0 ? buf[0].lasti : -1, n, id};
+    return id;
+  };
   {
     std::lock_guard<std::mutex> g(mu_);
     const int id = find_locked(h, buf, n);
-    if (id != -2) return id;
+    if (id != -2) return remember(id);
   }
   py::gil_scoped_acquire gil;
   int id = -1;
@@ -49,7 +79,7 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
   }
   std::lock_guard<std::mutex> g(mu_);
   const int known = find_locked(h, buf, n);  // another thread interned it meanwhile
-  if (known != -2) return known;
+  if (known != -2) return remember(known);
   Entry entry;
   entry.frames.assign(buf, buf + n);
   entry.id = id;
@@ -58,11 +88,12 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
     held_.push_back(buf[i].code);
   }
   stacks_.emplace(h, std::move(entry));
-  return id;
+  return remember(id);
 }
 
 void StackTable::clear() {
   std::lock_guard<std::mutex> g(mu_);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   for (PyObject* code : held_) Py_DECREF(code);
   held_.clear();
   stacks_.clear();

@@ -4,6 +4,8 @@
 // stack seen for the first time is handed to the Python side to intern.
 #include <torch/extension.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -43,6 +45,7 @@ class StackTable {
   int find_locked(uint64_t hash, const RawFrame* frames, int n) const;
 
   std::mutex mu_;
+  std::atomic<uint64_t> generation_{1};  // moved by clear(): threads' recent stacks are stale
   std::pmr::unordered_multimap<uint64_t, Entry> stacks_{pool()};
   std::vector<PyObject*> held_;
 };
