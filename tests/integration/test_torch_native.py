@@ -100,6 +100,57 @@ def test_threads_started_before_recording_are_recorded(tmp_path: Path) -> None:
     assert first is not None and r.execution(first.index).op_type == "aten.log.default"
 
 
+def _profiled_ops(fn: object) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()  # type: ignore[operator]
+    return [e.name for e in prof.events()]
+
+
+@needs_native
+def test_each_op_is_recorded_once_and_the_profiler_sees_ops_again_after_recording(
+    tmp_path: Path,
+) -> None:
+    """The recording thread records by its dispatch key with RecordFunction off (so that
+    the RecordFunction callback does not see its ops a second time); a thread started
+    while recording does the same. Once recording ends, torch.profiler sees that thread's
+    ops again."""
+    x = torch.ones(3)
+
+    def work() -> None:
+        torch.exp(x)
+        torch.log(x)
+
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH"):
+        work()
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    ops = [e.op_type for e in nanscope.open_dump(tmp_path).executions()]
+    assert ops.count("aten.exp.default") == 2 and ops.count("aten.log.default") == 2
+    assert "aten::exp" in _profiled_ops(work)
+
+
+@needs_native
+def test_an_inf_born_under_vmap_is_found_with_the_whole_batch_counted(tmp_path: Path) -> None:
+    """Under vmap an op's output is a batched wrapper without memory of its own: the
+    recorder counts the batch it wraps, so a -inf born there is the first Inf/NaN (it
+    was recorded with no summary before, and lost once its inputs were asked for)."""
+    x = torch.randn(5, 3)
+    zero_rows = torch.tensor([0, 2])
+    x[zero_rows] = 0.0
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH"):
+        torch.func.vmap(lambda r: torch.log(r * r).sum())(x)
+    r = nanscope.open_dump(tmp_path)
+    first = r.first_nonfinite(nanscope.reader.EXECUTIONS)
+    assert first is not None
+    log = r.execution(first.index)
+    assert log.op_type == "aten.log.default"
+    oracle = torch.log(x * x)  # the same op without vmap: the whole batch
+    (row,) = summaries_of(log)
+    assert row[4] == oracle.numel()
+    assert row[5] == int(torch.isneginf(oracle).sum()) == 6
+
+
 @needs_native
 def test_dataloader_workers_are_not_recorded_and_do_not_hang(tmp_path: Path) -> None:
     program = f"""

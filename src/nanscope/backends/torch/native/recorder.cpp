@@ -29,6 +29,7 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/functorch/BatchedTensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 #include <c10/core/GradMode.h>
@@ -580,6 +581,23 @@ void full_counts(double* row, int64_t n, const Counts& c, const Special& s) {
   row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
 }
 
+// The tensor that vmap's batched tensor holds (the whole batch), through every level;
+// undefined when `t` is none. (torch.func.grad's wrapper is left alone: its header
+// needs a library that PyTorch does not ship.)
+at::Tensor unwrap_functorch(const at::Tensor& t) {
+  at::Tensor inner = t;
+  for (int level = 0; level < 16 && !inner.has_storage(); ++level) {
+    at::Tensor next;
+    if (auto* batched = at::functorch::maybeGetBatchedImpl(inner)) {
+      next = batched->value();
+    } else {
+      break;
+    }
+    inner = std::move(next);
+  }
+  return inner.is_same(t) ? at::Tensor() : inner;
+}
+
 // The summary row of a CPU tensor; false when the mode skips it.
 bool summarize(const at::Tensor& t, double* row) {
   int st = static_cast<int>(t.scalar_type());
@@ -693,7 +711,10 @@ int32_t device_index(const at::Tensor& t) {
 py::list py_tensors(const Tensors& ts) {
   py::list l;
   for (const auto& t : ts) {
-    l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t.variable_data())));
+    // A vmap wrapper has no data to share: the batch it wraps stands for it.
+    const at::Tensor inner = t.has_storage() ? at::Tensor() : unwrap_functorch(t);
+    l.append(py::reinterpret_steal<py::object>(
+        THPVariable_Wrap((inner.defined() ? inner : t).variable_data())));
   }
   return l;
 }
@@ -1109,9 +1130,13 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
     ev.sums.assign(outs.size() * w, 0.0);
     std::vector<size_t> in_python;
     for (size_t i = 0; i < outs.size(); ++i) {
-      const at::Tensor& t = outs[i];
+      // Under vmap an output is a wrapper without memory of its own: its values are
+      // those of the tensor it wraps, the whole batch's.
+      const at::Tensor unwrapped = outs[i].has_storage() ? at::Tensor() : unwrap_functorch(outs[i]);
+      const at::Tensor& t = unwrapped.defined() ? unwrapped : outs[i];
       int st = static_cast<int>(t.scalar_type());
       if (st >= 64 || !S->dtype_ok[st]) continue;
+      if (!t.has_storage() && t.is_cpu() && t.layout() == at::kStrided) continue;  // another wrapper
       if (mode == kFullTensor || !t.is_cpu() || t.layout() != at::kStrided) {
         if (!t.is_meta()) in_python.push_back(i);
         continue;
