@@ -17,7 +17,7 @@ import nanscope
 from nanscope.backends.torch.native import native_library
 from nanscope.backends.torch.session import TorchDumpSession
 
-from ..helpers import summaries_of, torch_recorder
+from ..helpers import summaries_of, summary_of, torch_recorder
 
 needs_native = pytest.mark.skipif(
     torch_recorder() != "native", reason="the native recorder is not in use"
@@ -146,7 +146,7 @@ def test_an_inf_born_under_vmap_is_found_with_the_whole_batch_counted(tmp_path: 
     log = r.execution(first.index)
     assert log.op_type == "aten.log.default"
     oracle = torch.log(x * x)  # the same op without vmap: the whole batch
-    (row,) = summaries_of(log)
+    row = summary_of(log)
     assert row[4] == oracle.numel()
     assert row[5] == int(torch.isneginf(oracle).sum()) == 6
 
