@@ -98,7 +98,10 @@ struct ViewEntry {
   int64_t offset;
   int64_t step;
   int8_t dtype;
-  c10::SmallVector<int64_t, 6> sizes, strides;
+  // The layout (sizes and strides) as a second hash, seeded apart from the table's key:
+  // together 128 bits, so that two layouts of one storage and offset are never taken
+  // for each other (copies of the sizes and strides cost more than the hash).
+  uint64_t layout;
 };
 
 
@@ -449,6 +452,14 @@ const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name
 
 // -- tensor ids -----------------------------------------------------------------------------
 
+// A weak reference to a live tensor's TensorImpl, made without a strong copy: a strong
+// copy is two more atomic updates, and may touch the tensor's Python object.
+c10::weak_intrusive_ptr<c10::TensorImpl> weak_of(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  c10::raw::weak_intrusive_ptr::incref(impl);
+  return c10::weak_intrusive_ptr<c10::TensorImpl>::reclaim(impl);
+}
+
 void sweep_ids_locked() {
   for (auto it = S->ids.begin(); it != S->ids.end();) {
     if (it->second.second.expired()) {
@@ -473,28 +484,41 @@ bool has_view_key(const at::Tensor& t) {
   return t.layout() == at::kStrided && t.has_storage() && !t.is_meta();
 }
 
+uint64_t layout_hash(const at::Tensor& t, uint64_t h) {
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
+  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
+  mix(static_cast<uint64_t>(t.dim()));
+  return h;
+}
+
 uint64_t view_hash(const at::Tensor& t) {
   uint64_t h = reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl());
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
   mix(static_cast<uint64_t>(t.storage_offset()));
   mix(static_cast<uint64_t>(t.scalar_type()));
-  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
-  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
-  return h;
+  return layout_hash(t, h);
+}
+
+// The layout's second hash (another seed, another multiplier).
+uint64_t layout_check(const at::Tensor& t) {
+  uint64_t h = 0x84222325cbf29ce4ULL;
+  for (int64_t d : t.sizes()) h = (h ^ static_cast<uint64_t>(d)) * 0x100000001b3ULL + 0x7f4a7c15ULL;
+  for (int64_t d : t.strides()) h = (h ^ static_cast<uint64_t>(d)) * 0x9E3779B97F4A7C15ULL + 1;
+  return h ^ static_cast<uint64_t>(t.dim());
 }
 
 void remember_view_locked(const at::Tensor& t, int64_t id) {
   if (!has_view_key(t)) return;
   if (S->by_view.size() > (1u << 20)) S->by_view.clear();
   ViewEntry e{id,
-              c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+              weak_of(t),
               t.storage().unsafeGetStorageImpl(),
               t.storage().data(),
               t.storage_offset(),
               S->step.load(std::memory_order_relaxed),
               static_cast<int8_t>(t.scalar_type()),
-              c10::SmallVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
-              c10::SmallVector<int64_t, 6>(t.strides().begin(), t.strides().end())};
+              layout_check(t)};
   S->by_view.insert_or_assign(view_hash(t), std::move(e));
 }
 
@@ -513,8 +537,7 @@ int64_t id_by_view_locked(const at::Tensor& t) {
     return 0;
   }
   if (e.offset != t.storage_offset() || e.dtype != static_cast<int8_t>(t.scalar_type()) ||
-      t.sizes() != c10::IntArrayRef(e.sizes.data(), e.sizes.size()) ||
-      t.strides() != c10::IntArrayRef(e.strides.data(), e.strides.size())) {
+      e.layout != layout_check(t)) {
     return 0;
   }
   return e.id;
@@ -527,7 +550,7 @@ int64_t new_id_locked(const at::Tensor& t) {
   // the entry exists, so an address never names two tensors.
   S->ids.insert_or_assign(
       t.unsafeGetTensorImpl(),
-      std::make_pair(id, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())));
+      std::make_pair(id, weak_of(t)));
   if (--S->until_sweep <= 0) sweep_ids_locked();
   return id;
 }
@@ -539,7 +562,7 @@ int64_t get_id_locked(const at::Tensor& t) {
   if (id != 0) {
     S->ids.insert_or_assign(
         t.unsafeGetTensorImpl(),
-        std::make_pair(id, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())));
+        std::make_pair(id, weak_of(t)));
     return id;
   }
   return new_id_locked(t);
