@@ -1,11 +1,13 @@
 // nanscope's native PyTorch recorder: every ATen op as an event, without
 // Python on the common path.
 //
-// A global RecordFunction callback (the mechanism PyTorch's profiler uses)
-// sees each dispatcher call on every thread. It records the ops that a
-// TorchDispatchMode would see: ops with a CompositeImplicitAutograd kernel are
-// looked through (their decomposition is recorded), and ops called inside a
-// recorded op's kernel are not recorded. For each recorded op it keeps tensor
+// Ops reach it two ways (see record_kernel): on the threads nanscope knows, a
+// kernel for a dispatch key of its own, which only the ops a TorchDispatchMode
+// would see reach; on threads that were running before recording began, a
+// global RecordFunction callback (the mechanism PyTorch's profiler uses), which
+// sees every dispatcher call. Both record the same ops: ops with a
+// CompositeImplicitAutograd kernel are looked through (their decomposition is
+// recorded), and ops called inside a recorded op's kernel are not recorded. For each recorded op it keeps tensor
 // ids, devices, summaries of CPU float outputs (counted in one vectorised
 // pass, see counts.cpp), the Python stack (read without the GIL, see
 // frames.cpp), module path, phase, step and the link from a backward op to
@@ -20,7 +22,7 @@
 // wait for, and the inputs of an op that produced Inf/NaN. FULL_TENSOR copies
 // of CPU tensors are made here (see copy_values) and encoded in encoder.cpp.
 //
-// This file holds the recording: the callback, the tables it keeps (ops,
+// This file holds the recording: the kernel and the callback, the tables it keeps (ops,
 // tensor ids, stacks, links, summaries) and the buffer, with the extension's
 // Python interface. The count kernel and the record encoder, which are not
 // about recording, have their own files.

@@ -1,4 +1,4 @@
-"""The native recorder: a RecordFunction observer in C++ (``native/recorder.cpp``) and this,
+"""The native recorder: a dispatch-key kernel in C++ (``native/recorder.cpp``) and this,
 its Python half.
 
 The C++ half sees every op and keeps its events in a buffer (FULL_TENSOR
