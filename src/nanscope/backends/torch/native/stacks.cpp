@@ -36,7 +36,7 @@ struct Recent {
   int n = -1;
   int id = -1;
 };
-constexpr size_t kRecent = 64;
+constexpr size_t kRecent = 512;
 thread_local std::array<Recent, kRecent> tl_recent{};
 
 }  // namespace
