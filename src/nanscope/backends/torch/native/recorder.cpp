@@ -7,13 +7,13 @@
 // global RecordFunction callback (the mechanism PyTorch's profiler uses), which
 // sees every dispatcher call. Both record the same ops: ops with a
 // CompositeImplicitAutograd kernel are looked through (their decomposition is
-// recorded), and ops called inside a recorded op's kernel are not recorded. For each recorded op it keeps tensor
-// ids, devices, summaries of CPU float outputs (counted in one vectorised
-// pass, see counts.cpp), the Python stack (read without the GIL, see
-// frames.cpp), module path, phase, step and the link from a backward op to
-// the forward op whose autograd node ran it. Events (event.h) wait in a
-// buffer until nanscope's drain thread takes them: most as encoded records
-// (see encoder.cpp), the rest as Python objects for the writer.
+// recorded), and ops called inside a recorded op's kernel are not recorded. For
+// each recorded op it keeps tensor ids, devices, summaries of CPU float outputs
+// (counted in one vectorised pass, see counts.cpp), the Python stack (read without
+// the GIL, see frames.cpp), module path, phase, step and the link from a backward
+// op to the forward op whose autograd node ran it. Events (event.h) wait in a
+// buffer until nanscope's drain thread takes them: most as encoded records (see
+// encoder.cpp), the rest as Python objects for the writer.
 //
 // Python is called, with the GIL, only for what is rare or framework-heavy:
 // an op seen for the first time, a stack seen for the first time, outputs on
@@ -22,8 +22,8 @@
 // wait for, and the inputs of an op that produced Inf/NaN. FULL_TENSOR copies
 // of CPU tensors are made here (see copy_values) and encoded in encoder.cpp.
 //
-// This file holds the recording: the kernel and the callback, the tables it keeps (ops,
-// tensor ids, stacks, links, summaries) and the buffer, with the extension's
+// This file holds the recording: the kernel and the callback, the tables it keeps
+// (ops, tensor ids, stacks, links, summaries) and the buffer, with the extension's
 // Python interface. The count kernel and the record encoder, which are not
 // about recording, have their own files.
 #include <torch/extension.h>
