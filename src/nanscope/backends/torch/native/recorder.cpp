@@ -1427,18 +1427,13 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   }
   if (g_cut.load(std::memory_order_relaxed) & kCutAll) return pass_on(handle, below, stack);
   Ctx c;
-  const OpFlags* op = nullptr;
+  bool composite = false;
   {
     InFlight counted;
-    if (!S->active.load()) return pass_on(handle, below, stack);
     try {
-      op = lookup(handle);
-      if (op->composite) {
-        // Looked through: its decomposition comes back here, op by op.
-        handle.redispatchBoxed(below, stack);
-        return;
-      }
-      if (!op->skip) {
+      const OpFlags* op = S->active.load() ? lookup(handle) : nullptr;  // null: stopped meanwhile
+      composite = op != nullptr && op->composite;
+      if (op != nullptr && !composite && !op->skip) {
         const size_t nargs = handle.schema().arguments().size();
         Depth depth;  // the Python it may call runs ops that are nanscope's
         begin_op(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs), c);
@@ -1451,6 +1446,13 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
       warn(e.what());
       c.record = false;
     }
+  }
+  if (composite) {
+    // Looked through: its decomposition comes back here, op by op. Outside the try
+    // block: what the op throws (a Python error raised in a hook, such as checkpoint's
+    // _StopRecomputationError) is the program's, on its way up.
+    handle.redispatchBoxed(below, stack);
+    return;
   }
   {
     Depth depth;
