@@ -353,6 +353,26 @@ void swallow(py::error_already_set& e, const char* where) {
   e.discard_as_unraisable(where);
 }
 
+// Runs a part of recording an op: an error there is the recorder's, not the program's.
+// It is reported (swallow: Ctrl+C and SystemExit go on to the main thread) and the op
+// goes unrecorded; false then. The dispatcher would ignore what a callback throws, and a
+// kernel must not throw its own errors into the program.
+template <typename Part>
+bool guarded(Part&& part) {
+  try {
+    part();
+    return true;
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    swallow(e, "nanscope: recording an op");
+  } catch (const std::exception& e) {
+    warn(e.what());
+  } catch (...) {
+    warn("unknown error");
+  }
+  return false;
+}
+
 // -- ops ------------------------------------------------------------------------------------
 
 const OpFlags kNotOp = [] {
@@ -486,20 +506,14 @@ bool has_view_key(const at::Tensor& t) {
   return t.layout() == at::kStrided && t.has_storage() && !t.is_meta();
 }
 
-uint64_t layout_hash(const at::Tensor& t, uint64_t h) {
-  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
-  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
-  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
-  mix(static_cast<uint64_t>(t.dim()));
-  return h;
-}
-
 uint64_t view_hash(const at::Tensor& t) {
   uint64_t h = reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl());
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
   mix(static_cast<uint64_t>(t.storage_offset()));
   mix(static_cast<uint64_t>(t.scalar_type()));
-  return layout_hash(t, h);
+  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
+  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
+  return h;
 }
 
 // The layout's second hash (another seed, another multiplier).
@@ -606,21 +620,21 @@ void full_counts(double* row, int64_t n, const Counts& c, const Special& s) {
   row[10] = static_cast<double>(n - c.neg - c.zero - s.nan - s.pinf);
 }
 
-// The tensor that vmap's batched tensor holds (the whole batch), through every level;
-// undefined when `t` is none. (torch.func.grad's wrapper is left alone: its header
-// needs a library that PyTorch does not ship.)
-at::Tensor unwrap_functorch(const at::Tensor& t) {
-  at::Tensor inner = t;
-  for (int level = 0; level < 16 && !inner.has_storage(); ++level) {
-    at::Tensor next;
-    if (auto* batched = at::functorch::maybeGetBatchedImpl(inner)) {
-      next = batched->value();
-    } else {
-      break;
-    }
-    inner = std::move(next);
+// The tensor whose memory holds `t`'s values: `t` itself, or for vmap's batched
+// wrapper (no memory of its own) the tensor it holds, the whole batch, through every
+// level, kept in `holder`. (torch.func.grad's wrapper is left alone: its header needs a
+// library that PyTorch does not ship.)
+const at::Tensor& with_memory(const at::Tensor& t, at::Tensor& holder) {
+  if (t.has_storage()) return t;
+  const at::Tensor* at_level = &t;
+  while (!at_level->has_storage()) {
+    auto* batched = at::functorch::maybeGetBatchedImpl(*at_level);
+    if (batched == nullptr) break;
+    at::Tensor inner = batched->value();  // a copy: holder may own the batched wrapper
+    holder = std::move(inner);
+    at_level = &holder;
   }
-  return inner.is_same(t) ? at::Tensor() : inner;
+  return *at_level;
 }
 
 // The summary row of a CPU tensor; false when the mode skips it.
@@ -737,9 +751,8 @@ py::list py_tensors(const Tensors& ts) {
   py::list l;
   for (const auto& t : ts) {
     // A vmap wrapper has no data to share: the batch it wraps stands for it.
-    const at::Tensor inner = t.has_storage() ? at::Tensor() : unwrap_functorch(t);
-    l.append(py::reinterpret_steal<py::object>(
-        THPVariable_Wrap((inner.defined() ? inner : t).variable_data())));
+    at::Tensor holder;
+    l.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(with_memory(t, holder).variable_data())));
   }
   return l;
 }
@@ -1157,8 +1170,8 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
     for (size_t i = 0; i < outs.size(); ++i) {
       // Under vmap an output is a wrapper without memory of its own: its values are
       // those of the tensor it wraps, the whole batch's.
-      const at::Tensor unwrapped = outs[i].has_storage() ? at::Tensor() : unwrap_functorch(outs[i]);
-      const at::Tensor& t = unwrapped.defined() ? unwrapped : outs[i];
+      at::Tensor holder;
+      const at::Tensor& t = with_memory(outs[i], holder);
       int st = static_cast<int>(t.scalar_type());
       if (st >= 64 || !S->dtype_ok[st]) continue;
       if (!t.has_storage() && t.is_cpu() && t.layout() == at::kStrided) continue;  // another wrapper
@@ -1289,17 +1302,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   InFlight counted;
   if (!S->active.load() || (g_cut.load(std::memory_order_relaxed) & kCutAll)) return nullptr;
-  try {
-    return start_op(fn);
-  } catch (py::error_already_set& e) {
-    py::gil_scoped_acquire gil;
-    swallow(e, "nanscope: recording an op");
-  } catch (const std::exception& e) {
-    warn(e.what());
-  } catch (...) {
-    warn("unknown error");
-  }
-  return nullptr;
+  std::unique_ptr<at::ObserverContext> c;
+  guarded([&] { c = start_op(fn); });
+  return c;
 }
 
 std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction& fn) {
@@ -1376,16 +1381,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   // The op threw (the guard's destructor runs while unwinding): it produced
   // nothing, and Python must not run while its error is on its way up.
   if (std::uncaught_exceptions() > 0) return;
-  try {
-    record(c10::ArrayRef<c10::IValue>(fn.outputs().data(), fn.outputs().size()), *c);
-  } catch (py::error_already_set& e) {
-    py::gil_scoped_acquire gil;
-    swallow(e, "nanscope: recording an op");
-  } catch (const std::exception& e) {
-    warn(e.what());
-  } catch (...) {
-    warn("unknown error");
-  }
+  guarded([&] { record(c10::ArrayRef<c10::IValue>(fn.outputs().data(), fn.outputs().size()), *c); });
 }
 
 // -- the dispatch key -----------------------------------------------------------------------
@@ -1430,7 +1426,7 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   bool composite = false;
   {
     InFlight counted;
-    try {
+    const bool begun = guarded([&] {
       const OpFlags* op = S->active.load() ? lookup(handle) : nullptr;  // null: stopped meanwhile
       composite = op != nullptr && op->composite;
       if (op != nullptr && !composite && !op->skip) {
@@ -1438,14 +1434,8 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
         Depth depth;  // the Python it may call runs ops that are nanscope's
         begin_op(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs), c);
       }
-    } catch (py::error_already_set& e) {
-      py::gil_scoped_acquire gil;
-      swallow(e, "nanscope: recording an op");
-      c.record = false;
-    } catch (const std::exception& e) {
-      warn(e.what());
-      c.record = false;
-    }
+    });
+    if (!begun) c.record = false;
   }
   if (composite) {
     // Looked through: its decomposition comes back here, op by op. Outside the try
@@ -1462,14 +1452,7 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   InFlight counted;
   if (!S->active.load() || S->session.load() != c.session) return;
   const size_t nrets = handle.schema().returns().size();
-  try {
-    record(c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nrets, nrets), c);
-  } catch (py::error_already_set& e) {
-    py::gil_scoped_acquire gil;
-    swallow(e, "nanscope: recording an op");
-  } catch (const std::exception& e) {
-    warn(e.what());
-  }
+  guarded([&] { record(c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nrets, nrets), c); });
 }
 
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
