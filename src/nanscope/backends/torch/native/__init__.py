@@ -38,6 +38,7 @@ SOURCES = (
     "ivalues.h",
     "stacks.h",
     "pool.h",
+    "flat_map.h",
 )
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
 CFLAGS = ["-O3", "-DNDEBUG"]

@@ -60,6 +60,7 @@
 #include "counts.h"
 #include "encoder.h"
 #include "event.h"
+#include "flat_map.h"
 #include "frames.h"
 #include "ivalues.h"
 #include "pool.h"
@@ -71,8 +72,6 @@ namespace nanscope {
 namespace {
 
 constexpr size_t kCacheMax = 8192;
-// New tensor ids between sweeps of the id tables (at least; see sweep_ids_locked).
-constexpr int64_t kSweepEvery = 8192;
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
 // an op waits for the drain, as for a full buffer.
@@ -91,19 +90,21 @@ struct Link {
 // No weak reference to the storage: one keeps the storage's memory allocated.
 // While the output itself is alive its storage is compared; once it is gone
 // (a saved output outlives the tensor object it was saved from), the storage
-// and data addresses and the layout must match, within the same step.
+// and data addresses and the layout must match, within the same step. The output
+// is known alive by the id table: its TensorImpl still holds this id there (the
+// table's weak reference keeps the address from naming another tensor meanwhile).
 struct ViewEntry {
-  int64_t id;
-  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
-  const void* storage;
-  const void* data;
-  int64_t offset;
-  int64_t step;
-  int8_t dtype;
+  int64_t id = 0;
+  c10::TensorImpl* owner = nullptr;
+  const void* storage = nullptr;
+  const void* data = nullptr;
+  int64_t offset = 0;
+  int64_t step = 0;
+  int8_t dtype = 0;
   // The layout (sizes and strides) as a second hash, seeded apart from the table's key:
   // together 128 bits, so that two layouts of one storage and offset are never taken
   // for each other (copies of the sizes and strides cost more than the hash).
-  uint64_t layout;
+  uint64_t layout = 0;
 };
 
 
@@ -173,14 +174,12 @@ struct State {
   // The tables below are each used under their own mutex: their nodes come from a
   // pool of that mutex's own (no lock of the pool's: the shared pool's lock is taken
   // on every allocation and contended by the drain thread's frees).
+  // Tensor ids by TensorImpl address; each entry holds a weak reference to its
+  // TensorImpl (see "tensor ids").
   std::mutex ids_mu;
-  std::pmr::unsynchronized_pool_resource ids_pool{pool()};
-  std::pmr::unordered_map<c10::TensorImpl*,
-                          std::pair<int64_t, c10::weak_intrusive_ptr<c10::TensorImpl>>>
-      ids{&ids_pool};
+  FlatMap<int64_t> ids{pool()};
   int64_t next_id = 0;
-  int64_t until_sweep = kSweepEvery;
-  std::pmr::unordered_map<uint64_t, ViewEntry> by_view{&ids_pool};
+  FlatMap<ViewEntry> by_view{pool()};
 
   StackTable stacks;
 
@@ -474,32 +473,34 @@ const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name
 
 // -- tensor ids -----------------------------------------------------------------------------
 
-// A weak reference to a live tensor's TensorImpl, made without a strong copy: a strong
-// copy is two more atomic updates, and may touch the tensor's Python object.
-c10::weak_intrusive_ptr<c10::TensorImpl> weak_of(const at::Tensor& t) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  c10::raw::weak_intrusive_ptr::incref(impl);
-  return c10::weak_intrusive_ptr<c10::TensorImpl>::reclaim(impl);
+// The id table holds a weak reference to each TensorImpl it names: its memory is not
+// reused while the entry exists, so an address never names two tensors. A dead
+// tensor's entry is dropped when the table is next rebuilt (see flat_map.h).
+uint64_t impl_key(const c10::TensorImpl* impl) { return reinterpret_cast<uintptr_t>(impl); }
+c10::TensorImpl* impl_of(uint64_t key) { return reinterpret_cast<c10::TensorImpl*>(key); }
+
+bool alive(c10::TensorImpl* impl) { return c10::raw::weak_intrusive_ptr::use_count(impl) > 0; }
+
+// Keeps a live tensor's id; lets a dead one's TensorImpl go.
+bool keep_id(uint64_t key, int64_t&) {
+  if (alive(impl_of(key))) return true;
+  c10::raw::weak_intrusive_ptr::decref(impl_of(key));
+  return false;
 }
 
-void sweep_ids_locked() {
-  for (auto it = S->ids.begin(); it != S->ids.end();) {
-    if (it->second.second.expired()) {
-      it = S->ids.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  const int64_t step = S->step.load(std::memory_order_relaxed);
-  for (auto it = S->by_view.begin(); it != S->by_view.end();) {
-    if (it->second.owner.expired() && it->second.step < step) {
-      it = S->by_view.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  // Small tables stay in cache (each sweep costs the entries left: amortised O(1)).
-  S->until_sweep = std::max<int64_t>(kSweepEvery, static_cast<int64_t>(S->ids.size()));
+void drop_id(uint64_t key, int64_t&) { c10::raw::weak_intrusive_ptr::decref(impl_of(key)); }
+
+// `impl`'s entry set to `id`; a new entry takes its weak reference.
+void put_id_locked(c10::TensorImpl* impl, int64_t id) {
+  bool fresh = false;
+  S->ids.put(impl_key(impl), &fresh, keep_id) = id;
+  if (fresh) c10::raw::weak_intrusive_ptr::incref(impl);
+}
+
+// Whether the recorded output `e` is still the live tensor it was.
+bool owner_alive(const ViewEntry& e) {
+  const int64_t* id = S->ids.find(impl_key(e.owner));
+  return id != nullptr && *id == e.id && alive(e.owner);
 }
 
 bool has_view_key(const at::Tensor& t) {
@@ -526,59 +527,63 @@ uint64_t layout_check(const at::Tensor& t) {
 
 void remember_view_locked(const at::Tensor& t, int64_t id) {
   if (!has_view_key(t)) return;
-  if (S->by_view.size() > (1u << 20)) S->by_view.clear();
-  ViewEntry e{id,
-              weak_of(t),
-              t.storage().unsafeGetStorageImpl(),
-              t.storage().data(),
-              t.storage_offset(),
-              S->step.load(std::memory_order_relaxed),
-              static_cast<int8_t>(t.scalar_type()),
-              layout_check(t)};
-  S->by_view.insert_or_assign(view_hash(t), std::move(e));
+  // A step's outputs are kept: past this many, they start over (at most about 80 MB).
+  if (S->by_view.size() > (1u << 18)) S->by_view.clear([](uint64_t, ViewEntry&) {});
+  const int64_t step = S->step.load(std::memory_order_relaxed);
+  // Kept while the output lives, and until its step ends.
+  auto keep = [step](uint64_t, ViewEntry& e) { return e.step >= step || owner_alive(e); };
+  const uint64_t h = view_hash(t);
+  bool fresh = false;
+  S->by_view.put(h == FlatMap<ViewEntry>::kEmpty ? 1 : h, &fresh, keep) =
+      ViewEntry{id,
+                t.unsafeGetTensorImpl(),
+                t.storage().unsafeGetStorageImpl(),
+                t.storage().data(),
+                t.storage_offset(),
+                step,
+                static_cast<int8_t>(t.scalar_type()),
+                layout_check(t)};
 }
 
 // The id of a recorded output that `t` is an exact alias of (same live storage,
 // offset, dtype, sizes and strides), or 0.
 int64_t id_by_view_locked(const at::Tensor& t) {
   if (!has_view_key(t)) return 0;
-  auto it = S->by_view.find(view_hash(t));
-  if (it == S->by_view.end()) return 0;
-  const ViewEntry& e = it->second;
+  const uint64_t h = view_hash(t);
+  const ViewEntry* e = S->by_view.find(h == FlatMap<ViewEntry>::kEmpty ? 1 : h);
+  if (e == nullptr) return 0;
   const void* storage = t.storage().unsafeGetStorageImpl();
-  if (e.storage != storage || e.data != t.storage().data()) return 0;
-  auto owner = e.owner.lock();
+  if (e->storage != storage || e->data != t.storage().data()) return 0;
+  // A strong reference while its storage is read: another thread may be letting it go.
+  c10::intrusive_ptr<c10::TensorImpl> owner;
+  if (owner_alive(*e)) {
+    owner = c10::intrusive_ptr<c10::TensorImpl>::reclaim(c10::raw::weak_intrusive_ptr::lock(e->owner));
+  }
   if (owner ? owner->storage().unsafeGetStorageImpl() != storage
-            : e.step != S->step.load(std::memory_order_relaxed)) {
+            : e->step != S->step.load(std::memory_order_relaxed)) {
     return 0;
   }
-  if (e.offset != t.storage_offset() || e.dtype != static_cast<int8_t>(t.scalar_type()) ||
-      e.layout != layout_check(t)) {
+  if (e->offset != t.storage_offset() || e->dtype != static_cast<int8_t>(t.scalar_type()) ||
+      e->layout != layout_check(t)) {
     return 0;
   }
-  return e.id;
+  return e->id;
 }
 
 int64_t new_id_locked(const at::Tensor& t) {
   int64_t id = ++S->next_id;
   remember_view_locked(t, id);
-  // The weak reference keeps the TensorImpl's memory from being reused while
-  // the entry exists, so an address never names two tensors.
-  S->ids.insert_or_assign(
-      t.unsafeGetTensorImpl(),
-      std::make_pair(id, weak_of(t)));
-  if (--S->until_sweep <= 0) sweep_ids_locked();
+  put_id_locked(t.unsafeGetTensorImpl(), id);
   return id;
 }
 
 int64_t get_id_locked(const at::Tensor& t) {
-  auto it = S->ids.find(t.unsafeGetTensorImpl());
-  if (it != S->ids.end() && !it->second.second.expired()) return it->second.first;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const int64_t* known = S->ids.find(impl_key(impl));
+  if (known != nullptr && alive(impl)) return *known;
   int64_t id = id_by_view_locked(t);
   if (id != 0) {
-    S->ids.insert_or_assign(
-        t.unsafeGetTensorImpl(),
-        std::make_pair(id, weak_of(t)));
+    put_id_locked(impl, id);
     return id;
   }
   return new_id_locked(t);
@@ -1234,7 +1239,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
     S->host.attr("forward_began")();
   }
   ev.phase = (tl.optimizer || tl.between >= 0) ? kPhaseOptimizer
-                                               : (node ? kPhaseBackward : kPhaseForward);
+                                                       : (node ? kPhaseBackward : kPhaseForward);
   if (node) {
     std::lock_guard<std::mutex> g(S->links_mu);
     auto it = S->links.find(static_cast<int64_t>(node->sequence_nr()));
@@ -1552,8 +1557,8 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   }
   {
     std::lock_guard<std::mutex> g(s->ids_mu);
-    s->ids.clear();
-    s->by_view.clear();
+    s->ids.clear(drop_id);
+    s->by_view.clear([](uint64_t, ViewEntry&) {});
     s->next_id = 0;
   }
   {
