@@ -80,6 +80,47 @@ def test_summaries_match_numpy(tmp_path: Path, dtype: torch.dtype, layout: str) 
     np.testing.assert_array_equal(got, np.array(want, dtype=np.float64))
 
 
+# Values at the edges of the count kernel's bit tricks: both zeros, the smallest and
+# largest finite magnitudes, both infinities and NaNs of both signs.
+EDGES = np.array(
+    [0.0, -0.0, 1e-45, -1e-45, 1.17e-38, -3.4028235e38, 3.4028235e38, np.inf, -np.inf,
+     np.nan, -np.nan, 1.0, -2.5],
+    dtype=np.float32,
+)  # fmt: skip
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 13, 15, 16, 17, 63, 64, 65, 127, 1000, 100_003])
+def test_counts_and_ranges_of_float32_match_numpy_at_every_length(tmp_path: Path, n: int) -> None:
+    """The float32 kernel (16 values a step where the CPU has AVX-512, a tail after) against
+    numpy: counts and the largest and smallest non-zero finite |x|, the edges placed at the
+    start, in the middle and in the tail."""
+    rng = np.random.default_rng(n)
+    v = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 38, n)).astype(np.float32)
+    for at in (0, n // 2, n - 1):
+        v[at] = EDGES[(at * 7 + n) % len(EDGES)]
+    v[rng.integers(0, n, n // 10)] = 0.0
+    if n >= 2 * len(EDGES):  # all of them, inside the 16-value steps
+        v[n // 2 : n // 2 + len(EDGES)] = EDGES
+    x = torch.from_numpy(v.copy())
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1):
+        out = x.clone()
+    last = nanscope.open_dump(tmp_path).executions()[-1]
+    assert last.op_type == "aten.clone.default"
+    w = out.numpy().astype(np.float64)
+    finite = w[np.isfinite(w)]
+    want = [
+        np.count_nonzero(np.isneginf(w)), np.count_nonzero(np.isposinf(w)),
+        np.count_nonzero(np.isnan(w)), np.count_nonzero(finite < 0),
+        np.count_nonzero(w == 0), np.count_nonzero(finite > 0),
+    ]  # fmt: skip
+    np.testing.assert_array_equal(summary_of(last)[5:11], np.array(want, dtype=np.float64))
+    nonzero = np.abs(finite[finite != 0])
+    hi = float(np.abs(finite).max()) if finite.size else 0.0
+    lo = float(nonzero.min()) if nonzero.size else float("inf")
+    assert last.output_ranges[0] == (hi, lo)
+
+
 @needs_native
 def test_threads_started_before_recording_are_recorded(tmp_path: Path) -> None:
     go, done = threading.Event(), threading.Event()
