@@ -80,10 +80,15 @@ constexpr int64_t kValueBytesMax = int64_t(512) << 20;
 constexpr int64_t kRingBytesMax = int64_t(128) << 20;
 
 struct Link {
-  int64_t serial;
-  int32_t stack;
-  int32_t module;
+  int64_t serial = 0;
+  int32_t stack = -1;
+  int32_t module = 0;
 };
+constexpr int64_t kLinksWindow = 1 << 17;  // at most 512K slots of 24 bytes
+
+// FlatMap policies for tables whose entries hold nothing to release.
+constexpr auto keep_all = [](uint64_t, auto&) { return true; };
+constexpr auto forget = [](uint64_t, auto&) {};
 
 // An output's memory layout, to know it again in a tensor object that autograd
 // makes behind the dispatcher's back (a saved output, unpacked for backward).
@@ -183,14 +188,14 @@ struct State {
 
   StackTable stacks;
 
+  // By autograd sequence number + 1 (keys are never 0).
   std::mutex links_mu;
-  std::pmr::unsynchronized_pool_resource links_pool{pool()};
-  std::pmr::unordered_map<int64_t, Link> links{&links_pool};
+  FlatMap<Link> links{pool()};
 
   std::mutex cache_mu;
   std::pmr::unsynchronized_pool_resource cache_pool{pool()};
   std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{&cache_pool};
-  std::pmr::unordered_set<int64_t> blank{&cache_pool};
+  FlatMap<uint8_t> blank{pool()};  // the ids of outputs whose memory was never written
   std::pmr::unordered_map<int64_t, ValueEntry> values{&cache_pool};  // FULL_TENSOR, by tensor id
 
   std::mutex dev_mu;
@@ -528,7 +533,7 @@ uint64_t layout_check(const at::Tensor& t) {
 void remember_view_locked(const at::Tensor& t, int64_t id) {
   if (!has_view_key(t)) return;
   // A step's outputs are kept: past this many, they start over (at most about 80 MB).
-  if (S->by_view.size() > (1u << 18)) S->by_view.clear([](uint64_t, ViewEntry&) {});
+  if (S->by_view.size() > (1u << 18)) S->by_view.clear(forget);
   const int64_t step = S->step.load(std::memory_order_relaxed);
   // Kept while the output lives, and until its step ends.
   auto keep = [step](uint64_t, ViewEntry& e) { return e.step >= step || owner_alive(e); };
@@ -1157,10 +1162,11 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   bool blank = false;
   if (op.uninitialised || op.view) {
     std::lock_guard<std::mutex> g(S->cache_mu);
-    blank = op.uninitialised || (!ev.in_ids.empty() && S->blank.count(ev.in_ids[0]) > 0);
+    blank = op.uninitialised || (!ev.in_ids.empty() && S->blank.find(ev.in_ids[0]) != nullptr);
     if (blank) {
-      if (S->blank.size() > kCacheMax) S->blank.clear();
-      for (int64_t id : ev.out_ids) S->blank.insert(id);
+      if (S->blank.size() > kCacheMax) S->blank.clear(forget);
+      bool fresh = false;
+      for (int64_t id : ev.out_ids) S->blank.put(id, &fresh, keep_all);
     }
   }
 
@@ -1242,12 +1248,11 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
                                                        : (node ? kPhaseBackward : kPhaseForward);
   if (node) {
     std::lock_guard<std::mutex> g(S->links_mu);
-    auto it = S->links.find(static_cast<int64_t>(node->sequence_nr()));
-    if (it != S->links.end()) {
-      ev.fwd_serial = it->second.serial;
-      ev.fwd_stack = it->second.stack;
-      ev.fwd_module = it->second.module;
-      ev.module = it->second.module;
+    if (const Link* link = S->links.find(node->sequence_nr() + 1)) {
+      ev.fwd_serial = link->serial;
+      ev.fwd_stack = link->stack;
+      ev.fwd_module = link->module;
+      ev.module = link->module;
     }
   } else {
     ev.module = tl.module;
@@ -1265,9 +1270,12 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
       }
       if (grad) {
         ev.link_target = true;
+        // The links of the last kLinksWindow autograd nodes are kept (a backward op
+        // looks up its node's; the sequence numbers are the thread's own).
+        auto recent = [cur](uint64_t key, Link&) { return static_cast<int64_t>(key) + kLinksWindow > cur; };
         std::lock_guard<std::mutex> g(S->links_mu);
-        if (S->links.size() > kLinksMax) S->links.clear();
-        S->links[cur - 1] = Link{ev.serial, ev.stack, ev.module};
+        bool fresh = false;
+        S->links.put(static_cast<uint64_t>(cur), &fresh, recent) = Link{ev.serial, ev.stack, ev.module};
       }
     }
   }
@@ -1558,17 +1566,17 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   {
     std::lock_guard<std::mutex> g(s->ids_mu);
     s->ids.clear(drop_id);
-    s->by_view.clear([](uint64_t, ViewEntry&) {});
+    s->by_view.clear(forget);
     s->next_id = 0;
   }
   {
     std::lock_guard<std::mutex> g(s->links_mu);
-    s->links.clear();
+    s->links.clear(forget);
   }
   {
     std::lock_guard<std::mutex> g(s->cache_mu);
     s->cache.clear();
-    s->blank.clear();
+    s->blank.clear(forget);
     s->values.clear();
   }
   s->serial = 0;
