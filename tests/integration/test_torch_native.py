@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import torch
 import nanscope
 from nanscope.backends.torch.native import native_library
 from nanscope.backends.torch.session import TorchDumpSession
+from nanscope.reader import Execution
 
 from ..helpers import summaries_of, summary_of, torch_recorder
 
@@ -89,36 +91,80 @@ EDGES = np.array(
 )  # fmt: skip
 
 
-@needs_native
-@pytest.mark.parametrize("n", [1, 13, 15, 16, 17, 63, 64, 65, 127, 1000, 100_003])
-def test_counts_and_ranges_of_float32_match_numpy_at_every_length(tmp_path: Path, n: int) -> None:
-    """The float32 kernel (16 values a step where the CPU has AVX-512, a tail after) against
-    numpy: counts and the largest and smallest non-zero finite |x|, the edges placed at the
-    start, in the middle and in the tail."""
+LENGTHS = [1, 13, 15, 16, 17, 63, 64, 65, 127, 1000, 100_003]
+
+
+def _edge_values(n: int) -> np.ndarray:
+    """``n`` float32 values of every magnitude, with the edges at the start, in the middle
+    and at the end (the tail after the last whole step), and all of them inside the steps."""
     rng = np.random.default_rng(n)
     v = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 38, n)).astype(np.float32)
     for at in (0, n // 2, n - 1):
         v[at] = EDGES[(at * 7 + n) % len(EDGES)]
     v[rng.integers(0, n, n // 10)] = 0.0
-    if n >= 2 * len(EDGES):  # all of them, inside the 16-value steps
+    if n >= 2 * len(EDGES):
         v[n // 2 : n // 2 + len(EDGES)] = EDGES
-    x = torch.from_numpy(v.copy())
-    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1):
-        out = x.clone()
-    last = nanscope.open_dump(tmp_path).executions()[-1]
-    assert last.op_type == "aten.clone.default"
-    w = out.numpy().astype(np.float64)
+    return v
+
+
+def _assert_counts_match(execution: Execution, v: np.ndarray) -> None:
+    """The execution's FULL_HEALTH counts and its output's ranges, against numpy's."""
+    w = v.astype(np.float64)
     finite = w[np.isfinite(w)]
     want = [
         np.count_nonzero(np.isneginf(w)), np.count_nonzero(np.isposinf(w)),
         np.count_nonzero(np.isnan(w)), np.count_nonzero(finite < 0),
         np.count_nonzero(w == 0), np.count_nonzero(finite > 0),
     ]  # fmt: skip
-    np.testing.assert_array_equal(summary_of(last)[5:11], np.array(want, dtype=np.float64))
+    np.testing.assert_array_equal(summary_of(execution)[5:11], np.array(want, dtype=np.float64))
     nonzero = np.abs(finite[finite != 0])
     hi = float(np.abs(finite).max()) if finite.size else 0.0
     lo = float(nonzero.min()) if nonzero.size else float("inf")
-    assert last.output_ranges[0] == (hi, lo)
+    assert execution.output_ranges[0] == (hi, lo), (len(v), execution.output_ranges[0], hi, lo)
+
+
+@needs_native
+@pytest.mark.parametrize("n", LENGTHS)
+def test_counts_and_ranges_of_float32_match_numpy_at_every_length(tmp_path: Path, n: int) -> None:
+    """The float32 count loop this CPU uses (16 values a step with AVX-512, 8 with AVX2, a
+    tail after) against numpy: counts and the largest and smallest non-zero finite |x|."""
+    v = _edge_values(n)
+    x = torch.from_numpy(v.copy())
+    with nanscope.enable_dump_debug_info(tmp_path, "FULL_HEALTH", circular_buffer_size=-1):
+        x.clone()
+    last = nanscope.open_dump(tmp_path).executions()[-1]
+    assert last.op_type == "aten.clone.default"
+    _assert_counts_match(last, v)
+
+
+@needs_native
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+def test_each_count_loop_matches_numpy(tmp_path: Path, isa: str) -> None:
+    """Each of the float32 count loops, chosen by NANSCOPE_COUNT_ISA, on every length: the
+    loops a machine of another kind would use are tested here too. (A CPU without the
+    instructions runs the portable loops instead.)"""
+    values = {n: _edge_values(n) for n in LENGTHS}
+    np.savez(tmp_path / "values.npz", *(values[n] for n in LENGTHS))  # arr_0, arr_1, ...
+    script = f"""
+import numpy as np, torch, nanscope
+data = np.load({str(tmp_path / "values.npz")!r})
+xs = [torch.from_numpy(data[f"arr_{{i}}"].copy()) for i in range({len(LENGTHS)})]
+with nanscope.enable_dump_debug_info({str(tmp_path / "dump")!r}, "FULL_HEALTH", circular_buffer_size=-1):
+    for x in xs:
+        x.clone()
+"""
+    env = {**os.environ, "NANSCOPE_COUNT_ISA": isa, "NANSCOPE_TORCH_RECORDER": "native"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    clones = [
+        e for e in nanscope.open_dump(tmp_path / "dump").executions()
+        if e.op_type == "aten.clone.default"
+    ]  # fmt: skip
+    assert len(clones) == len(LENGTHS)
+    for n, execution in zip(LENGTHS, clones, strict=True):
+        _assert_counts_match(execution, values[n])
 
 
 @needs_native

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -141,16 +142,88 @@ __attribute__((target("avx512f"))) void count_ranged_f32_avx512(const float* p, 
   if (i < n) count_ranged<float>(p + i, n - i, c);  // the last few values
 }
 
-bool has_avx512f() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+// The same on AVX2, 8 values a step: a comparison gives lanes of all ones (-1), which
+// the counts subtract.
+__attribute__((target("avx2"))) void count_ranged_f32_avx2(const float* p, int64_t n, Counts* c) {
+  constexpr int64_t kBlock = 1 << 20;
+  const __m256i kMaxV = _mm256_set1_epi32(0x7fffffff);
+  const __m256i kInfV = _mm256_set1_epi32(0x7f800000);
+  const __m256i kBelowInf = _mm256_set1_epi32(0x7f800000 - 1);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i zero = _mm256_setzero_si256();
+  const int64_t whole = n & ~int64_t(7);
+  int64_t i = 0;
+  while (i < whole) {
+    const int64_t end = std::min(whole, i + kBlock);
+    __m256i hi = zero, lo1 = _mm256_set1_epi32(-1), neg = zero, zer = zero, bad = zero;
+    for (; i < end; i += 8) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+      const __m256i a = _mm256_and_si256(b, kMaxV);
+      const __m256i m_bad = _mm256_cmpgt_epi32(a, kBelowInf);
+      const __m256i m_nan = _mm256_cmpgt_epi32(a, kInfV);
+      const __m256i m_zero = _mm256_cmpeq_epi32(a, zero);
+      const __m256i fin = _mm256_andnot_si256(m_bad, a);
+      hi = _mm256_max_epi32(hi, fin);
+      lo1 = _mm256_min_epu32(lo1, _mm256_sub_epi32(fin, one));
+      const __m256i sign = _mm256_srai_epi32(b, 31);
+      neg = _mm256_sub_epi32(neg, _mm256_andnot_si256(_mm256_or_si256(m_zero, m_nan), sign));
+      zer = _mm256_sub_epi32(zer, m_zero);
+      bad = _mm256_sub_epi32(bad, m_bad);
+    }
+    alignas(32) int32_t lanes[5][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), neg);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), zer);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), bad);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[3]), hi);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[4]), lo1);
+    int32_t h = 0;
+    uint32_t l1 = 0xffffffffu;
+    for (int k = 0; k < 8; ++k) {
+      c->neg += lanes[0][k];
+      c->zero += lanes[1][k];
+      c->bad += lanes[2][k];
+      h = std::max(h, lanes[3][k]);
+      l1 = std::min(l1, static_cast<uint32_t>(lanes[4][k]));
+    }
+    float hf;
+    std::memcpy(&hf, &h, sizeof hf);
+    c->hi = std::max(c->hi, static_cast<double>(hf));
+    if (l1 != 0xffffffffu) {
+      const uint32_t bits = l1 + 1;
+      float lf;
+      std::memcpy(&lf, &bits, sizeof lf);
+      c->lo = std::min(c->lo, static_cast<double>(lf));
+    }
+  }
+  if (i < n) count_ranged<float>(p + i, n - i, c);
+}
+
+// Which float32 loop counts: the widest this CPU has, or NANSCOPE_COUNT_ISA's choice
+// ("avx512", "avx2", "portable": GCC's loops), so that tests run each on one machine.
+enum class Isa { kPortable, kAvx2, kAvx512 };
+Isa choose_isa() {
+  const char* want = std::getenv("NANSCOPE_COUNT_ISA");
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  if (want != nullptr && *want != '\0' && std::strcmp(want, "auto") != 0) {
+    if (std::strcmp(want, "avx512") == 0 && avx512) return Isa::kAvx512;
+    if (std::strcmp(want, "avx2") == 0 && avx2) return Isa::kAvx2;
+    return Isa::kPortable;
+  }
+  return avx512 ? Isa::kAvx512 : (avx2 ? Isa::kAvx2 : Isa::kPortable);
+}
+
+Isa isa() {
+  static const Isa chosen = choose_isa();
+  return chosen;
 }
 
 template <typename T, bool kRanges>
 void count_plain(const T* p, int64_t n, Counts* c) {
   if constexpr (kRanges) {
     if constexpr (std::is_same_v<T, float>) {
-      if (n >= 64 && has_avx512f()) return count_ranged_f32_avx512(p, n, c);
+      if (n >= 64 && isa() == Isa::kAvx512) return count_ranged_f32_avx512(p, n, c);
+      if (n >= 64 && isa() == Isa::kAvx2) return count_ranged_f32_avx2(p, n, c);
     }
     count_ranged<T>(p, n, c);
   } else {
