@@ -89,6 +89,20 @@ __attribute__((target_clones("avx2", "default"))) void count_ranged(const T* p, 
   }
 }
 
+// A block's extremes, from the intrinsic loops' lanes: the largest finite |x|'s bits, and the
+// smallest non-zero |x|'s bits less one (all ones: there was none).
+void add_extremes(int32_t hi_bits, uint32_t lo_bits_less_one, Counts* c) {
+  float hf;
+  std::memcpy(&hf, &hi_bits, sizeof hf);
+  c->hi = std::max(c->hi, static_cast<double>(hf));
+  if (lo_bits_less_one != 0xffffffffu) {
+    const uint32_t bits = lo_bits_less_one + 1;
+    float lf;
+    std::memcpy(&lf, &bits, sizeof lf);
+    c->lo = std::min(c->lo, static_cast<double>(lf));
+  }
+}
+
 // count_ranged for float on AVX-512: the same counts and extremes, 16 values a step,
 // written with intrinsics. The comparisons are mask registers that the counts add
 // under, and the smallest non-zero |x| is an unsigned min of |x| - 1 (a zero wraps
@@ -127,17 +141,7 @@ __attribute__((target("avx512f"))) void count_ranged_f32_avx512(const float* p, 
     c->neg += _mm512_reduce_add_epi32(neg);
     c->zero += _mm512_reduce_add_epi32(zer);
     c->bad += _mm512_reduce_add_epi32(bad);
-    const int32_t h = _mm512_reduce_max_epi32(hi);
-    float hf;
-    std::memcpy(&hf, &h, sizeof hf);
-    c->hi = std::max(c->hi, static_cast<double>(hf));
-    const uint32_t l1 = _mm512_reduce_min_epu32(lo1);
-    if (l1 != 0xffffffffu) {
-      const uint32_t bits = l1 + 1;
-      float lf;
-      std::memcpy(&lf, &bits, sizeof lf);
-      c->lo = std::min(c->lo, static_cast<double>(lf));
-    }
+    add_extremes(_mm512_reduce_max_epi32(hi), _mm512_reduce_min_epu32(lo1), c);
   }
   if (i < n) count_ranged<float>(p + i, n - i, c);  // the last few values
 }
@@ -185,15 +189,7 @@ __attribute__((target("avx2"))) void count_ranged_f32_avx2(const float* p, int64
       h = std::max(h, lanes[3][k]);
       l1 = std::min(l1, static_cast<uint32_t>(lanes[4][k]));
     }
-    float hf;
-    std::memcpy(&hf, &h, sizeof hf);
-    c->hi = std::max(c->hi, static_cast<double>(hf));
-    if (l1 != 0xffffffffu) {
-      const uint32_t bits = l1 + 1;
-      float lf;
-      std::memcpy(&lf, &bits, sizeof lf);
-      c->lo = std::min(c->lo, static_cast<double>(lf));
-    }
+    add_extremes(h, l1, c);
   }
   if (i < n) count_ranged<float>(p + i, n - i, c);
 }
