@@ -218,8 +218,13 @@ template <typename T, bool kRanges>
 void count_plain(const T* p, int64_t n, Counts* c) {
   if constexpr (kRanges) {
     if constexpr (std::is_same_v<T, float>) {
-      if (n >= 64 && isa() == Isa::kAvx512) return count_ranged_f32_avx512(p, n, c);
-      if (n >= 64 && isa() == Isa::kAvx2) return count_ranged_f32_avx2(p, n, c);
+      if (n >= 64) {  // shorter runs: GCC's loop, as before
+        switch (isa()) {
+          case Isa::kAvx512: return count_ranged_f32_avx512(p, n, c);
+          case Isa::kAvx2: return count_ranged_f32_avx2(p, n, c);
+          case Isa::kPortable: break;
+        }
+      }
     }
     count_ranged<T>(p, n, c);
   } else {

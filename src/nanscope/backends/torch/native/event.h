@@ -29,8 +29,9 @@ constexpr int kPhaseForward = 1, kPhaseBackward = 2, kPhaseOptimizer = 3;
 // more (nanscope.format.statistics): the mean, standard deviation and L2 norm of
 // the finite elements and the bits hash, which go to Execution.output_statistics.
 constexpr int kFullSlots = 11, kFullRecorded = 13, kFullStatistics = 17, kWidestRow = 17;
-// The most entries of a table that links backward ops to forward ones (the
-// recorder's links, the encoder's sequence numbers) before it starts over.
+// The most entries of a table that links backward ops to forward ones (the encoder's
+// sequence numbers) before it starts over. (The recorder's links keep a window of the
+// latest autograd nodes instead: recorder.cpp's kLinksWindow.)
 constexpr size_t kLinksMax = 1 << 20;
 
 // What the recorder knows of an op, from the Python side's description.

@@ -1,6 +1,7 @@
 #pragma once
 // An open-addressed hash map from 64-bit keys, for the recorder's per-op tables
-// (tensor ids by TensorImpl address, recorded outputs by layout).
+// (tensor ids by TensorImpl address, recorded outputs by layout, forward links by
+// autograd sequence number, never-written outputs by id).
 //
 // Those tables are written for every output of every op. A node-based map costs a
 // division (its prime bucket count), a node allocation and two or three cache misses

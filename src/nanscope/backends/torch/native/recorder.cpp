@@ -51,7 +51,6 @@
 #include <exception>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <array>
 #include <thread>
 #include <vector>
@@ -176,9 +175,10 @@ struct State {
   std::deque<OpFlags> op_store;
   std::vector<const OpFlags*> op_by_index;  // by the Python side's op index
 
-  // The tables below are each used under their own mutex: their nodes come from a
-  // pool of that mutex's own (no lock of the pool's: the shared pool's lock is taken
-  // on every allocation and contended by the drain thread's frees).
+  // The tables below are each used under their own mutex. The node maps' nodes come
+  // from a pool of that mutex's own (no lock of the pool's: the shared pool's lock is
+  // taken on every allocation and contended by the drain thread's frees); the flat
+  // tables (flat_map.h) allocate from the shared pool only when they are rebuilt.
   // Tensor ids by TensorImpl address; each entry holds a weak reference to its
   // TensorImpl (see "tensor ids").
   std::mutex ids_mu;
@@ -522,6 +522,12 @@ uint64_t view_hash(const at::Tensor& t) {
   return h;
 }
 
+// The by_view table's key for `t`: its view hash, moved off the empty slot's 0.
+uint64_t view_key(const at::Tensor& t) {
+  const uint64_t h = view_hash(t);
+  return h == FlatMap<ViewEntry>::kEmpty ? 1 : h;
+}
+
 // The layout's second hash (another seed, another multiplier).
 uint64_t layout_check(const at::Tensor& t) {
   uint64_t h = 0x84222325cbf29ce4ULL;
@@ -537,9 +543,8 @@ void remember_view_locked(const at::Tensor& t, int64_t id) {
   const int64_t step = S->step.load(std::memory_order_relaxed);
   // Kept while the output lives, and until its step ends.
   auto keep = [step](uint64_t, ViewEntry& e) { return e.step >= step || owner_alive(e); };
-  const uint64_t h = view_hash(t);
   bool fresh = false;
-  S->by_view.put(h == FlatMap<ViewEntry>::kEmpty ? 1 : h, &fresh, keep) =
+  S->by_view.put(view_key(t), &fresh, keep) =
       ViewEntry{id,
                 t.unsafeGetTensorImpl(),
                 t.storage().unsafeGetStorageImpl(),
@@ -554,8 +559,7 @@ void remember_view_locked(const at::Tensor& t, int64_t id) {
 // offset, dtype, sizes and strides), or 0.
 int64_t id_by_view_locked(const at::Tensor& t) {
   if (!has_view_key(t)) return 0;
-  const uint64_t h = view_hash(t);
-  const ViewEntry* e = S->by_view.find(h == FlatMap<ViewEntry>::kEmpty ? 1 : h);
+  const ViewEntry* e = S->by_view.find(view_key(t));
   if (e == nullptr) return 0;
   const void* storage = t.storage().unsafeGetStorageImpl();
   if (e->storage != storage || e->data != t.storage().data()) return 0;
@@ -1245,7 +1249,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
     S->host.attr("forward_began")();
   }
   ev.phase = (tl.optimizer || tl.between >= 0) ? kPhaseOptimizer
-                                                       : (node ? kPhaseBackward : kPhaseForward);
+                                               : (node ? kPhaseBackward : kPhaseForward);
   if (node) {
     std::lock_guard<std::mutex> g(S->links_mu);
     if (const Link* link = S->links.find(node->sequence_nr() + 1)) {
