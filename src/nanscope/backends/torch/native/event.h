@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <c10/util/SmallVector.h>
-
+#include "inline_vec.h"
 #include "pool.h"
 
 namespace nanscope {
@@ -50,6 +49,11 @@ struct OpFlags {
   // return among them (_foreach_mul_'s list, _fused_adamw_'s) are outputs too.
   std::vector<int> written;
   std::string name;  // "aten.log.default"
+  // Its schema's numbers of arguments and returns (the dispatch key's kernel reads
+  // them off the stack for every call).
+  bool sized = false;  // nargs and nrets known (described with the op's handle)
+  size_t nargs = 0;
+  size_t nrets = 0;
 };
 
 // FULL_TENSOR: one output's value as its record holds it (see encoder.cpp).
@@ -121,11 +125,11 @@ struct Event {
   // Inline room for a small op's ids and one FULL_HEALTH row: no allocation per
   // event (an allocation here is freed by the drain thread, and a pool shared by
   // the two threads makes both take its lock on every event).
-  c10::SmallVector<int64_t, 4> in_ids;
-  c10::SmallVector<int64_t, 4> out_ids;
-  c10::SmallVector<int32_t, 4> out_dev;
-  c10::SmallVector<double, 3 * kFullRecorded> sums;  // width values per output
-  c10::SmallVector<uint8_t, 4> has;   // 1: computed here, 2: in `parts`, 0: none
+  InlineVec<int64_t, 4> in_ids;
+  InlineVec<int64_t, 4> out_ids;
+  InlineVec<int32_t, 4> out_dev;
+  InlineVec<double, 3 * kFullRecorded> sums;  // width values per output
+  InlineVec<uint8_t, 8> has;   // 1: computed here, 2: in `parts`, 0: none
   // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
   // of their counts, FULL_HEALTH's layout, for the index and the ranges).
   std::unique_ptr<Values> values;

@@ -441,6 +441,11 @@ const OpFlags* lookup(const c10::OperatorHandle& op) {
 const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
                                   const std::optional<c10::OperatorHandle>& handle) {
   OpFlags f;
+  if (handle.has_value()) {
+    f.sized = true;
+    f.nargs = handle->schema().arguments().size();
+    f.nrets = handle->schema().returns().size();
+  }
   f.composite = handle.has_value() &&
       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   if (!f.composite) {
@@ -512,28 +517,29 @@ bool has_view_key(const at::Tensor& t) {
   return t.layout() == at::kStrided && t.has_storage() && !t.is_meta();
 }
 
-uint64_t view_hash(const at::Tensor& t) {
+// The by_view table's key for a layout (storage, offset, dtype, sizes and strides;
+// never the empty slot's 0) and its second hash (another seed, other multipliers),
+// together 128 bits: taken in one pass over the sizes and strides, for every output.
+struct ViewKeys {
+  uint64_t key;
+  uint64_t layout;
+};
+
+ViewKeys view_keys(const at::Tensor& t) {
   uint64_t h = reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl());
+  uint64_t l = 0x84222325cbf29ce4ULL;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
   mix(static_cast<uint64_t>(t.storage_offset()));
   mix(static_cast<uint64_t>(t.scalar_type()));
-  for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
-  for (int64_t d : t.strides()) mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
-  return h;
-}
-
-// The by_view table's key for `t`: its view hash, moved off the empty slot's 0.
-uint64_t view_key(const at::Tensor& t) {
-  const uint64_t h = view_hash(t);
-  return h == FlatMap<ViewEntry>::kEmpty ? 1 : h;
-}
-
-// The layout's second hash (another seed, another multiplier).
-uint64_t layout_check(const at::Tensor& t) {
-  uint64_t h = 0x84222325cbf29ce4ULL;
-  for (int64_t d : t.sizes()) h = (h ^ static_cast<uint64_t>(d)) * 0x100000001b3ULL + 0x7f4a7c15ULL;
-  for (int64_t d : t.strides()) h = (h ^ static_cast<uint64_t>(d)) * 0x9E3779B97F4A7C15ULL + 1;
-  return h ^ static_cast<uint64_t>(t.dim());
+  for (int64_t d : t.sizes()) {
+    mix(static_cast<uint64_t>(d));
+    l = (l ^ static_cast<uint64_t>(d)) * 0x100000001b3ULL + 0x7f4a7c15ULL;
+  }
+  for (int64_t d : t.strides()) {
+    mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
+    l = (l ^ static_cast<uint64_t>(d)) * 0x9E3779B97F4A7C15ULL + 1;
+  }
+  return {h == FlatMap<ViewEntry>::kEmpty ? 1 : h, l ^ static_cast<uint64_t>(t.dim())};
 }
 
 void remember_view_locked(const at::Tensor& t, int64_t id) {
@@ -544,7 +550,8 @@ void remember_view_locked(const at::Tensor& t, int64_t id) {
   // Kept while the output lives, and until its step ends.
   auto keep = [step](uint64_t, ViewEntry& e) { return e.step >= step || owner_alive(e); };
   bool fresh = false;
-  S->by_view.put(view_key(t), &fresh, keep) =
+  const ViewKeys k = view_keys(t);
+  S->by_view.put(k.key, &fresh, keep) =
       ViewEntry{id,
                 t.unsafeGetTensorImpl(),
                 t.storage().unsafeGetStorageImpl(),
@@ -552,14 +559,15 @@ void remember_view_locked(const at::Tensor& t, int64_t id) {
                 t.storage_offset(),
                 step,
                 static_cast<int8_t>(t.scalar_type()),
-                layout_check(t)};
+                k.layout};
 }
 
 // The id of a recorded output that `t` is an exact alias of (same live storage,
 // offset, dtype, sizes and strides), or 0.
 int64_t id_by_view_locked(const at::Tensor& t) {
   if (!has_view_key(t)) return 0;
-  const ViewEntry* e = S->by_view.find(view_key(t));
+  const ViewKeys k = view_keys(t);
+  const ViewEntry* e = S->by_view.find(k.key);
   if (e == nullptr) return 0;
   const void* storage = t.storage().unsafeGetStorageImpl();
   if (e->storage != storage || e->data != t.storage().data()) return 0;
@@ -573,7 +581,7 @@ int64_t id_by_view_locked(const at::Tensor& t) {
     return 0;
   }
   if (e->offset != t.storage_offset() || e->dtype != static_cast<int8_t>(t.scalar_type()) ||
-      e->layout != layout_check(t)) {
+      e->layout != k.layout) {
     return 0;
   }
   return e->id;
@@ -1441,13 +1449,15 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   if (g_cut.load(std::memory_order_relaxed) & kCutAll) return pass_on(handle, below, stack);
   Ctx c;
   bool composite = false;
+  size_t nrets = 0;
   {
     InFlight counted;
     const bool begun = guarded([&] {
       const OpFlags* op = S->active.load() ? lookup(handle) : nullptr;  // null: stopped meanwhile
       composite = op != nullptr && op->composite;
+      nrets = op != nullptr && op->sized ? op->nrets : handle.schema().returns().size();
       if (op != nullptr && !composite && !op->skip) {
-        const size_t nargs = handle.schema().arguments().size();
+        const size_t nargs = op->sized ? op->nargs : handle.schema().arguments().size();
         Depth depth;  // the Python it may call runs ops that are nanscope's
         begin_op(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs), c);
       }
@@ -1468,7 +1478,6 @@ void record_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
   if (!c.record || S == nullptr || !S->active.load(std::memory_order_relaxed)) return;
   InFlight counted;
   if (!S->active.load() || S->session.load() != c.session) return;
-  const size_t nrets = handle.schema().returns().size();
   guarded([&] { record(c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nrets, nrets), c); });
 }
 
