@@ -69,7 +69,7 @@ def record(
     """Run ``fn`` while dumping into ``logdir``; returns the reader, executions and result."""
     kwargs.setdefault("circular_buffer_size", -1)
     with nanscope.enable_dump_debug_info(logdir, mode, **kwargs):
-        result = fn()
+        result = fn()  # @record-call
     r = nanscope.open_dump(logdir)
     assert r.problems == []
     return r, r.executions(), result
@@ -660,6 +660,69 @@ def test_views_of_uninitialised_memory_are_not_summarised(tmp_path: Path) -> Non
     check_outputs(execs[-1], [out], "FULL_HEALTH")
     ref = r.first_nonfinite(EXECUTIONS)
     assert ref is not None and r.execution(ref.index).op_type == "aten.fill_.Scalar"
+
+
+# -- stacks -----------------------------------------------------------------------------------
+
+
+def _leaf(x: torch.Tensor) -> torch.Tensor:
+    return torch.add(x, 1)  # @leaf-op
+
+
+def _deep(k: int, x: torch.Tensor) -> torch.Tensor:
+    if k == 0:
+        return _leaf(x)  # @deep-leaf
+    return _deep(k - 1, x)  # @deep-recurse
+
+
+DEEP = 6  # frames that every path shares above its own ones
+
+
+def _via_a(x: torch.Tensor) -> torch.Tensor:
+    return _deep(DEEP, x)  # @via-a
+
+
+def _via_b(x: torch.Tensor) -> torch.Tensor:
+    return _deep(DEEP, x)  # @via-b
+
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    y = _via_a(x)  # @twice-a
+    return _via_a(y)  # @twice-b
+
+
+def _call_paths() -> torch.Tensor:
+    x = torch.ones(2)
+    for i in range(12):
+        k = i % 3
+        if k == 0:
+            x = _via_a(x)  # @run-a
+        elif k == 1:
+            x = _via_b(x)  # @run-b
+        else:
+            x = _twice(x)  # @run-twice
+    return x
+
+
+def test_each_op_has_the_stack_it_ran_under_where_call_paths_share_frames(tmp_path: Path) -> None:
+    """One line of code reached by interleaved call paths that share their innermost frames
+    (the same eight frames at the same addresses, differing in an outer frame's line only,
+    as in ``_twice``): each op's recorded stack is its own path. A recorder that tells a stack
+    seen before by fewer than all its frames gives the second call in ``_twice`` the first's."""
+    r, execs, _ = record(tmp_path, _call_paths, "NO_TENSOR")
+    adds = [e for e in execs if e.op_type == "aten.add.Tensor"]
+    shared = [line_of("@deep-recurse")] * DEEP + [line_of("@deep-leaf"), line_of("@leaf-op")]
+    a = [line_of("@run-a"), line_of("@via-a"), *shared]
+    b = [line_of("@run-b"), line_of("@via-b"), *shared]
+    twice = [line_of("@run-twice"), line_of("@twice-a"), line_of("@via-a"), *shared]
+    twice_b = [line_of("@run-twice"), line_of("@twice-b"), line_of("@via-a"), *shared]
+    expected = [a, b, twice, twice_b] * 4
+    assert len(adds) == len(expected)
+    for e, path in zip(adds, expected, strict=True):
+        lines = frame_lines(r, e.stack_frame_ids)
+        # The path, under the test's own frames (its call of _call_paths and record's).
+        assert lines[-len(path) :] == path
+        assert lines[-len(path) - 1] == line_of("@record-call")
 
 
 # -- backward, optimizer, steps ---------------------------------------------------------------

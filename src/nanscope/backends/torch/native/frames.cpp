@@ -65,6 +65,59 @@ int walk_frames(RawFrame* out, int limit) {
   return n;
 }
 
+namespace {
+
+inline uint64_t fold(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ULL; }
+
+// Every bit of the folded hash moved into the low bits too (a multiply carries only
+// upwards): the threads' caches index by low bits.
+inline uint64_t finish(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+}  // namespace
+
+StackSignature stack_signature(int limit) {
+  StackSignature sig;
+  uint64_t h = 1469598103934665603ULL;
+#ifdef NANSCOPE_LOCKFREE_FRAMES
+  if (!Py_IsInitialized()) return sig;
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr || ts->cframe == nullptr) return sig;
+  _PyInterpreterFrame* f = ts->cframe->current_frame;
+  if (f != nullptr) {
+    sig.top_code = f->f_code;
+    sig.top_instr = reinterpret_cast<uintptr_t>(f->prev_instr);
+  }
+  // Every frame, started or not: the instruction's address names the code object's
+  // instruction (each code object holds its own instructions), and the frames that
+  // walk_frames leaves out are left out of the stack it interns, not of this hash.
+  int n = 0;
+  for (; f != nullptr && n < limit; f = f->previous, ++n) {
+    h = fold(h, reinterpret_cast<uintptr_t>(f->f_code));
+    h = fold(h, reinterpret_cast<uintptr_t>(f->prev_instr));
+  }
+  sig.n = n;
+#else
+  RawFrame buf[128];
+  const int n = walk_frames(buf, limit < 128 ? limit : 128);
+  for (int i = 0; i < n; ++i) {
+    h = fold(h, reinterpret_cast<uintptr_t>(buf[i].code));
+    h = fold(h, static_cast<uint64_t>(buf[i].lasti));
+  }
+  sig.n = n;
+  if (n > 0) {
+    sig.top_code = buf[0].code;
+    sig.top_instr = static_cast<uintptr_t>(buf[0].lasti);
+  }
+#endif
+  sig.hash = finish(h);
+  return sig;
+}
+
 int line_of(PyObject* code, int lasti) {
   return PyCode_Addr2Line(reinterpret_cast<PyCodeObject*>(code), lasti * 2);
 }

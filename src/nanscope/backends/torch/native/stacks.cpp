@@ -23,17 +23,13 @@ int StackTable::find_locked(uint64_t hash, const RawFrame* frames, int n) const 
 
 namespace {
 
-// Each thread's last stacks, direct-mapped by their hash: a stack seen before on
-// this thread is found without the table's lock. An entry names its table and
-// the table's generation (moved by clear()), and keeps the stack's depth and
-// innermost frame, which a stack of the same hash would also have to match.
+// Each thread's last stacks, direct-mapped by their signature's hash: a stack seen
+// before on this thread is found without walking its frames or taking the table's
+// lock. An entry names its table and the table's generation (moved by clear()).
 struct Recent {
   const StackTable* table = nullptr;
   uint64_t generation = 0;
-  uint64_t hash = 0;
-  PyObject* top_code = nullptr;
-  int top_lasti = -1;
-  int n = -1;
+  StackSignature sig;
   int id = -1;
 };
 constexpr size_t kRecent = 512;
@@ -42,6 +38,18 @@ thread_local std::array<Recent, kRecent> tl_recent{};
 }  // namespace
 
 int StackTable::capture(const Intern& intern, const Failed& failed) {
+  const StackSignature sig = stack_signature(kMaxFrames);
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  Recent& recent = tl_recent[(sig.hash >> 17) & (kRecent - 1)];
+  if (recent.table == this && recent.generation == generation && recent.sig == sig) {
+    return recent.id;
+  }
+  auto remember = [&](int id) {
+    recent = Recent{this, generation, sig, id};
+    return id;
+  };
+  // Not seen lately on this thread: its frames, keyed by their own hash in the table
+  // that all threads share.
   RawFrame buf[kMaxFrames];
   const int n = walk_frames(buf, kMaxFrames);
   uint64_t h = 1469598103934665603ULL;
@@ -49,16 +57,6 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
     h = (h ^ reinterpret_cast<uintptr_t>(buf[i].code)) * 1099511628211ULL;
     h = (h ^ static_cast<uint64_t>(buf[i].lasti)) * 1099511628211ULL;
   }
-  const uint64_t generation = generation_.load(std::memory_order_acquire);
-  Recent& recent = tl_recent[(h >> 17) & (kRecent - 1)];
-  if (recent.table == this && recent.generation == generation && recent.hash == h &&
-      recent.n == n && (n == 0 || (recent.top_code == buf[0].code && recent.top_lasti == buf[0].lasti))) {
-    return recent.id;
-  }
-  auto remember = [&](int id) {
-    recent = Recent{this, generation, h, n > 0 ? buf[0].code : nullptr, n > 0 ? buf[0].lasti : -1, n, id};
-    return id;
-  };
   {
     std::lock_guard<std::mutex> g(mu_);
     const int id = find_locked(h, buf, n);
