@@ -3,7 +3,8 @@
 // for N of them inline, for the recorder's Event: an event is built on the op's
 // thread and moved once into the buffer, for every op. c10::SmallVector's move
 // goes through its generic out-of-line assignment (several branches and calls
-// a vector); here a move copies the used inline values, or takes the heap block.
+// a vector); here a move copies the inline values (a small array whole), or takes
+// the heap block.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,9 @@ class InlineVec {
     if (o.cap_ > N) {
       heap_ = o.heap_;
       o.cap_ = N;
+    } else if constexpr (sizeof(inline_) <= 64) {
+      // A cache line or less: copied whole, in a few fixed moves (no call, no loop).
+      std::memcpy(inline_, o.inline_, sizeof(inline_));
     } else if (size_ > 0) {
       std::memcpy(inline_, o.inline_, size_ * sizeof(T));
     }
