@@ -80,7 +80,7 @@ inline uint64_t finish(uint64_t h) {
 
 }  // namespace
 
-StackSignature stack_signature(int limit) {
+StackSignature stack_signature() {
   StackSignature sig;
   uint64_t h = 1469598103934665603ULL;
 #ifdef NANSCOPE_LOCKFREE_FRAMES
@@ -96,14 +96,14 @@ StackSignature stack_signature(int limit) {
   // instruction (each code object holds its own instructions), and the frames that
   // walk_frames leaves out are left out of the stack it interns, not of this hash.
   int n = 0;
-  for (; f != nullptr && n < limit; f = f->previous, ++n) {
+  for (; f != nullptr && n < kMaxStackFrames; f = f->previous, ++n) {
     h = fold(h, reinterpret_cast<uintptr_t>(f->f_code));
     h = fold(h, reinterpret_cast<uintptr_t>(f->prev_instr));
   }
   sig.n = n;
 #else
-  RawFrame buf[128];
-  const int n = walk_frames(buf, limit < 128 ? limit : 128);
+  RawFrame buf[kMaxStackFrames];
+  const int n = walk_frames(buf, kMaxStackFrames);
   for (int i = 0; i < n; ++i) {
     h = fold(h, reinterpret_cast<uintptr_t>(buf[i].code));
     h = fold(h, static_cast<uint64_t>(buf[i].lasti));

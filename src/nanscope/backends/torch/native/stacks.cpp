@@ -38,7 +38,7 @@ thread_local std::array<Recent, kRecent> tl_recent{};
 }  // namespace
 
 int StackTable::capture(const Intern& intern, const Failed& failed) {
-  const StackSignature sig = stack_signature(kMaxFrames);
+  const StackSignature sig = stack_signature();
   const uint64_t generation = generation_.load(std::memory_order_acquire);
   Recent& recent = tl_recent[(sig.hash >> 17) & (kRecent - 1)];
   if (recent.table == this && recent.generation == generation && recent.sig == sig) {

@@ -24,7 +24,7 @@ class StackTable {
   // What to do with a Python error the interning raised (with the GIL).
   using Failed = std::function<void(pybind11::error_already_set&)>;
 
-  static constexpr int kMaxFrames = 128;
+  static constexpr int kMaxFrames = kMaxStackFrames;
 
   // The id of the calling thread's Python stack (its innermost kMaxFrames
   // frames). A new stack's code objects are held from then on, so that their
