@@ -53,6 +53,7 @@ class LineageVerdict(Name):
     HARMFUL = "harmful"  # reached the loss, the gradients, the weights or the end
     BENIGN = "benign"  # every value was absorbed by a later op (an intended mask)
     HANDLED = "handled"  # a loss scaler's inf check saw it and skipped the step
+    UNKNOWN = "unknown"  # its values went into events the circular buffer dropped
 
 
 class OriginKind(Name):

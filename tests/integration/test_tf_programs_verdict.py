@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,6 +47,8 @@ pytest.importorskip("tensorflow")
 import nanscope
 from nanscope.analysis import ViewBuilder
 from nanscope.analysis._lineages import find_lineages
+from nanscope.backends import tf_spool
+from nanscope.format import files
 from nanscope.reader import TRACES
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
@@ -53,6 +56,7 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ROOT / "tests" / "programs" / "real"
 TIMEOUT = 300
+DEFAULT_BUFFER = 1000  # `nanscope run`'s --circular-buffer-size
 
 # Runs a program as `python program.py args` would, with TensorFlow's own dumping (FULL_HEALTH,
 # the whole history) or TensorFlow's own check_numerics turned on first.
@@ -121,7 +125,9 @@ class Run:
     program_output: str
     tf_check: str  # the output of the run under tf.debugging.enable_check_numerics()
     checked: subprocess.CompletedProcess[str]  # `nanscope run --check-numerics`
-    # `nanscope run` with its default buffer: the report's JSON and exit status.
+    # `nanscope run`'s own dump of the whole history (TensorFlow's writer into its spool).
+    spooled: Path
+    # That history kept as `nanscope run` keeps it by default: the report and exit status.
     launched: dict[str, Any]
     launched_status: int
 
@@ -151,13 +157,32 @@ def _case_run(case: Case, workdir: Path) -> Run:
     tf_check = _run([sys.executable, "-c", RUNNER, "check", "-", *program])
     checked = _run(_nanscope("run", "--check-numerics", *program))
     report = _run(_nanscope("report", str(dump), "--json"))
-    launched_dump = workdir / "launched"
-    launched = _run(_nanscope("run", "--logdir", str(launched_dump), *program))
+    spooled = workdir / "spooled"
+    launched = _run(_nanscope("run", "--circular-buffer-size", "-1", "--logdir", str(spooled),
+                              *program))  # fmt: skip
     assert launched.returncode == 0, launched.stderr[-3000:]
-    launched_report = _run(_nanscope("report", str(launched_dump), "--json"))
+    # What `nanscope run` keeps with its default buffer, by the function it keeps it with
+    # at exit, from the same history (so that the windows below cut this very run).
+    launched_report = window(spooled, workdir / "launched", DEFAULT_BUFFER, tf_spool.ORIGIN_WINDOW)
     return Run(dump, json.loads(report.stdout), report.returncode,
-               recorded.stdout, tf_check.stdout + tf_check.stderr, checked,
-               json.loads(launched_report.stdout), launched_report.returncode)  # fmt: skip
+               recorded.stdout, tf_check.stdout + tf_check.stderr, checked, spooled,
+               launched_report.data, launched_report.status)  # fmt: skip
+
+
+@dataclass
+class Windowed:
+    data: dict[str, Any]  # the report's JSON
+    status: int
+
+
+def window(spooled: Path, where: Path, capacity: int, origin_window: int) -> Windowed:
+    """A copy of a spooled whole history kept as a buffer of ``capacity`` with windows of
+    ``origin_window`` keeps it, reported as ``nanscope report --json`` reports it."""
+    shutil.copytree(spooled, where)
+    (file_set,) = files.discover(where)
+    tf_spool.finish(file_set, capacity, origin_window)
+    out = _run(_nanscope("report", str(where), "--json"))
+    return Windowed(json.loads(out.stdout), out.returncode)
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +291,38 @@ def test_nanscope_run_with_its_default_buffer_tells_the_same(
     assert skipped(launched) <= skipped(whole)
 
 
+# (buffer, window) cuts of a history: windows that end inside a graph call, cutting a
+# gradient's lineage off from the loss scaler's check that reads it, or a birth off from
+# its consumers (the spool keeps `window` traces after the first Inf/NaN of each kind).
+CUTS = [(1000, 90), (1000, 95), (1000, 105), (300, 20), (300, 50), (300, 95)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_window_of_the_history_turns_its_verdict(
+    lab: dict[str, Future[Run]], name: str, tmp_path: Path
+) -> None:
+    """Wherever a circular buffer's windows cut a lineage, the verdict is the whole
+    history's: a gradient overflow cut off from the loss scaler's check is still handled
+    (the graph shows that only the check reads it), never harmful for want of its
+    consumer's trace, nor absorbed by a later call's; a harmful run stays harmful, with its
+    cause. A lineage whose fate no rule can tell would make a dump with no harm incomplete
+    (exit 2), never clean; the healthy programs have none (in the harmful ones, some of
+    Adam's updates cut off from their variables are rightly unknown)."""
+    run = run_of(lab, name)
+    whole = run.report
+    for capacity, origin_window in CUTS:
+        cut = window(run.spooled, tmp_path / f"{capacity}-{origin_window}", capacity, origin_window)
+        got = (cut.data["verdict"], cut.status)
+        assert got == (whole["verdict"], run.report_status), (capacity, origin_window, cut.data)
+        if CASES[name].healthy:
+            assert {g["kind"] for g in cut.data["lineages"]} <= {"handled"}, (
+                capacity,
+                origin_window,
+            )
+        if whole["cause"] is not None:
+            assert cut.data["cause"]["op_name"] == whole["cause"]["op_name"]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_origin_is_the_first_op_tf_check_numerics_stops_at(
     lab: dict[str, Future[Run]], name: str
@@ -328,6 +385,61 @@ def test_harm_is_born_outside_the_loss_scalers_reach(
     for group in run.report["lineages"]:
         if group["kind"] == "handled":
             assert group["birth"]["op_name"].startswith("gradient_tape/")
+
+
+# An intended mask in a tf.function: log(0) = -inf where a position is masked out, carried
+# through three ops, then absorbed by a softmax. Healthy.
+MASK_IN_A_FUNCTION = """
+import os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+
+scores = tf.Variable([[1.0, 2.0, 3.0, 4.0]])
+keep = tf.Variable([[1.0, 1.0, 0.0, 1.0]])
+
+@tf.function
+def attend():
+    masked = scores.read_value() + tf.math.log(keep.read_value())
+    masked = (masked * 0.5) - 1.0
+    return tf.nn.softmax(masked)
+
+for _ in range(4):
+    weights = attend()
+print("weights finite:", bool(tf.reduce_all(tf.math.is_finite(weights))))
+"""
+
+
+def test_a_lineage_cut_off_from_its_fate_leaves_no_all_clear_and_no_alarm(tmp_path: Path) -> None:
+    """A window that ends right after a mask's birth keeps neither the softmax that absorbed
+    it nor anything after it in that call: what became of the -inf is not in the dump. The
+    report gives no verdict (exit 2), names the birth and what was dropped, and calls
+    nothing harmful; the whole history's report says every mask was absorbed (exit 0)."""
+    program = tmp_path / "masked.py"
+    program.write_text(MASK_IN_A_FUNCTION)
+    spooled = tmp_path / "spooled"
+    ran = _run(_nanscope("run", "--circular-buffer-size", "-1", "--logdir", str(spooled),
+                         str(program)))  # fmt: skip
+    assert ran.returncode == 0 and "weights finite: True" in ran.stdout, ran.stderr[-3000:]
+    whole = _run(_nanscope("report", str(spooled), "--json"))
+    assert (json.loads(whole.stdout)["verdict"], whole.returncode) == ("absorbed", 0)
+    assert {g["kind"] for g in json.loads(whole.stdout)["lineages"]} == {"benign"}
+    # The first call's ops each make a new kind of Inf/NaN (Log, AddV2, Mul, Sub), so all
+    # of it is kept; then 4 traces more: the second call's two reads and its Log. Of the
+    # rest, the buffer's last two: the last call's Sub and Softmax.
+    cut = window(spooled, tmp_path / "cut", 2, 4)
+    with nanscope.open_dump(tmp_path / "cut") as reader:
+        kept = [reader.trace(i) for i in range(reader.num(TRACES))]
+    logs = [k for k, t in enumerate(kept) if t.op_type == "Log"]
+    assert len(logs) == 2
+    second = kept[logs[1]]
+    assert kept[logs[1] + 1].sequence > second.sequence + 1  # the rest of its call: dropped
+    assert (cut.data["verdict"], cut.status) == ("incomplete", 2), cut.data["headline"]
+    unknown = [g for g in cut.data["lineages"] if g["kind"] == "unknown"]
+    assert [g["birth"]["index"] for g in unknown] == [logs[1]]
+    assert "harmful" not in {g["kind"] for g in cut.data["lineages"]}
+    (problem,) = [p for p in cut.data["incomplete"] if "what became of" in p["message"]]
+    assert f"born at Log #{unknown[0]['birth']['index']}" in problem["message"]
+    assert "circular_buffer_size=-1" in problem["message"]
 
 
 def test_cause_explanations_fit_the_op(lab: dict[str, Future[Run]]) -> None:

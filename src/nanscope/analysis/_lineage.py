@@ -53,6 +53,9 @@ class Lineage:
     verdict: LineageVerdict = LineageVerdict.BENIGN
     # Events that repeated its birth in activation checkpointing's rerun (analysis/_recompute.py).
     recomputed: list[int] = field(default_factory=list)
+    # Members whose values went on into events the circular buffer dropped, where nothing
+    # else in the dump tells what became of them: its verdict is then unknown.
+    lost: list[int] = field(default_factory=list)
 
     def add(self, index: int, out: set[NonFinite]) -> None:
         """Event ``index`` holds this lineage's values, of the kinds in ``out``."""
@@ -116,10 +119,16 @@ def passed_on(contributors: set[int], out: set[NonFinite], lineages: list[Lineag
 
 
 def verdict_of(lin: Lineage) -> LineageVerdict:
-    """Handled when a loss scaler saw it and it reached nothing harmful; harmful when it
-    reached anything (the end of the recording included); benign otherwise."""
+    """Harmful when it reached anything harmful; unknown when, short of that, some of its
+    values went into dropped events that no rule can follow them through; handled when a
+    loss scaler saw it and it reached nothing harmful; harmful when it reached anything
+    (the end of the recording included); benign otherwise."""
     harmful = [r for r in lin.reaches if r != END]
-    if lin.handled_at is not None and not harmful:
+    if harmful:
+        return LineageVerdict.HARMFUL
+    if lin.lost:
+        return LineageVerdict.UNKNOWN
+    if lin.handled_at is not None:
         return LineageVerdict.HANDLED
     if lin.reaches:
         return LineageVerdict.HARMFUL

@@ -345,6 +345,10 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
     scaler = LossScaleChecks(reader, process)
     came_in = -1  # the lineage of values that came in through graph inputs, linked to none
     call_inputs = CallInputs(reader, process)  # what graph calls' inputs held, where recorded
+    dropped = _Dropped(reader, process)
+    # Lineage -> (trace, graph, op, output slot) of each member whose consumer's trace
+    # was dropped.
+    lost: dict[int, list[tuple[int, str, str, int]]] = {}
     for i in hits.tolist():
         try:
             tr = reader.trace(i)
@@ -356,7 +360,9 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         if op is not None and graph is not None:
             for src, slot in op.inputs:
                 j = input_trace(reader, process, graph, src, slot, i - 1)
-                if j is not None:
+                # Across dropped traces the trace found may be an earlier call's: its
+                # lineage is not this call's (the input's values here were not recorded).
+                if j is not None and not dropped.after(j, i):
                     contributors |= member_of.get(j, set())
         out = nonfinite_kinds(tr.health)
         if not contributors and op is not None and op.op_type == "ReadVariableOp" and op.inputs:
@@ -404,7 +410,15 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         else:
             phase = Phase.BACKWARD if is_backward_op(tr.op_name) else Phase.FORWARD
             lineages.append(
-                Lineage(TRACES, process, i, tr.step, phase, tr.wall_time, (tr.graph_id, tr.op_name))
+                Lineage(
+                    TRACES,
+                    process,
+                    i,
+                    tr.step,
+                    phase,
+                    tr.wall_time,
+                    (tr.graph_id, tr.op_name),
+                )
             )
             passed = {len(lineages) - 1}
         member_of[i] = passed
@@ -442,16 +456,53 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                         written.setdefault((tr.graph_id, dst_op.inputs[0][0]), set()).update(passed)
                     continue
             j = nearest_trace(reader, process, tr.graph_id, dst, None, i, later=True)
+            if dropped.after(i, j):
+                # The consumer's trace of this call may be among the dropped events (the one
+                # found, if any, is a later call's): what it made of the values is unknown.
+                for li in passed:
+                    lost.setdefault(li, []).append((i, tr.graph_id, tr.op_name, tr.output_slot))
+                continue
             if j is None or rows["nonfinite"][j] == 1:
                 continue
             for li in passed:
                 if lineages[li].absorbed_at is None:
                     lineages[li].absorbed_at = j
+    for li, points in lost.items():
+        # The graph may still tell: values that can only meet the loss scaler's checks did
+        # no harm, whatever the dropped traces held.
+        lin = lineages[li]
+        for at, graph_id, name, slot in points:
+            graph = reader.graph(graph_id, process)
+            if graph is not None and scaler.contains(graph, name, slot):
+                if lin.handled_at is None:
+                    lin.handled_at = at
+            else:
+                lin.lost.append(at)
     for lin in lineages:
-        if lin.absorbed_at is None and not lin.reaches and lin.handled_at is None:
+        if lin.absorbed_at is None and not lin.reaches and lin.handled_at is None and not lin.lost:
             lin.reach(GRAPH_OUTPUT)
         lin.verdict = verdict_of(lin)
     return lineages
+
+
+class _Dropped:
+    """Where a circular buffer dropped one process's graph traces, for following lineages
+    across them: a consumer's trace or an input's trace of the same graph call may be
+    among the dropped ones."""
+
+    def __init__(self, reader: DumpReader, process: int) -> None:
+        # Each gap opens after this trace (sorted): the dropped traces came between it and the next.
+        self.gaps = np.array(
+            sorted(after for p, after, _ in reader.gaps(TRACES) if p == process), dtype=np.int64
+        )
+
+    def after(self, i: int, j: int | None) -> bool:
+        """Whether traces were dropped after trace ``i`` and before trace ``j`` (before
+        the end when ``j`` is None)."""
+        if not self.gaps.size:
+            return False
+        k = int(np.searchsorted(self.gaps, i, side="left"))  # the first gap at or after i
+        return k < self.gaps.size and (j is None or int(self.gaps[k]) < j)
 
 
 def _left_graph(lin: Lineage) -> bool:

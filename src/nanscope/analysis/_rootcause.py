@@ -32,7 +32,7 @@ from nanscope.analysis._notes import TF_DEFAULT_BUFFER, Note
 from nanscope.analysis._ranks import RankVerdict, analyze_ranks
 from nanscope.analysis._views import EventView, Source, ViewBuilder
 from nanscope.format.modes import HEALTH_MODES, TensorDebugMode
-from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader
+from nanscope.reader import EXECUTIONS, TRACES, UNREADABLE, DumpReader, Problem
 from nanscope.vocabulary import LineageVerdict, NonFinite, OriginKind, Phase, RankRole, Verdict
 
 SCHEMA = "nanscope.report/2"
@@ -43,6 +43,7 @@ HARMFUL = Verdict.HARMFUL
 INCOMPLETE = Verdict.INCOMPLETE
 ABSORBED = Verdict.ABSORBED
 CLEAN = Verdict.CLEAN
+UNKNOWN = LineageVerdict.UNKNOWN
 
 __all__ = ["Alerts", "Analysis", "LineageGroup", "analyze", "count_alerts"]
 
@@ -263,7 +264,7 @@ def analyze(
     ``headroom_format``, e.g. ``"float8_e4m3fn"``, or else each value's own format)."""
     found = _analyze(reader, lookback)
     # Again at the end: decoding the events found damage that indexing from a sidecar did not.
-    incomplete = [p.to_json() for p in reader.incomplete]
+    incomplete = [p.to_json() for p in reader.incomplete] + found.incomplete
     notes = found.notes
     if incomplete and found.found and not found.found_harmful:
         # Said of what was read; what is missing may hold what it would change.
@@ -456,6 +457,7 @@ def _analyze(reader: DumpReader, lookback: int) -> Analysis:
         chain=judged.chain,
         notes=notes,
         ranks=ranks,
+        incomplete=judged.unknown,
     )
 
 
@@ -470,6 +472,9 @@ class _Judged(NamedTuple):
     cause_evicted: dict[str, Any] | None
     state_nonfinite: EventView | None
     chain: list[EventView]
+    # A problem's JSON for each lineage whose values went into dropped events that nothing
+    # recorded can follow them through: no all-clear while any is left.
+    unknown: list[dict[str, Any]]
 
 
 def _judge(
@@ -551,7 +556,23 @@ def _judge(
         cause_evicted=cause_evicted,
         state_nonfinite=state_nonfinite,
         chain=chain,
+        unknown=[_unknown_fate(reader, lin) for lin in lineages if lin.verdict == UNKNOWN],
     )
+
+
+def _unknown_fate(reader: DumpReader, lin: Lineage) -> dict[str, Any]:
+    """The problem that a lineage of unknown fate leaves: where it was last seen, and what
+    would have kept what became of it."""
+    name = str(lin.signature[-1]) if lin.signature else "?"
+    lost = min(lin.lost)
+    kind = "graph execution traces" if lin.kind == TRACES else "executions"
+    message = (
+        f"what became of the Inf/NaN born at {short_name(name)} #{lin.birth} is not in the "
+        f"dump: its values went on from #{lost} into {kind} "
+        "the circular buffer dropped; record with circular_buffer_size=-1 to keep everything"
+    )
+    where = str(reader.event_file(lin.process, lin.kind))
+    return Problem("warning", message, incomplete=True, file=where).to_json()
 
 
 def _no_intended_mask(v: EventView) -> None:

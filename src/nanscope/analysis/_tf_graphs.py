@@ -44,6 +44,8 @@ _AND_OPS = frozenset(
     }
 )
 _CONDS = frozenset({"If", "StatelessIf"})
+# Values visited when following a value's paths to the loss scaler's checks, at most.
+_CONTAIN_LIMIT = 5000
 
 # Ops that write their value inputs into a variable: parameters, optimizer states, metrics.
 _WRITES = frozenset(
@@ -126,6 +128,41 @@ class LossScaleChecks:
         """Whether ``cond`` is a loss-scaler cond that reads ``op_name:slot`` only after its
         own predicate checked it (the value goes into the applying branch only if finite)."""
         return cond in self.checks(graph, op_name, slot)
+
+    def contains(self, graph: GraphInfo, op_name: str, slot: int) -> bool:
+        """Whether every value made from ``op_name:slot`` meets this graph's loss-scaler
+        checks before it can do harm: each path through the graph's data edges ends at a
+        finiteness check (an ``IsFinite`` that a loss-scaler cond's predicate reads) or at
+        such a cond, which hands the value to the applying branch only when every check
+        passed; none reaches a graph output or a variable first.
+
+        What the traces cannot show (events a circular buffer dropped) the graph can: where
+        this holds, the values were either absorbed on the way or checked, and a
+        non-finite one made the loss scaler skip the update."""
+        todo: list[tuple[str, int]] = [(op_name, slot)]
+        seen: set[tuple[str, int]] = set()
+        while todo:
+            name, out = todo.pop()
+            if (name, out) in seen:
+                continue
+            seen.add((name, out))
+            if len(seen) > _CONTAIN_LIMIT:
+                return False
+            consumers, leaves = consumers_through(graph, name, out)
+            if leaves or not consumers:
+                return False  # a graph output (or a value nothing reads: not shown checked)
+            for dst, _ in consumers:
+                op = graph.ops.get(dst)
+                if op is None or writes_variable(op.op_type):
+                    return False
+                if self.is_check(graph, dst):
+                    continue
+                if op.op_type in _CONDS:
+                    if self.guards(graph, dst, name, out):
+                        continue
+                    return False  # another cond: its branches are graphs of their own
+                todo.extend({(dst, s) for s, _, _ in graph.consumers(dst)} or {(dst, 0)})
+        return True
 
     def skip_run(self, graph: GraphInfo, cond: str, op_name: str, slot: int, index: int) -> int:
         """The trace that shows the update skipped in the call of ``graph`` where trace

@@ -198,6 +198,11 @@ class DumpReader:
         :attr:`problems` order. Empty: every event each file holds was read."""
         return [p for p in self._problems.values() if p.incomplete]
 
+    def event_file(self, process: int, kind: str) -> Path:
+        """The path of one process's event file of ``kind`` (:data:`EXECUTIONS` or
+        :data:`TRACES`), whether or not it exists."""
+        return self._processes[process].file_set.path(_SUFFIX_OF[kind])
+
     def incomplete_events(self, process: int, kind: str | None = None) -> list[Problem]:
         """The :attr:`incomplete` problems of one process's event files: its ``.execution``
         file (``kind`` :data:`EXECUTIONS`), its ``.graph_execution_traces`` file

@@ -147,6 +147,7 @@ _VERDICT_STYLE = {
     LineageVerdict.HARMFUL: "red",
     LineageVerdict.HANDLED: "cyan",
     LineageVerdict.BENIGN: "green",
+    LineageVerdict.UNKNOWN: "yellow",
 }
 
 # Where a lineage's values went, in the few words a one-line lineage has room for.
