@@ -149,3 +149,63 @@ def test_os_exit_after_a_flush_reads_what_was_flushed_and_gives_no_all_clear(
     assert data["found_nonfinite"] and data["origin"]["index"] == 10
     assert status == 2 and data["verdict"] == "incomplete", data["verdict"]
     assert any("never closed" in p["message"] for p in data["incomplete"])
+
+
+# A process whose dump cannot close: a source that never returns from close() (as a stuck
+# disk or a bug would), registered beside a real writer that flushes every 0.2 s.
+HUNG_CLOSE = """
+import sys, threading, time
+import numpy as np
+from nanscope.events import DumpWriter, ExecutionEvent, _lifecycle
+
+_lifecycle.CLOSE_AFTER_SIGNAL_S = 1.0
+
+class StuckSource:
+    def flush(self):
+        pass
+
+    def close(self):
+        threading.Event().wait()
+
+logdir, where = sys.argv[1], sys.argv[2]
+w = DumpWriter(logdir, "FULL_HEALTH", 50, flush_interval=0.2)
+v = np.array([-1, -1, 1, 1, 4, 0, 0, 0, 1, 1, 2], dtype=float)
+for i in range(20):
+    w.write_execution(ExecutionEvent("op", [i], summaries=[v]))
+source = StuckSource()
+_lifecycle.register_source(source)
+time.sleep(0.6)  # flushed
+if where == "closing":
+    # The program is closing its dumps on its own (a pool's worker that was told to stop)
+    # when the signal comes: the signal waits for the close, which never ends.
+    with _lifecycle.closing():
+        print("closing", flush=True)
+        source.close()
+print("waiting", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("where", ["waiting", "closing"])
+def test_a_close_that_hangs_cannot_keep_a_terminated_process_alive(
+    tmp_path: Path, where: str
+) -> None:
+    """SIGTERM closes the dumps, but a close that never ends (or one already running when
+    the signal came) ends the process ``CLOSE_AFTER_SIGNAL_S`` later: a multiprocessing
+    Pool that terminates its workers joins them, and must not wait for ever. The dump then
+    reads as incomplete (its writer never closed), never as whole."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(HUNG_CLOSE))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "dump"), where],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == where
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert f"after signal {int(signal.SIGTERM)}" in err and "ends without it" in err
+    status, data = _report(tmp_path)
+    assert status == 2 and data["verdict"] == "incomplete", data["verdict"]
+    assert any("never closed" in p["message"] for p in data["incomplete"])

@@ -362,7 +362,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                 j = input_trace(reader, process, graph, src, slot, i - 1)
                 # Across dropped traces the trace found may be an earlier call's: its
                 # lineage is not this call's (the input's values here were not recorded).
-                if j is not None and not dropped.after(j, i):
+                if j is not None and not dropped.between(j, i):
                     contributors |= member_of.get(j, set())
         out = nonfinite_kinds(tr.health)
         if not contributors and op is not None and op.op_type == "ReadVariableOp" and op.inputs:
@@ -410,15 +410,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
         else:
             phase = Phase.BACKWARD if is_backward_op(tr.op_name) else Phase.FORWARD
             lineages.append(
-                Lineage(
-                    TRACES,
-                    process,
-                    i,
-                    tr.step,
-                    phase,
-                    tr.wall_time,
-                    (tr.graph_id, tr.op_name),
-                )
+                Lineage(TRACES, process, i, tr.step, phase, tr.wall_time, (tr.graph_id, tr.op_name))
             )
             passed = {len(lineages) - 1}
         member_of[i] = passed
@@ -456,7 +448,7 @@ def trace_lineages(reader: DumpReader, process: int) -> list[Lineage]:
                         written.setdefault((tr.graph_id, dst_op.inputs[0][0]), set()).update(passed)
                     continue
             j = nearest_trace(reader, process, tr.graph_id, dst, None, i, later=True)
-            if dropped.after(i, j):
+            if dropped.between(i, j):
                 # The consumer's trace of this call may be among the dropped events (the one
                 # found, if any, is a later call's): what it made of the values is unknown.
                 for li in passed:
@@ -496,7 +488,7 @@ class _Dropped:
             sorted(after for p, after, _ in reader.gaps(TRACES) if p == process), dtype=np.int64
         )
 
-    def after(self, i: int, j: int | None) -> bool:
+    def between(self, i: int, j: int | None) -> bool:
         """Whether traces were dropped after trace ``i`` and before trace ``j`` (before
         the end when ``j`` is None)."""
         if not self.gaps.size:

@@ -95,12 +95,42 @@ if hasattr(os, "register_at_fork"):
 # then sent SIGTERM) must not die halfway through closing its dump.
 _closing = 0
 _deferred: int | None = None
+_deferred_watch: threading.Event | None = None
+
+# A process told to stop (SIGTERM, SIGINT) while its dumps close ends at most this many
+# seconds later, closed or not: a close that hangs (a stuck disk, a bug) must not keep a
+# terminated program alive (a multiprocessing Pool joins the workers it terminates, and
+# would wait for ever). What was not written then reads as incomplete, never as whole.
+CLOSE_AFTER_SIGNAL_S = 30.0
+
+
+def _watch_close(signum: int) -> threading.Event:
+    """End the process ``CLOSE_AFTER_SIGNAL_S`` from now unless the event is set first."""
+    done = threading.Event()
+    limit = CLOSE_AFTER_SIGNAL_S
+
+    def watchdog() -> None:
+        if done.wait(limit):
+            return
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"nanscope: closing the dump took over {limit:g} s after signal {signum}; "
+                "the process ends without it (the dump reads as incomplete)\n"
+            )
+            sys.stderr.flush()
+        os._exit(128 + signum)
+
+    # Where no thread can start (the interpreter is shutting down), the close is not bounded.
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(target=watchdog, name="nanscope-close-watchdog", daemon=True).start()
+    return done
 
 
 @contextlib.contextmanager
 def closing() -> Iterator[None]:
-    """While closing dumps on the main thread: a SIGTERM/SIGINT waits until that is done."""
-    global _closing, _deferred
+    """While closing dumps on the main thread: a SIGTERM/SIGINT waits until that is done
+    (at most ``CLOSE_AFTER_SIGNAL_S`` from its arrival)."""
+    global _closing, _deferred, _deferred_watch
     _closing += 1
     try:
         yield
@@ -108,6 +138,9 @@ def closing() -> Iterator[None]:
         _closing -= 1
         if not _closing and _deferred is not None:
             signum, _deferred = _deferred, None
+            if _deferred_watch is not None:
+                _deferred_watch.set()
+                _deferred_watch = None
             os.kill(os.getpid(), signum)
 
 
@@ -171,9 +204,11 @@ def _chain_signal(signum: int) -> None:
         return
 
     def handler(num: int, frame: FrameType | None) -> None:
-        global _deferred
+        global _deferred, _deferred_watch
         if _closing:  # it interrupted a close: finish that first (see close_all)
             _deferred = num
+            if _deferred_watch is None:
+                _deferred_watch = _watch_close(num)
             return
         if num == signal.SIGINT and callable(previous):
             # Python's default SIGINT handler raises KeyboardInterrupt; the
@@ -181,7 +216,11 @@ def _chain_signal(signum: int) -> None:
             flush_all()
             previous(num, frame)
             return
-        close_all()
+        done = _watch_close(num)
+        try:
+            close_all()
+        finally:
+            done.set()  # the program's own handler, if any, takes as long as it takes
         if callable(previous):
             previous(num, frame)
             return
