@@ -45,11 +45,12 @@ import pytest
 pytest.importorskip("tensorflow")
 
 import nanscope
-from nanscope.analysis import ViewBuilder
+from nanscope.analysis import ViewBuilder, analyze
 from nanscope.analysis._lineages import find_lineages
 from nanscope.backends import tf_spool
 from nanscope.format import files
 from nanscope.reader import TRACES
+from nanscope.report import report_json
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
@@ -177,12 +178,14 @@ class Windowed:
 
 def window(spooled: Path, where: Path, capacity: int, origin_window: int) -> Windowed:
     """A copy of a spooled whole history kept as a buffer of ``capacity`` with windows of
-    ``origin_window`` keeps it, reported as ``nanscope report --json`` reports it."""
+    ``origin_window`` keeps it, and its report: the JSON and exit status of ``nanscope
+    report --json`` (made here, by the functions that command calls)."""
     shutil.copytree(spooled, where)
     (file_set,) = files.discover(where)
     tf_spool.finish(file_set, capacity, origin_window)
-    out = _run(_nanscope("report", str(where), "--json"))
-    return Windowed(json.loads(out.stdout), out.returncode)
+    with nanscope.open_dump(where) as reader:
+        found = analyze(reader)
+    return Windowed(json.loads(json.dumps(report_json(found), default=str)), found.exit_status)
 
 
 @pytest.fixture(scope="module")
