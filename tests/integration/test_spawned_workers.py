@@ -18,8 +18,10 @@ first, with which op, at which step and line, found with ``torch.isnan`` after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,11 +63,25 @@ def nanscope_run(
     logdir, oracle = tmp_path / "dump", tmp_path / "oracle"
     oracle.mkdir()
     cmd = [sys.executable, "-m", "nanscope", "run", "--logdir", str(logdir), *(options or [])]
-    out = subprocess.run(
-        [*cmd, str(PROGRAMS / program), *args], cwd=tmp_path, env=env(oracle),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
+    # Should it hang, every process of the run (the workers too) prints its threads'
+    # Python stacks when it is sent SIGABRT: what a hang's diagnosis starts from.
+    run_env = {**env(oracle), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        [*cmd, str(PROGRAMS / program), *args], cwd=tmp_path, env=run_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    return out, logdir, oracle
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"nanscope run hung for {TIMEOUT_S} s; its processes' stacks:\n{err[-30000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), logdir, oracle
 
 
 def report(logdir: Path) -> tuple[int, dict[str, Any]]:
