@@ -200,10 +200,15 @@ def test_a_close_that_hangs_cannot_keep_a_terminated_process_alive(
         [sys.executable, str(script), str(tmp_path / "dump"), where],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == where
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == where
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a hang: leave no process behind
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert f"after signal {int(signal.SIGTERM)}" in err and "ends without it" in err
     status, data = _report(tmp_path)
