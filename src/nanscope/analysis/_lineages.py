@@ -483,9 +483,10 @@ class _Dropped:
     among the dropped ones."""
 
     def __init__(self, reader: DumpReader, process: int) -> None:
-        # Each gap opens after this trace (sorted): the dropped traces came between it and the next.
+        # Each gap opens after this trace (the reader gives them in index order): the
+        # dropped traces came between it and the next.
         self.gaps = np.array(
-            sorted(after for p, after, _ in reader.gaps(TRACES) if p == process), dtype=np.int64
+            [after for p, after, _ in reader.gaps(TRACES) if p == process], dtype=np.int64
         )
 
     def between(self, i: int, j: int | None) -> bool:

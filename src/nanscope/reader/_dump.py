@@ -207,9 +207,9 @@ class DumpReader:
         """The :attr:`incomplete` problems of one process's event files: its ``.execution``
         file (``kind`` :data:`EXECUTIONS`), its ``.graph_execution_traces`` file
         (:data:`TRACES`), or either (None). Empty: that history is whole."""
-        fs = self._processes[process].file_set
         kinds = (EXECUTIONS, TRACES) if kind is None else (kind,)
-        names = {str(fs.path(_SUFFIX_OF[k])) for k in kinds} | {str(fs.prefix)}
+        names = {str(self.event_file(process, k)) for k in kinds}
+        names.add(str(self._processes[process].file_set.prefix))
         return [p for p in self.incomplete if p.file in names]
 
     def _problem(self, severity: str, message: str, **where: Any) -> None:
