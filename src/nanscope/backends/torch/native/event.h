@@ -128,7 +128,6 @@ struct Event {
   InlineVec<int64_t, 4> in_ids;
   InlineVec<int64_t, 4> out_ids;
   InlineVec<int32_t, 4> out_dev;
-  InlineVec<double, 3 * kFullRecorded> sums;  // width values per output
   InlineVec<uint8_t, 8> has;   // 1: computed here, 2: in `parts`, 0: none
   // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
   // of their counts, FULL_HEALTH's layout, for the index and the ranges).
@@ -136,6 +135,9 @@ struct Event {
   PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs
   PyObject* inputs = nullptr; // owned: input summaries (an op that made Inf/NaN)
   PyObject* collective = nullptr; // owned: a torch.distributed operation's tag
+  // Last: an op recorded without values (NO_TENSOR) leaves this room untouched, so an
+  // event in the buffer spans the fewest cache lines (its size and capacity lead it).
+  InlineVec<double, 3 * kFullRecorded> sums;  // width values per output
 };
 
 }  // namespace nanscope

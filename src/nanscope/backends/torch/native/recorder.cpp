@@ -142,10 +142,11 @@ struct Ctx : at::ObserverContext, Pooled {
   // sent Inf/NaN into it. An in-place collective has overwritten them by the end.
   PyObject* before = nullptr;
   ~Ctx() {
-    if (before != nullptr) {
-      py::gil_scoped_acquire gil;
-      Py_CLEAR(before);
-    }
+    if (before != nullptr) release_before(before);
+  }
+  __attribute__((cold, noinline)) static void release_before(PyObject*& p) {
+    py::gil_scoped_acquire gil;
+    Py_CLEAR(p);
   }
 };
 
@@ -239,6 +240,10 @@ State* S = nullptr;
 // only (set_bench_cut): each bit is one part. 0 otherwise: one load and branch per part.
 enum Cut : int { kCutAll = 1, kCutStack = 2, kCutCounts = 4, kCutPush = 8 };
 std::atomic<int> g_cut{0};
+
+// A part of recording that runs for few ops, out of line and cold (see "the rare parts
+// of recording an op" below).
+#define NANSCOPE_COLD __attribute__((cold, noinline))
 
 // The dispatch key of the threads that record by kernel (see record_kernel).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
@@ -393,6 +398,9 @@ inline size_t op_slot(const char* key) {
 const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
                                   const std::optional<c10::OperatorHandle>& handle);
 
+template <typename Resolve>
+const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolve& resolve);
+
 // The op's flags, by the address of its schema's name (what RecordFunction::name()
 // gives, and the same for the dispatch key's kernel); `resolve` is called only the
 // first time, for the op's name and handle (none: a named range, not an op).
@@ -405,6 +413,12 @@ const OpFlags* lookup(const char* key, Resolve&& resolve) {
   }
   OpSlot& slot = tl.ops[op_slot(key)];
   if (slot.key == key) return slot.flags;
+  return lookup_missed(key, slot, resolve);
+}
+
+// lookup()'s op not in the thread's cache: from the ops table, or described now.
+template <typename Resolve>
+NANSCOPE_COLD const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolve& resolve) {
   const OpFlags* p = nullptr;
   {
     std::lock_guard<std::mutex> g(S->ops_mu);
@@ -793,6 +807,49 @@ void drop(Event& ev, bool nonfinite = false) {
   Py_CLEAR(ev.collective);
 }
 
+// push()'s full buffer: waits a while for the drain (never while holding the GIL),
+// then sheds `ev` (into the ring, or for good) if there is still no room. Returns
+// whether `ev` was shed; otherwise push() buffers it.
+NANSCOPE_COLD bool shed_when_full(std::unique_lock<std::mutex>& lk, Event& ev, bool bad, bool keep) {
+  const size_t limit = keep ? 2 * S->capacity : S->capacity;
+  // Others' values: one tensor larger than the bound still goes, once the rest is written.
+  const int64_t own = ev.values ? ev.values->nbytes : 0;
+  auto heavy = [own] { return g_value_bytes.load(std::memory_order_relaxed) - own > kValueBytesMax; };
+  // An event of a window after an Inf/NaN (not one itself) may use a second bound's worth.
+  auto too_heavy = [own, bad] {
+    return !bad && g_value_bytes.load(std::memory_order_relaxed) - own > 2 * kValueBytesMax;
+  };
+  S->ev_cv.notify_all();
+  if (!PyGILState_Check()) {
+    // The drain frees taken values when it next refills: values count until then.
+    S->space_cv.wait_for(lk, kFullWait, [&] {
+      return (S->events.size() < S->capacity && !(ev.values && heavy())) || S->stopping;
+    });
+  }
+  if ((S->events.size() >= limit || (ev.values && heavy() && (!keep || too_heavy()))) &&
+      !S->stopping) {
+    if (keep || S->window == 0) {  // past twice the capacity even so
+      lk.unlock();
+      drop(ev, bad);
+      return true;
+    }
+    // Shed, for now: the window before the next event with Inf/NaN may want it.
+    S->ring_bytes += own;
+    S->ring.push_back(std::move(ev));
+    std::vector<Event> out;
+    while (!S->ring.empty() && (S->ring.size() > S->window || S->ring_bytes > kRingBytesMax)) {
+      Event& old = S->ring.front();
+      S->ring_bytes -= old.values ? old.values->nbytes : 0;
+      out.push_back(std::move(old));
+      S->ring.pop_front();
+    }
+    lk.unlock();
+    for (Event& old : out) drop(old);
+    return true;
+  }
+  return false;
+}
+
 // Buffers an event for the drain thread. Memory stays bounded and the
 // program never waits long: past the capacity an op waits up to kFullWait
 // for the drain thread (not at all while holding the GIL, which the drain
@@ -813,44 +870,9 @@ bool push(Event&& ev, bool bad) {
   } else if (S->keep_after > 0) {
     --S->keep_after;
   }
-  const size_t limit = keep ? 2 * S->capacity : S->capacity;
-  // Others' values: one tensor larger than the bound still goes, once the rest is written.
-  const int64_t own = ev.values ? ev.values->nbytes : 0;
-  auto heavy = [own] { return g_value_bytes.load(std::memory_order_relaxed) - own > kValueBytesMax; };
-  // An event of a window after an Inf/NaN (not one itself) may use a second bound's worth.
-  auto too_heavy = [own, bad] {
-    return !bad && g_value_bytes.load(std::memory_order_relaxed) - own > 2 * kValueBytesMax;
-  };
-  if ((S->events.size() >= S->capacity || (ev.values && heavy())) && !S->stopping) {
-    S->ev_cv.notify_all();
-    if (!PyGILState_Check()) {
-      // The drain frees taken values when it next refills: values count until then.
-      S->space_cv.wait_for(lk, kFullWait, [&] {
-        return (S->events.size() < S->capacity && !(ev.values && heavy())) || S->stopping;
-      });
-    }
-    if ((S->events.size() >= limit || (ev.values && heavy() && (!keep || too_heavy()))) &&
-        !S->stopping) {
-      if (keep || S->window == 0) {  // past twice the capacity even so
-        lk.unlock();
-        drop(ev, bad);
-        return false;
-      }
-      // Shed, for now: the window before the next event with Inf/NaN may want it.
-      S->ring_bytes += own;
-      S->ring.push_back(std::move(ev));
-      std::vector<Event> out;
-      while (!S->ring.empty() && (S->ring.size() > S->window || S->ring_bytes > kRingBytesMax)) {
-        Event& old = S->ring.front();
-        S->ring_bytes -= old.values ? old.values->nbytes : 0;
-        out.push_back(std::move(old));
-        S->ring.pop_front();
-      }
-      lk.unlock();
-      for (Event& old : out) drop(old);
-      return false;
-    }
-  }
+  const bool full = S->events.size() >= S->capacity ||
+                    (ev.values && g_value_bytes.load(std::memory_order_relaxed) - ev.values->nbytes > kValueBytesMax);
+  if (full && !S->stopping && shed_when_full(lk, ev, bad, keep)) return false;
   // The ring's events came before this one: they go first (an event with Inf/NaN
   // takes them as its window; any other, now that there is room again).
   while (!S->ring.empty()) {
@@ -1123,6 +1145,72 @@ void remember_values(const c10::SmallVector<Pending, 4>& pending, int64_t serial
   }
 }
 
+// -- the rare parts of recording an op ------------------------------------------------------
+//
+// A tiny op's recording is bound by instruction fetch: the program's own code (Python's,
+// PyTorch's) evicts the recorder's from the instruction cache between two ops, so each
+// cache line of code an op runs through is fetched again. The parts below run for few
+// ops; out of line and cold, they are laid out away from the common path (GCC puts
+// what calls a cold function in the function's cold part), which then spans fewer lines.
+// (push's full buffer is one such part too: shed_when_full.)
+
+// A torch.distributed operation (few per step): the Python side numbers it in its
+// group's order, and waits for a collective whose outputs it summarises.
+NANSCOPE_COLD PyObject* collective_tag(const OpFlags& op, const Ctx& c,
+                                       c10::ArrayRef<c10::IValue> returned_values, bool values) {
+  py::gil_scoped_acquire gil;
+  const auto& fin = c.args;
+  const auto& fout = returned_values;
+  py::tuple in(fin.size()), out(fout.size());
+  for (size_t i = 0; i < fin.size(); ++i) in[i] = torch::jit::toPyObject(fin[i]);
+  for (size_t i = 0; i < fout.size(); ++i) out[i] = torch::jit::toPyObject(fout[i]);
+  py::object t = S->host.attr("collective")(op.index, in, out, values);
+  return t.is_none() ? nullptr : t.release().ptr();
+}
+
+// Outputs the C++ half does not summarise (off the CPU, not strided, FULL_TENSOR's
+// left to Python): Python's summaries, as the event's `parts`.
+NANSCOPE_COLD void summaries_in_python(Event& ev, const Tensors& outs, const std::vector<size_t>& in_python) {
+  py::gil_scoped_acquire gil;
+  py::list which;
+  for (size_t i : in_python) which.append(i);
+  py::object parts = S->host.attr("summaries")(py_tensors(outs), which);
+  for (size_t i : in_python) ev.has[i] = 2;
+  ev.parts = parts.release().ptr();
+}
+
+// The rare case worth the cost: what went into an op that made Inf/NaN.
+NANSCOPE_COLD void inputs_of_nonfinite(Event& ev, const OpFlags& op, const Ctx& c, const Tensors& outs) {
+  py::gil_scoped_acquire gil;
+  py::list vals;
+  for (double v : c.values) vals.append(v);
+  py::list mutated;  // an input that is also an output holds the result now
+  for (const auto& t : c.ins) {
+    bool same = false;
+    for (const auto& o : outs) same = same || o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    mutated.append(same);
+  }
+  py::object ins = S->host.attr("input_summaries")(op.index, py_tensors(c.ins), mutated, vals);
+  ev.inputs = ins.release().ptr();
+  ev.extra_inputs = static_cast<int32_t>(c.values.size());
+  for (size_t i = 0; i < c.values.size(); ++i) ev.in_ids.push_back(0);
+}
+
+NANSCOPE_COLD void forward_began() {
+  py::gil_scoped_acquire gil;
+  S->host.attr("forward_began")();
+}
+
+// bench/overhead_breakdown.py's cut of the push: the event is let go here.
+NANSCOPE_COLD void cut_push(Event& ev) {
+  if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) {
+    py::gil_scoped_acquire gil;
+    Py_CLEAR(ev.parts);
+    Py_CLEAR(ev.inputs);
+    Py_CLEAR(ev.collective);
+  }
+}
+
 void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   Busy busy;
   const OpFlags& op = *c.op;
@@ -1141,19 +1229,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   const int mode = S->mode;
   const bool values = mode != kNoTensor && op.record_values;
 
-  // A torch.distributed operation (few per step): the Python side numbers it
-  // in its group's order, and waits for a collective whose outputs it summarises.
-  PyObject* tag = nullptr;
-  if (op.collective) {
-    py::gil_scoped_acquire gil;
-    const auto& fin = c.args;
-    const auto& fout = returned_values;
-    py::tuple in(fin.size()), out(fout.size());
-    for (size_t i = 0; i < fin.size(); ++i) in[i] = torch::jit::toPyObject(fin[i]);
-    for (size_t i = 0; i < fout.size(); ++i) out[i] = torch::jit::toPyObject(fout[i]);
-    py::object t = S->host.attr("collective")(op.index, in, out, values && mode != kShape);
-    if (!t.is_none()) tag = t.release().ptr();
-  }
+  PyObject* tag = op.collective ? collective_tag(op, c, returned_values, values && mode != kShape) : nullptr;
 
   Event ev;
   ev.collective = tag;
@@ -1218,33 +1294,13 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
         if (op.view && w >= kFullRecorded) row[kFullSlots] = row[kFullSlots + 1] = std::nan("");
       }
     }
-    if (!in_python.empty()) {
-      py::gil_scoped_acquire gil;
-      py::list which;
-      for (size_t i : in_python) which.append(i);
-      py::object parts = S->host.attr("summaries")(py_tensors(outs), which);
-      for (size_t i : in_python) ev.has[i] = 2;
-      ev.parts = parts.release().ptr();
-    }
+    if (!in_python.empty()) summaries_in_python(ev, outs, in_python);
   }
   if (c.before != nullptr) {
     ev.inputs = c.before;  // a distributed operation's inputs, as they were sent
     c.before = nullptr;
   } else if (bad) {
-    // The rare case worth the cost: what went into an op that made Inf/NaN.
-    py::gil_scoped_acquire gil;
-    py::list vals;
-    for (double v : c.values) vals.append(v);
-    py::list mutated;  // an input that is also an output holds the result now
-    for (const auto& t : c.ins) {
-      bool same = false;
-      for (const auto& o : outs) same = same || o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
-      mutated.append(same);
-    }
-    py::object ins = S->host.attr("input_summaries")(op.index, py_tensors(c.ins), mutated, vals);
-    ev.inputs = ins.release().ptr();
-    ev.extra_inputs = static_cast<int32_t>(c.values.size());
-    for (size_t i = 0; i < c.values.size(); ++i) ev.in_ids.push_back(0);
+    inputs_of_nonfinite(ev, op, c, outs);
   }
 
   auto node = torch::autograd::get_current_node();
@@ -1253,8 +1309,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
     // The first op that autograd recorded since backward() returned: a forward
     // pass began. Python ends the update phase (and the step, for updates made
     // by hand) and sets tl.between and the step through the mirror.
-    py::gil_scoped_acquire gil;
-    S->host.attr("forward_began")();
+    forward_began();
   }
   ev.phase = (tl.optimizer || tl.between >= 0) ? kPhaseOptimizer
                                                : (node ? kPhaseBackward : kPhaseForward);
@@ -1291,15 +1346,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
       }
     }
   }
-  if (g_cut.load(std::memory_order_relaxed) & kCutPush) {
-    if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) {
-      py::gil_scoped_acquire gil;
-      Py_CLEAR(ev.parts);
-      Py_CLEAR(ev.inputs);
-      Py_CLEAR(ev.collective);
-    }
-    return;
-  }
+  if (g_cut.load(std::memory_order_relaxed) & kCutPush) return cut_push(ev);
   const int64_t serial = ev.serial;
   if (push(std::move(ev), bad)) remember_values(pending, serial);
 }
