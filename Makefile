@@ -29,11 +29,12 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile
 # PyTorch recorder tests then run again with the Python fallback recorder.
 # The GUI's browser tests run, never skip: scripts/browser installs Debian's chromium
 # where it can, or fails saying what is missing. `make test SKIP_BROWSER=1` skips them
-# knowingly (pytest then lists them as skipped).
+# knowingly (pytest then lists them as skipped). The slowest tests are listed at the end
+# (--durations), to keep the suite's time in view.
 test: $(STAMP)
 	$(if $(SKIP_BROWSER),,PYTHON=$(BIN)/python scripts/browser)
 	$(BIN)/python -m nanscope.backends.torch.native
-	$(if $(SKIP_BROWSER),,NANSCOPE_REQUIRE_BROWSER=1) $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	$(if $(SKIP_BROWSER),,NANSCOPE_REQUIRE_BROWSER=1) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=25
 	NANSCOPE_TORCH_RECORDER=python $(BIN)/python -m pytest -q $(PYTEST_WORKERS) \
 		tests/integration/test_torch_dump.py tests/integration/test_torch_models.py \
 		tests/integration/test_torch_compile.py tests/integration/test_torch_context.py \
