@@ -129,7 +129,7 @@ struct Event {
   InlineVec<int64_t, 4> out_ids;
   InlineVec<int32_t, 4> out_dev;
   InlineVec<uint8_t, 8> has;   // 1: computed here, 2: in `parts`, 0: none
-  // FULL_TENSOR values copied here (`sums` then holds kFullRecorded-wide rows
+  // FULL_TENSOR values copied here (`sums`, below, then holds kFullRecorded-wide rows
   // of their counts, FULL_HEALTH's layout, for the index and the ranges).
   std::unique_ptr<Values> values;
   PyObject* parts = nullptr;  // owned: summaries computed in Python, aligned with outputs

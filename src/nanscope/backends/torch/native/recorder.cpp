@@ -807,6 +807,12 @@ void drop(Event& ev, bool nonfinite = false) {
   Py_CLEAR(ev.collective);
 }
 
+// Whether the FULL_TENSOR values held by other events than one holding `own` bytes are
+// past `bound` (push's test of a full buffer, and shed_when_full's).
+bool others_values_past(int64_t own, int64_t bound) {
+  return g_value_bytes.load(std::memory_order_relaxed) - own > bound;
+}
+
 // push()'s full buffer: waits a while for the drain (never while holding the GIL),
 // then sheds `ev` (into the ring, or for good) if there is still no room. Returns
 // whether `ev` was shed; otherwise push() buffers it.
@@ -814,11 +820,9 @@ NANSCOPE_COLD bool shed_when_full(std::unique_lock<std::mutex>& lk, Event& ev, b
   const size_t limit = keep ? 2 * S->capacity : S->capacity;
   // Others' values: one tensor larger than the bound still goes, once the rest is written.
   const int64_t own = ev.values ? ev.values->nbytes : 0;
-  auto heavy = [own] { return g_value_bytes.load(std::memory_order_relaxed) - own > kValueBytesMax; };
+  auto heavy = [own] { return others_values_past(own, kValueBytesMax); };
   // An event of a window after an Inf/NaN (not one itself) may use a second bound's worth.
-  auto too_heavy = [own, bad] {
-    return !bad && g_value_bytes.load(std::memory_order_relaxed) - own > 2 * kValueBytesMax;
-  };
+  auto too_heavy = [own, bad] { return !bad && others_values_past(own, 2 * kValueBytesMax); };
   S->ev_cv.notify_all();
   if (!PyGILState_Check()) {
     // The drain frees taken values when it next refills: values count until then.
@@ -871,7 +875,7 @@ bool push(Event&& ev, bool bad) {
     --S->keep_after;
   }
   const bool full = S->events.size() >= S->capacity ||
-                    (ev.values && g_value_bytes.load(std::memory_order_relaxed) - ev.values->nbytes > kValueBytesMax);
+                    (ev.values && others_values_past(ev.values->nbytes, kValueBytesMax));
   if (full && !S->stopping && shed_when_full(lk, ev, bad, keep)) return false;
   // The ring's events came before this one: they go first (an event with Inf/NaN
   // takes them as its window; any other, now that there is room again).
