@@ -185,7 +185,9 @@ def window(spooled: Path, where: Path, capacity: int, origin_window: int) -> Win
     tf_spool.finish(file_set, capacity, origin_window)
     with nanscope.open_dump(where) as reader:
         found = analyze(reader)
-    return Windowed(json.loads(json.dumps(report_json(found), default=str)), found.exit_status)
+    # Serialised as the command prints it (no NaN allowed in the JSON).
+    as_json = json.dumps(report_json(found), allow_nan=False, default=str)
+    return Windowed(json.loads(as_json), found.exit_status)
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,10 @@ struct ValueEntry {
   int64_t root_numel;
 };
 
+// A part of recording that runs for few ops, out of line and cold (see "the rare parts
+// of recording an op" below).
+#define NANSCOPE_COLD __attribute__((cold, noinline))
+
 struct Ctx : at::ObserverContext, Pooled {
   using Pooled::operator new;
   using Pooled::operator delete;
@@ -144,7 +148,7 @@ struct Ctx : at::ObserverContext, Pooled {
   ~Ctx() {
     if (before != nullptr) release_before(before);
   }
-  __attribute__((cold, noinline)) static void release_before(PyObject*& p) {
+  NANSCOPE_COLD static void release_before(PyObject*& p) {
     py::gil_scoped_acquire gil;
     Py_CLEAR(p);
   }
@@ -240,10 +244,6 @@ State* S = nullptr;
 // only (set_bench_cut): each bit is one part. 0 otherwise: one load and branch per part.
 enum Cut : int { kCutAll = 1, kCutStack = 2, kCutCounts = 4, kCutPush = 8 };
 std::atomic<int> g_cut{0};
-
-// A part of recording that runs for few ops, out of line and cold (see "the rare parts
-// of recording an op" below).
-#define NANSCOPE_COLD __attribute__((cold, noinline))
 
 // The dispatch key of the threads that record by kernel (see record_kernel).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
@@ -398,24 +398,6 @@ inline size_t op_slot(const char* key) {
 const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
                                   const std::optional<c10::OperatorHandle>& handle);
 
-template <typename Resolve>
-const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolve& resolve);
-
-// The op's flags, by the address of its schema's name (what RecordFunction::name()
-// gives, and the same for the dispatch key's kernel); `resolve` is called only the
-// first time, for the op's name and handle (none: a named range, not an op).
-template <typename Resolve>
-const OpFlags* lookup(const char* key, Resolve&& resolve) {
-  const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
-  if (tl.ops_gen != gen) {
-    tl.ops.fill(OpSlot{});
-    tl.ops_gen = gen;
-  }
-  OpSlot& slot = tl.ops[op_slot(key)];
-  if (slot.key == key) return slot.flags;
-  return lookup_missed(key, slot, resolve);
-}
-
 // lookup()'s op not in the thread's cache: from the ops table, or described now.
 template <typename Resolve>
 NANSCOPE_COLD const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolve& resolve) {
@@ -434,6 +416,21 @@ NANSCOPE_COLD const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolv
   // Not a named range (its name's address is per call, not an op's).
   if (p != &kNotOp) slot = OpSlot{key, p};
   return p;
+}
+
+// The op's flags, by the address of its schema's name (what RecordFunction::name()
+// gives, and the same for the dispatch key's kernel); `resolve` is called only the
+// first time, for the op's name and handle (none: a named range, not an op).
+template <typename Resolve>
+const OpFlags* lookup(const char* key, Resolve&& resolve) {
+  const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
+  if (tl.ops_gen != gen) {
+    tl.ops.fill(OpSlot{});
+    tl.ops_gen = gen;
+  }
+  OpSlot& slot = tl.ops[op_slot(key)];
+  if (slot.key == key) return slot.flags;
+  return lookup_missed(key, slot, resolve);
 }
 
 const OpFlags* lookup(const at::RecordFunction& fn) {
@@ -797,14 +794,24 @@ py::list py_tensors(const Tensors& ts) {
 constexpr auto kFullWait = std::chrono::milliseconds(200);
 
 // Drops an event that will not be buffered, with the Python objects it owns.
-void drop(Event& ev, bool nonfinite = false) {
-  S->dropped.fetch_add(1);
-  if (nonfinite) S->dropped_nonfinite.fetch_add(1);
-  if (ev.parts == nullptr && ev.inputs == nullptr && ev.collective == nullptr) return;
-  py::gil_scoped_acquire gil;
+// An event's Python objects let go; the caller holds the GIL.
+void clear_python(Event& ev) {
   Py_CLEAR(ev.parts);
   Py_CLEAR(ev.inputs);
   Py_CLEAR(ev.collective);
+}
+
+// The same from a thread that may not hold the GIL (taken only if there is something to let go).
+NANSCOPE_COLD void release_python(Event& ev) {
+  if (ev.parts == nullptr && ev.inputs == nullptr && ev.collective == nullptr) return;
+  py::gil_scoped_acquire gil;
+  clear_python(ev);
+}
+
+void drop(Event& ev, bool nonfinite = false) {
+  S->dropped.fetch_add(1);
+  if (nonfinite) S->dropped_nonfinite.fetch_add(1);
+  release_python(ev);
 }
 
 // Whether the FULL_TENSOR values held by other events than one holding `own` bytes are
@@ -1205,16 +1212,6 @@ NANSCOPE_COLD void forward_began() {
   S->host.attr("forward_began")();
 }
 
-// bench/overhead_breakdown.py's cut of the push: the event is let go here.
-NANSCOPE_COLD void cut_push(Event& ev) {
-  if (ev.parts != nullptr || ev.inputs != nullptr || ev.collective != nullptr) {
-    py::gil_scoped_acquire gil;
-    Py_CLEAR(ev.parts);
-    Py_CLEAR(ev.inputs);
-    Py_CLEAR(ev.collective);
-  }
-}
-
 void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   Busy busy;
   const OpFlags& op = *c.op;
@@ -1350,7 +1347,8 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
       }
     }
   }
-  if (g_cut.load(std::memory_order_relaxed) & kCutPush) return cut_push(ev);
+  // bench/overhead_breakdown.py's cut of the push: the event is let go here.
+  if (g_cut.load(std::memory_order_relaxed) & kCutPush) return release_python(ev);
   const int64_t serial = ev.serial;
   if (push(std::move(ev), bad)) remember_values(pending, serial);
 }
@@ -1579,17 +1577,9 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   auto drain_lock = lock_drain();  // and no drain is under way
   {
     std::lock_guard<std::mutex> g(s->ev_mu);
-    for (Event& ev : s->events) {  // left by an op that ended after the last drain
-      Py_CLEAR(ev.parts);
-      Py_CLEAR(ev.inputs);
-      Py_CLEAR(ev.collective);
-    }
+    for (Event& ev : s->events) clear_python(ev);  // left by an op that ended after the last drain
     s->events.clear();
-    for (Event& ev : s->ring) {
-      Py_CLEAR(ev.parts);
-      Py_CLEAR(ev.inputs);
-      Py_CLEAR(ev.collective);
-    }
+    for (Event& ev : s->ring) clear_python(ev);
     s->ring.clear();
     s->ring_bytes = 0;
     s->keep_after = 0;
