@@ -28,6 +28,7 @@ capture is measured under a realistic stack.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -95,10 +96,10 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
     for _ in range(cfg.get("warmup", 3)):  # plain episodes: imports, caches, allocator
         run.episode()
 
-    def timed() -> tuple[int, int, float, float, float]:
+    def play(until: int) -> tuple[int, int, float, float, float]:
         episodes = steps = 0
         t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-        while steps < budget:
+        while steps < until:
             steps += run.episode()
             episodes += 1
         wall = time.perf_counter() - t0
@@ -119,9 +120,13 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
                 # compare the same work, and the policy never learns to run 500 steps.
                 run = _make(cfg["program"], seed + r)
                 with TorchVariant(torch, v, logdir) as sw:
-                    # Untimed: the session's first ops and stacks.
-                    first = _under(depth, run.episode)
-                    episodes, steps, wall, cpu, main = _under(depth, timed)
+                    # One episode untimed: the session's first ops, and each op site's
+                    # stack interned. Both calls come from one line, so that the timed
+                    # episodes run under the same stacks (a training loop repeats its
+                    # stacks for as long as it runs; a stack's first sight is a one-off).
+                    played = [_under(depth, functools.partial(play, until)) for until in (1, budget)]
+                first = played[0][1]
+                episodes, steps, wall, cpu, main = played[1]
                 per[v]["wall"].append(wall / steps)
                 per[v]["cpu"].append(cpu / steps)
                 per[v]["main"].append(main / steps)
