@@ -124,7 +124,9 @@ def child_time(cfg: dict[str, Any]) -> dict[str, Any]:
                     # stack interned. Both calls come from one line, so that the timed
                     # episodes run under the same stacks (a training loop repeats its
                     # stacks for as long as it runs; a stack's first sight is a one-off).
-                    played = [_under(depth, functools.partial(play, until)) for until in (1, budget)]
+                    played = [
+                        _under(depth, functools.partial(play, until)) for until in (1, budget)
+                    ]
                 first = played[0][1]
                 episodes, steps, wall, cpu, main = played[1]
                 per[v]["wall"].append(wall / steps)
