@@ -39,6 +39,7 @@ SOURCES = (
     "stacks.h",
     "pool.h",
     "flat_map.h",
+    "recent_table.h",
     "inline_vec.h",
 )
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.

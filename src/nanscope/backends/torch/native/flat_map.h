@@ -1,7 +1,7 @@
 #pragma once
-// An open-addressed hash map from 64-bit keys, for the recorder's per-op tables
-// (tensor ids by TensorImpl address, recorded outputs by layout, forward links by
-// autograd sequence number, never-written outputs by id).
+// An open-addressed hash map from 64-bit keys, for the recorder's per-op tables keyed
+// by addresses and hashes (tensor ids by TensorImpl address, recorded outputs by
+// layout). Tables keyed by numbers that grow by one are recent_table.h's.
 //
 // Those tables are written for every output of every op. A node-based map costs a
 // division (its prime bucket count), a node allocation and two or three cache misses

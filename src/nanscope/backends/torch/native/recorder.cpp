@@ -63,6 +63,7 @@
 #include "frames.h"
 #include "ivalues.h"
 #include "pool.h"
+#include "recent_table.h"
 #include "stacks.h"
 
 namespace py = pybind11;
@@ -83,10 +84,10 @@ struct Link {
   int32_t stack = -1;
   int32_t module = 0;
 };
-constexpr int64_t kLinksWindow = 1 << 17;  // at most 512K slots of 24 bytes
+constexpr size_t kLinksWindow = size_t(1) << 17;  // 3 MB of slots of 24 bytes
+constexpr size_t kBlankWindow = size_t(1) << 14;   // 256 KB of slots of 16 bytes
 
-// FlatMap policies for tables whose entries hold nothing to release.
-constexpr auto keep_all = [](uint64_t, auto&) { return true; };
+// The FlatMap policy for tables whose entries hold nothing to release.
 constexpr auto forget = [](uint64_t, auto&) {};
 
 // An output's memory layout, to know it again in a tensor object that autograd
@@ -193,14 +194,15 @@ struct State {
 
   StackTable stacks;
 
-  // By autograd sequence number + 1 (keys are never 0).
+  // By autograd sequence number + 1 (keys are never 0): the latest kLinksWindow nodes'.
   std::mutex links_mu;
-  FlatMap<Link> links{pool()};
+  RecentTable<Link> links{kLinksWindow};
 
   std::mutex cache_mu;
   std::pmr::unsynchronized_pool_resource cache_pool{pool()};
   std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{&cache_pool};
-  FlatMap<uint8_t> blank{pool()};  // the ids of outputs whose memory was never written
+  // The ids of outputs whose memory was never written, the latest kBlankWindow of them.
+  RecentTable<uint8_t> blank{kBlankWindow};
   std::pmr::unordered_map<int64_t, ValueEntry> values{&cache_pool};  // FULL_TENSOR, by tensor id
 
   std::mutex dev_mu;
@@ -1251,11 +1253,10 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   bool blank = false;
   if (op.uninitialised || op.view) {
     std::lock_guard<std::mutex> g(S->cache_mu);
-    blank = op.uninitialised || (!ev.in_ids.empty() && S->blank.find(ev.in_ids[0]) != nullptr);
+    blank = op.uninitialised ||
+            (!ev.in_ids.empty() && S->blank.find(static_cast<uint64_t>(ev.in_ids[0])) != nullptr);
     if (blank) {
-      if (S->blank.size() > kCacheMax) S->blank.clear(forget);
-      bool fresh = false;
-      for (int64_t id : ev.out_ids) S->blank.put(id, &fresh, keep_all);
+      for (int64_t id : ev.out_ids) S->blank.put(static_cast<uint64_t>(id)) = 1;
     }
   }
 
@@ -1340,10 +1341,8 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
         ev.link_target = true;
         // The links of the last kLinksWindow autograd nodes are kept (a backward op
         // looks up its node's; the sequence numbers are the thread's own).
-        auto recent = [cur](uint64_t key, Link&) { return static_cast<int64_t>(key) + kLinksWindow > cur; };
         std::lock_guard<std::mutex> g(S->links_mu);
-        bool fresh = false;
-        S->links.put(static_cast<uint64_t>(cur), &fresh, recent) = Link{ev.serial, ev.stack, ev.module};
+        S->links.put(static_cast<uint64_t>(cur)) = Link{ev.serial, ev.stack, ev.module};
       }
     }
   }
@@ -1625,12 +1624,12 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
   }
   {
     std::lock_guard<std::mutex> g(s->links_mu);
-    s->links.clear(forget);
+    s->links.clear();
   }
   {
     std::lock_guard<std::mutex> g(s->cache_mu);
     s->cache.clear();
-    s->blank.clear(forget);
+    s->blank.clear();
     s->values.clear();
   }
   s->serial = 0;
