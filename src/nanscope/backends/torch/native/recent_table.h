@@ -26,13 +26,13 @@ class RecentTable {
     return s.key == key ? &s.value : nullptr;
   }
 
-  // `key`'s value, value-initialised, in place of what its slot held. Keys are never 0
+  // The slot of `key`, taken from what it held: the caller sets the value (left as the
+  // slot's last one, not reset, so that a wide value is written once). Keys are never 0
   // (the empty slot's mark). The memory is taken at the first put.
   V& put(uint64_t key) {
     if (slots_.empty()) slots_.assign(slots_n_, Slot{});
     Slot& s = slots_[key & mask_];
     s.key = key;
-    s.value = V{};
     return s.value;
   }
 

@@ -71,7 +71,7 @@ namespace py = pybind11;
 namespace nanscope {
 namespace {
 
-constexpr size_t kCacheMax = 8192;
+constexpr size_t kCacheMax = 8192;  // the summary cache's slots (a power of two), the values' bound
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
 // an op waits for the drain, as for a full buffer.
@@ -125,6 +125,13 @@ struct ValueEntry {
   int32_t root_slot;     // its output
   int64_t root_offset;   // the root's storage offset (elements)
   int64_t root_numel;
+};
+
+// A summary row taken of an output, with the output's version then: a same-element view
+// of the output made before its next write has the same row (from_cache).
+struct CachedRow {
+  int64_t version = -1;
+  std::array<double, kWidestRow> values{};
 };
 
 // A part of recording that runs for few ops, out of line and cold (see "the rare parts
@@ -200,7 +207,8 @@ struct State {
 
   std::mutex cache_mu;
   std::pmr::unsynchronized_pool_resource cache_pool{pool()};
-  std::pmr::unordered_map<int64_t, std::pair<int64_t, std::array<double, kWidestRow>>> cache{&cache_pool};
+  // The summary rows of the latest kCacheMax output ids, with the versions they were taken at.
+  RecentTable<CachedRow> cache{kCacheMax};
   // The ids of outputs whose memory was never written, the latest kBlankWindow of them.
   RecentTable<uint8_t> blank{kBlankWindow};
   std::pmr::unordered_map<int64_t, ValueEntry> values{&cache_pool};  // FULL_TENSOR, by tensor id
@@ -746,10 +754,9 @@ void remember(int64_t tid, const at::Tensor& t, const double* row) {
   int64_t v = version_of(t);
   if (v < 0) return;
   std::lock_guard<std::mutex> g(S->cache_mu);
-  if (S->cache.size() > kCacheMax) S->cache.clear();
-  std::array<double, kWidestRow> values{};
-  std::copy(row, row + S->width, values.begin());
-  S->cache[tid] = {v, values};
+  CachedRow& e = S->cache.put(static_cast<uint64_t>(tid));
+  e.version = v;
+  std::copy(row, row + S->width, e.values.begin());
 }
 
 // A same-element view of a tensor summarised since its last write: its summary.
@@ -757,9 +764,9 @@ bool from_cache(int64_t source_id, const at::Tensor& source, const at::Tensor& t
   int64_t v = version_of(source);
   if (v < 0) return false;
   std::lock_guard<std::mutex> g(S->cache_mu);
-  auto it = S->cache.find(source_id);
-  if (it == S->cache.end() || it->second.first != v) return false;
-  std::copy(it->second.second.begin(), it->second.second.begin() + S->width, row);
+  const CachedRow* e = S->cache.find(static_cast<uint64_t>(source_id));
+  if (e == nullptr || e->version != v) return false;
+  std::copy(e->values.begin(), e->values.begin() + S->width, row);
   if (S->mode == kFull) row[3] = static_cast<double>(t.dim());
   return true;
 }
