@@ -17,7 +17,7 @@ template <typename V>
 class RecentTable {
  public:
   // `slots`: a power of two, the number of latest keys kept at least.
-  explicit RecentTable(size_t slots) : slots_n_(slots), mask_(slots - 1) {}
+  explicit RecentTable(size_t slots) : mask_(slots - 1) {}
 
   // The value at `key`, or nullptr (the key never put, or its slot since taken).
   const V* find(uint64_t key) const {
@@ -30,7 +30,7 @@ class RecentTable {
   // slot's last one, not reset, so that a wide value is written once). Keys are never 0
   // (the empty slot's mark). The memory is taken at the first put.
   V& put(uint64_t key) {
-    if (slots_.empty()) slots_.assign(slots_n_, Slot{});
+    if (slots_.empty()) slots_.assign(mask_ + 1, Slot{});
     Slot& s = slots_[key & mask_];
     s.key = key;
     return s.value;
@@ -44,8 +44,7 @@ class RecentTable {
     uint64_t key = 0;
     V value{};
   };
-  size_t slots_n_;
-  uint64_t mask_;
+  uint64_t mask_;  // the length less one
   std::vector<Slot> slots_;
 };
 

@@ -71,7 +71,8 @@ namespace py = pybind11;
 namespace nanscope {
 namespace {
 
-constexpr size_t kCacheMax = 8192;  // the summary cache's slots (a power of two), the values' bound
+constexpr size_t kValuesMax = 8192;  // FULL_TENSOR's values table: entries before it starts over
+constexpr size_t kCacheSlots = 8192;  // the summary cache: the latest output ids' rows
 constexpr size_t kCapacity = 262144;  // buffered events before an op waits for the drain
 // FULL_TENSOR values' bytes held (buffered, or taken and not yet freed) before
 // an op waits for the drain, as for a full buffer.
@@ -207,8 +208,8 @@ struct State {
 
   std::mutex cache_mu;
   std::pmr::unsynchronized_pool_resource cache_pool{pool()};
-  // The summary rows of the latest kCacheMax output ids, with the versions they were taken at.
-  RecentTable<CachedRow> cache{kCacheMax};
+  // The summary rows of the latest kCacheSlots output ids, with the versions they were taken at.
+  RecentTable<CachedRow> cache{kCacheSlots};
   // The ids of outputs whose memory was never written, the latest kBlankWindow of them.
   RecentTable<uint8_t> blank{kBlankWindow};
   std::pmr::unordered_map<int64_t, ValueEntry> values{&cache_pool};  // FULL_TENSOR, by tensor id
@@ -802,7 +803,6 @@ py::list py_tensors(const Tensors& ts) {
 // How long an op waits for room in a full buffer before its event is let go.
 constexpr auto kFullWait = std::chrono::milliseconds(200);
 
-// Drops an event that will not be buffered, with the Python objects it owns.
 // An event's Python objects let go; the caller holds the GIL.
 void clear_python(Event& ev) {
   Py_CLEAR(ev.parts);
@@ -817,6 +817,7 @@ NANSCOPE_COLD void release_python(Event& ev) {
   clear_python(ev);
 }
 
+// Drops an event that will not be buffered, with the Python objects it owns.
 void drop(Event& ev, bool nonfinite = false) {
   S->dropped.fetch_add(1);
   if (nonfinite) S->dropped_nonfinite.fetch_add(1);
@@ -1157,7 +1158,7 @@ bool copy_values(const OpFlags& op, const Ctx& c, const Tensors& outs, Event& ev
 void remember_values(const c10::SmallVector<Pending, 4>& pending, int64_t serial) {
   if (pending.empty()) return;
   std::lock_guard<std::mutex> g(S->cache_mu);
-  if (S->values.size() > kCacheMax) S->values.clear();
+  if (S->values.size() > kValuesMax) S->values.clear();
   for (const Pending& p : pending) {
     ValueEntry e = p.entry;
     if (e.root_serial < 0) e.root_serial = serial;
