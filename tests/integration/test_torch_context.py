@@ -225,6 +225,121 @@ def test_a_module_that_its_caller_does_not_hold_names_its_own_modules(tmp_path: 
     ]
 
 
+@pytest.fixture(params=["native", "python"])
+def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both recorders: the native one names modules from frames, the Python one from hooks."""
+    from nanscope.backends.torch.native import load
+
+    if request.param == "native" and load() is None:
+        pytest.skip("the native recorder cannot be built here")
+    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", request.param)
+    return str(request.param)
+
+
+def test_module_hooks_are_left_out_of_module_calls_by_the_native_recorder(
+    tmp_path: Path, recorder: str
+) -> None:
+    """The native recorder reads modules off the frames: no global hook sends every
+    module call down nn.Module's slow path. The Python recorder keeps its hooks."""
+    from torch.nn.modules import module as nn_module
+
+    hooks: list[int] = []
+
+    def run() -> None:
+        hooks.append(
+            len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
+        )
+        LMHeadModel()(torch.randn(2, 4))
+
+    before = len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
+    execs = record(tmp_path, run)
+    assert hooks == [before + (0 if recorder == "native" else 2)]
+    adds = [e.module_path for e in execs if e.op_type == "aten.add.Tensor"]
+    assert adds == ["transformer.h.0 (Block)", "transformer.h.1 (Block)"]
+
+
+def test_a_dead_modules_address_taken_by_another_module_names_the_new_one(
+    tmp_path: Path, recorder: str
+) -> None:
+    """Modules made and dropped one after another: the allocator gives the next one the
+    last one's address, and each op still names the module that ran it."""
+
+    class Base(nn.Module):
+        def __init__(self, scale: float) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.scale = scale
+
+        def forward(self, x: torch.Tensor) -> Any:
+            return self.lin(x) * self.scale
+
+    classes = [type(f"Net{i}", (Base,), {}) for i in range(40)]
+    addresses: set[int] = set()
+
+    def run() -> None:
+        for i, cls in enumerate(classes):
+            model = cls(float(i + 1))
+            addresses.add(id(model))
+            model(torch.randn(2, 4))
+            del model
+            gc.collect()
+
+    execs = record(tmp_path, run)
+    assert len(addresses) < len(classes)  # an address was taken again: the case under test
+    scaled = [e.module_path for e in execs if e.op_type == "aten.mul.Tensor"]
+    assert scaled == [cls.__name__ for cls in classes]
+    linears = [e.module_path for e in execs if e.op_type == "aten.addmm.default"]
+    assert linears == ["lin (Linear)"] * len(classes)
+
+
+def test_a_module_called_under_a_deep_stack_is_named(tmp_path: Path, recorder: str) -> None:
+    """Deeper than the frames a stack keeps (128): the modules still name the op."""
+    model = LMHeadModel()
+
+    def nested(depth: int) -> Any:
+        return model(torch.randn(2, 4)) if depth == 0 else nested(depth - 1)
+
+    execs = record(tmp_path, lambda: nested(300))
+    adds = [e.module_path for e in execs if e.op_type == "aten.add.Tensor"]
+    assert adds == ["transformer.h.0 (Block)", "transformer.h.1 (Block)"]
+    assert by_op(execs, "aten.relu.default").module_path == "transformer (Transformer)"
+
+
+def test_a_forward_pass_begins_at_a_module_call_after_backward(
+    tmp_path: Path, recorder: str
+) -> None:
+    """Updates by hand: a module's first op that autograd does not record (its input
+    clamped) is already the next forward pass's, not the update's."""
+
+    class Clamped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> Any:
+            return torch.tanh(self.lin(x.clamp(-1, 1)))
+
+    torch.manual_seed(0)
+    model = Clamped()
+    data = [torch.randn(4, 3) for _ in range(ITERATIONS)]
+
+    def run() -> None:
+        for x in data:
+            model(x).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    assert p.grad is not None
+                    p.sub_(0.1 * p.grad)
+                    p.grad = None
+
+    gc.collect()
+    execs = record(tmp_path, run)
+    clamps = [(e.step, e.phase, e.module_path) for e in execs if e.op_type == "aten.clamp.default"]
+    assert clamps == [(i, FORWARD, "Clamped") for i in range(ITERATIONS)]
+    updates = [(e.step, e.phase) for e in execs if e.op_type == "aten.sub_.Tensor"]
+    assert updates == [(i, OPTIMIZER) for i in range(ITERATIONS) for _ in range(2)]
+
+
 def by_op(execs: list[Execution], op_type: str) -> Execution:
     (e,) = [e for e in execs if e.op_type == op_type]
     return e

@@ -1,7 +1,9 @@
 """What was running when an op ran: the nn.Module path, the phase, the training step.
 
 Global module hooks keep a per-thread stack of the modules whose forward is
-running, each with its path (:class:`ModuleNames`). The phase and the step
+running, each with its path (:class:`ModuleNames`). The native recorder reads
+the modules off the thread's frames of ``nn.Module.__call__`` instead, and asks
+for a path once per list of modules (:meth:`RunContext.follow_frames`). The phase and the step
 follow the training loop (see :class:`RunContext`): global optimizer hooks,
 and while recording ``torch.autograd.backward``, ``GradScaler.step`` and
 ``GradScaler.update`` wrapped (restored when recording stops). Backward ops
@@ -210,6 +212,11 @@ class RunContext:
             weakref.WeakKeyDictionary()
         )
         self._handles: list[RemovableHandle] = []
+        self._module_hooks: list[RemovableHandle] = []
+        # The native recorder when it reads the modules off the frames (follow_frames),
+        # and the modules it has named a path for, by id, until they die.
+        self._frames: Any = None
+        self._watched: dict[int, weakref.ref[torch.nn.Module]] = {}
         self._restore: list[Callable[[], None]] = []
         self._installed = False
         self.step = 0
@@ -225,13 +232,11 @@ class RunContext:
     # -- installation ------------------------------------------------------------------------
 
     def install(self) -> None:
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
         self._installed = True
+        self._hook_modules()
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._enter_module),
-            nn_module.register_module_forward_hook(self._exit_module, always_call=True),
             optim.register_optimizer_step_pre_hook(self._enter_optimizer),
             optim.register_optimizer_step_post_hook(self._exit_optimizer),
         ]
@@ -247,8 +252,10 @@ class RunContext:
 
     def uninstall(self) -> None:
         self._installed = False
-        for h in self._handles:
+        self.unfollow_frames()
+        for h in (*self._module_hooks, *self._handles):
             h.remove()
+        self._module_hooks = []
         self._handles = []
         for restore in reversed(self._restore):
             restore()
@@ -280,6 +287,86 @@ class RunContext:
 
     # -- module paths ------------------------------------------------------------------------
 
+    def _hook_modules(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        if not self._module_hooks:
+            self._module_hooks = [
+                nn_module.register_module_forward_pre_hook(self._enter_module),
+                nn_module.register_module_forward_hook(self._exit_module, always_call=True),
+            ]
+
+    def follow_frames(self, lib: Any) -> bool:
+        """Take module paths from the native recorder ``lib``'s walk of the thread's
+        frames of ``nn.Module.__call__`` (each frame's ``self``) instead of hooks.
+
+        Global forward hooks send every module call down ``nn.Module``'s slow path
+        and run two Python functions in it (bench/HISTORY.md: about a tenth of a
+        small-op program's time); a frame walk costs a compare per frame of a stack
+        the recorder walks anyway. Paths are the hooks' (:meth:`module_index_of`).
+        False where it cannot (another Python than 3.11, ``__call__`` replaced):
+        the hooks stay.
+        """
+        call = torch.nn.Module.__call__
+        code = getattr(call, "__code__", None)
+        if (
+            call is not getattr(torch.nn.Module, "_wrapped_call_impl", None)
+            or code is None
+            or code.co_argcount < 1
+            or code.co_varnames[0] != "self"
+            or "self" in code.co_cellvars  # a cell: the frame's first slot holds the cell
+            or not lib.set_module_frames(code)
+        ):
+            return False
+        self._frames = lib
+        for h in self._module_hooks:
+            h.remove()
+        self._module_hooks = []
+        return True
+
+    def unfollow_frames(self) -> None:
+        """Back to hooks (while installed) from :meth:`follow_frames`."""
+        if self._frames is None:
+            return
+        self._frames.set_module_frames(None)
+        self._frames = None
+        self._watched.clear()
+        if self._installed:
+            self._hook_modules()
+
+    def module_index_of(self, modules: list[torch.nn.Module]) -> int:
+        """The path index of the innermost of ``modules`` (running, outermost first),
+        named as the hooks name it."""
+        running: _Running | None = None
+        for module in modules:
+            running = self._running(module, running)
+            self._watch(module)
+        return running[2] if running is not None else 0
+
+    def _watch(self, module: torch.nn.Module) -> None:
+        """When ``module`` dies, the native recorder forgets the paths it named by
+        modules' addresses: another module may take its address."""
+        key = id(module)
+        if key in self._watched:
+            return
+
+        def died(_: Any, key: int = key) -> None:
+            self._watched.pop(key, None)
+            if self._frames is not None:
+                self._frames.forget_modules()
+
+        self._watched[key] = weakref.ref(module, died)
+
+    def _running(self, module: torch.nn.Module, top: _Running | None) -> _Running:
+        """``module`` called inside ``top`` (None: outside every module), with its path."""
+        if top is None:
+            return self._outermost(module)
+        names = top[3]
+        hit = names.labels.get(id(module))
+        if hit is not None and hit[0]() is module:
+            return (module, hit[1], hit[2], names)
+        return self._lookup(module, top)
+
     def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
         # Inside a frame that torch.compile traces, the hooks must be no-ops:
         # Dynamo cannot trace this bookkeeping, and compiled graphs take their
@@ -290,16 +377,7 @@ class RunContext:
         if local.after_backward >= 0 and not local.in_optimizer:
             self.forward_began()
         stack = local.modules
-        if stack:
-            top = stack[-1]
-            names = top[3]
-            hit = names.labels.get(id(module))
-            if hit is not None and hit[0]() is module:
-                running = (module, hit[1], hit[2], names)
-            else:
-                running = self._lookup(module, top)
-        else:
-            running = self._outermost(module)
+        running = self._running(module, stack[-1] if stack else None)
         stack.append(running)
         if self.mirror is not None:
             self.mirror.set_module(running[2])
@@ -352,6 +430,11 @@ class RunContext:
         return self._module_table.strings
 
     def module_path(self) -> str:
+        """The path of the module running on this thread ("" outside every module)."""
+        if self._frames is not None:
+            index = self._frames.current_module()
+            names = self.module_names
+            return names[index] if index < len(names) else ""
         stack = self._local.modules
         return stack[-1][1] if stack else ""
 

@@ -17,6 +17,8 @@
 
 #include "frames.h"
 
+#include <atomic>
+
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
 #define NANSCOPE_LOCKFREE_FRAMES 1
 #define Py_BUILD_CORE 1
@@ -25,6 +27,59 @@
 #endif
 
 namespace nanscope {
+
+namespace {
+std::atomic<PyObject*> g_module_code{nullptr};
+}  // namespace
+
+bool set_module_code(PyObject* code) {
+#ifdef NANSCOPE_LOCKFREE_FRAMES
+  Py_XINCREF(code);
+  // The old one is not let go: a thread may be comparing against it (a code
+  // object of the process's lifetime, nn.Module's __call__).
+  g_module_code.store(code, std::memory_order_release);
+  return true;
+#else
+  (void)code;
+  return false;
+#endif
+}
+
+bool module_frames_on() { return g_module_code.load(std::memory_order_relaxed) != nullptr; }
+
+#ifdef NANSCOPE_LOCKFREE_FRAMES
+namespace {
+// The module a frame of nn.Module's __call__ was called on (its `self`), or nullptr.
+inline PyObject* module_of(_PyInterpreterFrame* f, const PyObject* code) {
+  if (reinterpret_cast<const PyObject*>(f->f_code) != code || _PyFrame_IsIncomplete(f)) return nullptr;
+  return f->localsplus[0];
+}
+}  // namespace
+#endif
+
+int walk_modules(PyObject** out, int limit) {
+  int n = 0;
+#ifdef NANSCOPE_LOCKFREE_FRAMES
+  const PyObject* code = g_module_code.load(std::memory_order_acquire);
+  if (code == nullptr || !Py_IsInitialized()) return 0;
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr || ts->cframe == nullptr) return 0;
+  int depth = 0;
+  for (_PyInterpreterFrame* f = ts->cframe->current_frame;
+       f != nullptr && n < limit && depth < kMaxStackFrames + kMaxModuleWalk; f = f->previous, ++depth) {
+    if (PyObject* m = module_of(f, code)) out[n++] = m;
+  }
+#else
+  (void)out;
+  (void)limit;
+#endif
+  return n;
+}
+
+uint64_t modules_here_hash() {
+  PyObject* mods[kMaxModules];
+  return hash_modules(mods, walk_modules(mods, kMaxModules));
+}
 
 int walk_frames(RawFrame* out, int limit) {
   if (!Py_IsInitialized()) return 0;
@@ -95,12 +150,20 @@ StackSignature stack_signature() {
   // Every frame, started or not: the instruction's address names the code object's
   // instruction (each code object holds its own instructions), and the frames that
   // walk_frames leaves out are left out of the stack it interns, not of this hash.
+  const PyObject* code = g_module_code.load(std::memory_order_acquire);
   int n = 0;
   for (; f != nullptr && n < kMaxStackFrames; f = f->previous, ++n) {
     h = fold(h, reinterpret_cast<uintptr_t>(f->f_code));
     h = fold(h, reinterpret_cast<uintptr_t>(f->prev_instr));
+    if (PyObject* m = module_of(f, code)) h = fold(h, reinterpret_cast<uintptr_t>(m));
   }
   sig.n = n;
+  // Past the frames kept, the modules called still tell places apart.
+  if (code != nullptr) {
+    for (int k = 0; f != nullptr && k < kMaxModuleWalk; f = f->previous, ++k) {
+      if (PyObject* m = module_of(f, code)) h = fold(h, reinterpret_cast<uintptr_t>(m));
+    }
+  }
 #else
   RawFrame buf[kMaxStackFrames];
   const int n = walk_frames(buf, kMaxStackFrames);

@@ -282,6 +282,9 @@ struct Local {
   // After backward() returned: the autograd sequence number then, until the step
   // ends or a forward pass begins (-1 otherwise); see context.py's RunContext.
   int64_t between = -1;
+  // With module frames on: the modules running when backward() returned (their
+  // hash_modules); an op inside other ones began a forward pass.
+  uint64_t between_modules = 0;
   int64_t last_seq = -1;
   uint64_t ops_gen = 0;
   std::array<OpSlot, kOpSlots> ops{};
@@ -630,16 +633,23 @@ int64_t get_id_locked(const at::Tensor& t) {
 
 // -- stacks ---------------------------------------------------------------------------------
 
-int capture_stack() {
-  // A new stack: the Python side interns its frames (and snapshots new files).
-  static const StackTable::Intern intern = [](py::list frames) {
-    Busy busy;
-    return S->host.attr("new_stack")(frames).cast<int>();
-  };
-  static const StackTable::Failed failed = [](py::error_already_set& e) {
-    swallow(e, "nanscope: interning a stack");
-  };
-  return S->stacks.capture(intern, failed);
+// A new stack: the Python side interns its frames (and snapshots new files).
+const StackTable::Intern intern_stack = [](py::list frames) {
+  Busy busy;
+  return S->host.attr("new_stack")(frames).cast<int>();
+};
+// New modules called: the Python side names their path.
+const StackTable::InternModules intern_modules = [](py::list called) {
+  Busy busy;
+  return S->host.attr("module_index")(called).cast<int>();
+};
+const StackTable::Failed interning_failed = [](py::error_already_set& e) {
+  swallow(e, "nanscope: interning a stack");
+};
+
+// Where the calling thread runs: its stack and, with module frames on, its module.
+Place capture_place() {
+  return S->stacks.place(intern_stack, module_frames_on() ? &intern_modules : nullptr, interning_failed);
 }
 
 // -- summaries ------------------------------------------------------------------------------
@@ -1314,11 +1324,15 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   }
 
   auto node = torch::autograd::get_current_node();
+  const Place place = (g_cut.load(std::memory_order_relaxed) & kCutStack) ? Place{} : capture_place();
   if (tl.between >= 0 && !tl.optimizer && !node &&
-      static_cast<int64_t>(at::sequence_number::peek()) != tl.between) {
-    // The first op that autograd recorded since backward() returned: a forward
-    // pass began. Python ends the update phase (and the step, for updates made
-    // by hand) and sets tl.between and the step through the mirror.
+      (static_cast<int64_t>(at::sequence_number::peek()) != tl.between ||
+       (place.modules != 0 && place.modules != tl.between_modules))) {
+    // The first op that autograd recorded since backward() returned, or the first
+    // inside a module called since (with module frames on; the hooks say so
+    // otherwise): a forward pass began. Python ends the update phase (and the
+    // step, for updates made by hand) and sets tl.between and the step through
+    // the mirror.
     forward_began();
   }
   ev.phase = (tl.optimizer || tl.between >= 0) ? kPhaseOptimizer
@@ -1332,9 +1346,9 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
       ev.module = link->module;
     }
   } else {
-    ev.module = tl.module;
+    ev.module = module_frames_on() ? place.module : tl.module;
   }
-  ev.stack = (g_cut.load(std::memory_order_relaxed) & kCutStack) ? -1 : capture_stack();
+  ev.stack = place.stack;
   ev.step = S->step.load(std::memory_order_relaxed);
   ev.serial = ++S->serial;
   if (!node && ev.phase != kPhaseOptimizer) {
@@ -1884,7 +1898,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_module", [](int m) { tl.module = m; });
   m.def("set_optimizer", [](int n, int64_t between) {
     tl.optimizer = n;
+    if (between >= 0 && tl.between < 0) tl.between_modules = modules_here_hash();
     tl.between = between;
+  });
+  // Module paths from the frames of nn.Module's __call__ (its code object), not
+  // hooks; None: hooks again. False where frames cannot be read without the GIL.
+  m.def("set_module_frames", [](py::object code) {
+    return set_module_code(code.is_none() ? nullptr : code.ptr());
+  });
+  m.def("forget_modules", []() {
+    if (S != nullptr) S->stacks.forget_modules();
+  });
+  // The calling thread's module path index (with module frames on).
+  m.def("current_module", []() -> int {
+    if (S == nullptr || !module_frames_on()) return 0;
+    static const StackTable::Failed raise = [](py::error_already_set&) { throw; };
+    return std::max(0, S->stacks.modules_here(intern_modules, raise).module);
   });
   m.def("set_step", [](int64_t s) {
     if (S != nullptr) S->step = s;

@@ -30,24 +30,34 @@ struct Recent {
   const StackTable* table = nullptr;
   uint64_t generation = 0;
   StackSignature sig;
-  int id = -1;
+  Place place;
 };
 constexpr size_t kRecent = 512;
 thread_local std::array<Recent, kRecent> tl_recent{};
 
 }  // namespace
 
-int StackTable::capture(const Intern& intern, const Failed& failed) {
+Place StackTable::place(const Intern& intern, const InternModules* modules, const Failed& failed) {
   const StackSignature sig = stack_signature();
   const uint64_t generation = generation_.load(std::memory_order_acquire);
   Recent& recent = tl_recent[(sig.hash >> 17) & (kRecent - 1)];
   if (recent.table == this && recent.generation == generation && recent.sig == sig) {
-    return recent.id;
+    return recent.place;
   }
-  auto remember = [&](int id) {
-    recent = Recent{this, generation, sig, id};
-    return id;
-  };
+  Place p;
+  p.stack = stack_id(intern, failed);
+  if (p.stack < 0) return p;  // not kept: tried again
+  if (modules != nullptr) {
+    const Place m = modules_here(*modules, failed);
+    if (m.module < 0) return p;  // outside every module this time; tried again
+    p.module = m.module;
+    p.modules = m.modules;
+  }
+  recent = Recent{this, generation, sig, p};
+  return p;
+}
+
+int StackTable::stack_id(const Intern& intern, const Failed& failed) {
   // Not seen lately on this thread: its frames, keyed by their own hash in the table
   // that all threads share.
   RawFrame buf[kMaxFrames];
@@ -60,7 +70,7 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
   {
     std::lock_guard<std::mutex> g(mu_);
     const int id = find_locked(h, buf, n);
-    if (id != -2) return remember(id);
+    if (id != -2) return id;
   }
   py::gil_scoped_acquire gil;
   int id = -1;
@@ -77,7 +87,7 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
   }
   std::lock_guard<std::mutex> g(mu_);
   const int known = find_locked(h, buf, n);  // another thread interned it meanwhile
-  if (known != -2) return remember(known);
+  if (known != -2) return known;
   Entry entry;
   entry.frames.assign(buf, buf + n);
   entry.id = id;
@@ -86,7 +96,57 @@ int StackTable::capture(const Intern& intern, const Failed& failed) {
     held_.push_back(buf[i].code);
   }
   stacks_.emplace(h, std::move(entry));
-  return remember(id);
+  return id;
+}
+
+Place StackTable::modules_here(const InternModules& intern, const Failed& failed) {
+  PyObject* mods[kMaxModules];
+  const int n = walk_modules(mods, kMaxModules);
+  Place p;
+  if (n == 0) return p;
+  const uint64_t h = hash_modules(mods, n);
+  p.modules = h;
+  auto known_locked = [&]() {
+    auto range = chains_.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it) {
+      const auto& c = it->second.modules;
+      if (static_cast<int>(c.size()) == n && std::equal(c.begin(), c.end(), mods)) return it->second.index;
+    }
+    return -1;
+  };
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    p.module = known_locked();
+    if (p.module >= 0) return p;
+  }
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  py::gil_scoped_acquire gil;
+  int index = -1;
+  try {
+    py::list outermost_first;
+    for (int i = n - 1; i >= 0; --i) outermost_first.append(py::reinterpret_borrow<py::object>(mods[i]));
+    index = intern(outermost_first);
+  } catch (py::error_already_set& e) {
+    failed(e);
+    p.module = -1;
+    return p;
+  }
+  p.module = index;
+  std::lock_guard<std::mutex> g(mu_);
+  // Not kept if a module died meanwhile (its address may be in this chain).
+  if (known_locked() < 0 && generation_.load(std::memory_order_acquire) == generation) {
+    Chain chain;
+    chain.modules.assign(mods, mods + n);
+    chain.index = index;
+    chains_.emplace(h, std::move(chain));
+  }
+  return p;
+}
+
+void StackTable::forget_modules() {
+  std::lock_guard<std::mutex> g(mu_);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  chains_.clear();
 }
 
 void StackTable::clear() {
@@ -95,6 +155,7 @@ void StackTable::clear() {
   for (PyObject* code : held_) Py_DECREF(code);
   held_.clear();
   stacks_.clear();
+  chains_.clear();
 }
 
 }  // namespace nanscope

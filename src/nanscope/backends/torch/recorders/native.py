@@ -127,6 +127,7 @@ class NativeRecorder(RecorderBase):
         # While its buffer is full it sheds as the writer does: never the windows of the
         # first Inf/NaN; and a FULL_TENSOR record holds at most max_value_bytes of values.
         lib.set_shedding(self.writer.origin_window, self.writer.max_value_bytes)
+        self.context.follow_frames(lib)
         self.context.sync_mirror()
         # Threads started from now on record by the recorder's dispatch key, as this one does.
         self._unfollow = on_new_threads(lib.key_this_thread)
@@ -172,6 +173,10 @@ class NativeRecorder(RecorderBase):
 
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:
         return self.writer.stacks.intern_code_frames(frames)
+
+    def module_index(self, modules: list[torch.nn.Module]) -> int:
+        """The path index of modules running (outermost first): see RunContext.follow_frames."""
+        return self.context.module_index_of(modules)
 
     def located(self, stack: int) -> bytes:
         return self.writer.encoder.location_field(stack)
@@ -365,6 +370,7 @@ class NativeRecorder(RecorderBase):
         # This thread's copy must not carry into a later session.
         self.lib.set_module(0)
         self.lib.set_optimizer(0, -1)
+        self.context.unfollow_frames()
         self.context.mirror = None
         self.context.on_step = None
 
