@@ -259,7 +259,7 @@ std::atomic<int> g_cut{0};
 // The dispatch key of the threads that record by kernel (see record_kernel).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
 
-// Each thread's cache of the ops table (direct-mapped by the name's address): an op
+// Each thread's cache of the ops table (two-way, by the name's address): an op
 // seen before costs no lock. `g_ops_gen` moves whenever the table is emptied (a new
 // session, an op deregistered); a thread's cache is emptied when it sees it move.
 std::atomic<uint64_t> g_ops_gen{1};
@@ -409,6 +409,9 @@ inline size_t op_slot(const char* key) {
   return static_cast<size_t>(h >> 55) & (kOpSlots - 1);
 }
 
+// The other slot of a slot's pair (slots 2k and 2k + 1).
+inline size_t op_pair(const OpSlot& slot) { return static_cast<size_t>(&slot - tl.ops.data()) ^ 1; }
+
 const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
                                   const std::optional<c10::OperatorHandle>& handle);
 
@@ -427,8 +430,13 @@ NANSCOPE_COLD const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolv
     resolve(name, handle);
     p = name ? lookup_locked_path(key, *name, handle) : &kNotOp;
   }
-  // Not a named range (its name's address is per call, not an op's).
-  if (p != &kNotOp) slot = OpSlot{key, p};
+  // Not a named range (its name's address is per call, not an op's). The slot's
+  // op moves to its pair's slot (two ways: two ops of one slot do not take
+  // turns at the table's lock).
+  if (p != &kNotOp) {
+    tl.ops[op_pair(slot)] = slot;
+    slot = OpSlot{key, p};
+  }
   return p;
 }
 
@@ -444,6 +452,8 @@ const OpFlags* lookup(const char* key, Resolve&& resolve) {
   }
   OpSlot& slot = tl.ops[op_slot(key)];
   if (slot.key == key) return slot.flags;
+  const OpSlot& pair = tl.ops[op_pair(slot)];
+  if (pair.key == key) return pair.flags;
   return lookup_missed(key, slot, resolve);
 }
 
