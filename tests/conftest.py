@@ -33,6 +33,18 @@ def _nothing_left_enabled() -> Iterator[None]:
     nanscope.disable_check_numerics()
 
 
+@pytest.fixture(params=["python", "native"])
+def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each PyTorch recorder in turn (the native one where it builds): a test that takes
+    it runs under both."""
+    from nanscope.backends.torch.native import native_library
+
+    if request.param == "native" and native_library() is None:
+        pytest.skip("the native recorder cannot be built here")
+    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", request.param)
+    return str(request.param)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Where the browser tests must run (``make test``, CI: ``NANSCOPE_REQUIRE_BROWSER``),
     stop before any test when what they need is missing, saying what and how to get it,

@@ -38,14 +38,6 @@ pytestmark = pytest.mark.torch
 INF = float("inf")
 
 
-@pytest.fixture(params=["python", "native"])
-def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "native" and native_library() is None:
-        pytest.skip("the native recorder cannot be built here")
-    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", request.param)
-    return str(request.param)
-
-
 def record(logdir: Path, fn: object) -> list[Execution]:
     with nanscope.enable_dump_debug_info(logdir, "FULL_HEALTH", circular_buffer_size=-1):
         fn()  # type: ignore[operator]

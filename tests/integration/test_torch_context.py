@@ -225,17 +225,6 @@ def test_a_module_that_its_caller_does_not_hold_names_its_own_modules(tmp_path: 
     ]
 
 
-@pytest.fixture(params=["native", "python"])
-def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both recorders: the native one names modules from frames, the Python one from hooks."""
-    from nanscope.backends.torch.native import load
-
-    if request.param == "native" and load() is None:
-        pytest.skip("the native recorder cannot be built here")
-    monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", request.param)
-    return str(request.param)
-
-
 def test_module_hooks_are_left_out_of_module_calls_by_the_native_recorder(
     tmp_path: Path, recorder: str
 ) -> None:
