@@ -329,6 +329,52 @@ def test_a_forward_pass_begins_at_a_module_call_after_backward(
     assert updates == [(i, OPTIMIZER) for i in range(ITERATIONS) for _ in range(2)]
 
 
+def test_frames_name_modules_phases_and_steps_as_the_hooks_do_in_gpt2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' GPT-2 from a tiny config with gradient checkpointing (its blocks
+    called through GradientCheckpointingLayer.__call__ and run again in backward), two
+    AdamW steps, under each recorder: every op type that both record as often has the
+    same module path, phase and step at each occurrence in the native recorder (module
+    frames) as in the Python one (global module hooks, the oracle)."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    from nanscope.backends.torch.native import native_library
+
+    if native_library() is None:
+        pytest.skip("the native recorder cannot be built here")
+    path = ROOT / "tests" / "programs" / "real" / "gpt2_transformers.py"
+    spec = importlib.util.spec_from_file_location("gpt2_transformers", path)
+    assert spec is not None and spec.loader is not None
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    seen: dict[str, dict[str, list[tuple[str, int, int]]]] = {}
+    for recorder in ("python", "native"):
+        monkeypatch.setenv("NANSCOPE_TORCH_RECORDER", recorder)
+        logdir = tmp_path / recorder
+        with nanscope.enable_dump_debug_info(logdir, "NO_TENSOR", circular_buffer_size=-1):
+            program.main(["--steps", "2", "--gradient-checkpointing"])
+        with nanscope.open_dump(logdir) as dump:
+            by_type: dict[str, list[tuple[str, int, int]]] = {}
+            for e in dump.executions():
+                by_type.setdefault(e.op_type, []).append((e.module_path, e.phase, e.step))
+            seen[recorder] = by_type
+    hooks, frames = seen["python"], seen["native"]
+    common = sorted(op for op in set(hooks) & set(frames) if len(hooks[op]) == len(frames[op]))
+    assert len(common) >= 40
+    for op in common:
+        assert frames[op] == hooks[op], op
+    paths = {p for op in common for p, _, _ in frames[op]}
+    assert {
+        "transformer.h.1.attn (GPT2Attention)",
+        "transformer.h.0.mlp.act (NewGELUActivation)",
+    } <= paths
+    assert {(phase, step) for op in common for _, phase, step in frames[op]} >= {
+        (phase, step) for phase in (FORWARD, BACKWARD, OPTIMIZER) for step in (0, 1)
+    }
+
+
 def by_op(execs: list[Execution], op_type: str) -> Execution:
     (e,) = [e for e in execs if e.op_type == op_type]
     return e

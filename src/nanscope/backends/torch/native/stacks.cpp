@@ -49,7 +49,7 @@ Place StackTable::place(const Intern& intern, const InternModules* modules, cons
   if (p.stack < 0) return p;  // not kept: tried again
   if (modules != nullptr) {
     const Place m = modules_here(*modules, failed);
-    if (m.module < 0) return p;  // outside every module this time; tried again
+    if (m.module < 0) return p;  // the modules could not be named: tried again
     p.module = m.module;
     p.modules = m.modules;
   }
