@@ -7,6 +7,7 @@ test_torch_check_numerics_lineages.py.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Iterator
@@ -115,6 +116,52 @@ def test_module_path_and_step() -> None:
     assert err.source is not None and err.source[1] == line_of("@module-sqrt")
     assert err.source[2] == "forward"
     assert "module Net" in str(err)
+
+
+def test_updates_by_hand_count_steps_and_name_a_nested_module() -> None:
+    """No optimizer: a step ends where the next forward pass begins, at a module's first
+    op (here one that autograd does not record: the input clamped), found by hooks or by
+    the module frames; the error names the inner module."""
+    torch.manual_seed(0)
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            return torch.log(self.fc(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x.clamp(-10, 10))
+
+    net = Net()  # built first: see test_uninitialised_memory_is_not_an_error
+    with torch.no_grad():
+        net.inner.fc.weight.copy_(torch.eye(3))
+        net.inner.fc.bias.zero_()
+    x = torch.tensor([[1.0, 4.0, 9.0]])
+    gc.collect()  # an optimizer left by another test would make the steps its updates
+    nanscope.enable_check_numerics()
+    try:
+        for _ in range(3):
+            net(x).sum().backward()
+            with torch.no_grad():
+                for p in net.parameters():
+                    assert p.grad is not None
+                    p.sub_(0.0 * p.grad)
+                    p.grad = None
+        with pytest.raises(nanscope.NonFiniteError) as info:
+            net(-x)
+    finally:
+        nanscope.disable_check_numerics()
+    err = info.value
+    assert err.op_type == "aten.log.default" and err.module_path == "inner (Inner)"
+    assert err.step == 3 and err.phase == "forward"
 
 
 def test_backward_inf_names_the_forward_op(checking: None) -> None:

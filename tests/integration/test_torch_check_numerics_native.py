@@ -52,6 +52,36 @@ def checking() -> Iterator[TorchCheckNumerics]:
         session.close()
 
 
+def test_module_calls_run_without_hooks_and_errors_name_the_module(
+    checking: TorchCheckNumerics,
+) -> None:
+    """The checker reads modules off the frames of nn.Module.__call__: no global hook
+    sends module calls down their slow path, and an error still names each instance."""
+    from torch.nn.modules import module as nn_module
+
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x: Any) -> Any:
+            return torch.sqrt(self.fc(x))
+
+    first, second = Block(), Block()
+    blocks = nn.Sequential(first, second)
+    with torch.no_grad():
+        for block in (first, second):
+            block.fc.weight.copy_(torch.eye(2))
+            block.fc.bias.zero_()
+        second.fc.bias.fill_(-10.0)
+    with pytest.raises(nanscope.NonFiniteError) as info:
+        blocks(torch.ones(1, 2))
+    assert info.value.op_type == "aten.sqrt.default"
+    assert info.value.module_path == "1 (Block)"
+
+
 def test_a_thread_started_while_checking_is_checked(checking: TorchCheckNumerics) -> None:
     caught: list[BaseException] = []
 

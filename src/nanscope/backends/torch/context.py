@@ -307,6 +307,8 @@ class RunContext:
         False where it cannot (another Python than 3.11, ``__call__`` replaced):
         the hooks stay.
         """
+        if self._frames is not None:
+            return True
         call = torch.nn.Module.__call__
         code = getattr(call, "__code__", None)
         if (

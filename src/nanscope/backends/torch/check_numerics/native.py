@@ -29,16 +29,24 @@ from nanscope.errors import Frame
 
 
 class _Mirror:
-    """The run context's per-thread module, given to the checker (``RunContext.mirror``)."""
+    """The run context's per-thread module and phase, given to the checker
+    (``RunContext.mirror``)."""
 
     def __init__(self, lib: ModuleType) -> None:
         self.set_module = lib.check_set_module
+        self.set_optimizer = lib.check_set_optimizer
 
     def set_step(self, step: int) -> None:
         pass
 
-    def set_optimizer(self, running: int, after_backward: int) -> None:
-        pass
+
+class _Frames:
+    """The checker's module frames, as ``RunContext.follow_frames`` asks for them."""
+
+    def __init__(self, lib: ModuleType) -> None:
+        self.set_module_frames = lib.set_module_frames
+        self.forget_modules = lib.check_forget_modules
+        self.current_module = lib.check_current_module
 
 
 class _Links:
@@ -98,6 +106,14 @@ class NativeCheckNumericsMode(CheckNumericsMode):
         passes = info.skip or info.same_elements or not info.record_values
         return len(self._funcs) - 1, passes, func is UNSCALE or func is UPDATE_SCALE
 
+    def module_index(self, modules: list[torch.nn.Module]) -> int:
+        """The path index of modules running (outermost first): see RunContext.follow_frames."""
+        return self.context.module_index_of(modules)
+
+    def forward_began(self) -> None:
+        """An op ran inside modules called since ``backward()`` returned (module frames)."""
+        self.context.forward_began()
+
     def new_stack(self, frames: Sequence[tuple[CodeType, int]]) -> int:
         """An id for a stack (innermost frame first): its user frame, kept for errors."""
         found = next(
@@ -149,12 +165,17 @@ class NativeChecking:
 
     def __init__(self, mode: NativeCheckNumericsMode) -> None:
         self.lib = mode.lib
+        self.context = mode.context
         mode.context.mirror = _Mirror(self.lib)
-        mode.context.sync_mirror()
         self.lib.check_start(mode)
+        # Module paths from frames (no hook in module calls) where the checker can.
+        mode.context.follow_frames(_Frames(self.lib))
+        mode.context.sync_mirror()
         self._unfollow = on_new_threads(lambda: self.lib.check_thread(True))
 
     def remove(self) -> None:
         self._unfollow()
         # Threads started meanwhile keep the key, which only passes their ops on from now.
         self.lib.check_stop()
+        self.lib.check_set_optimizer(0, -1)  # this thread's copy: not into a later session
+        self.context.unfollow_frames()

@@ -41,6 +41,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -108,6 +109,12 @@ thread_local int tl_paused = 0;  // > 0 while nanscope's own Python code runs op
 thread_local int tl_suspended = 0;
 thread_local int tl_module = 0;
 thread_local int64_t tl_last_seq = -1;
+// The run context's phase, with module frames on (check_set_optimizer): optimizer
+// calls running, and after backward() returned its sequence number (-1 otherwise)
+// and the modules running then (hash_modules).
+thread_local int tl_optimizer = 0;
+thread_local int64_t tl_between = -1;
+thread_local uint64_t tl_between_modules = 0;
 
 struct Paused {
   Paused() { ++tl_paused; }
@@ -172,17 +179,41 @@ const CheckOp* lookup(const c10::OperatorHandle& op) {
   return p;
 }
 
-// The id of the running Python stack; new stacks are interned by the Python
-// side, which finds their user frame.
-int capture_stack() {
-  return C->stacks.capture(
-      [](py::list frames) {
-        Paused paused;
-        return C->host.attr("new_stack")(frames).cast<int>();
-      },
-      [](py::error_already_set& e) {
-        e.discard_as_unraisable("nanscope: interning a stack for check_numerics");
-      });
+// New stacks are interned by the Python side, which finds their user frame.
+const StackTable::Intern intern_stack = [](py::list frames) {
+  Paused paused;
+  return C->host.attr("new_stack")(frames).cast<int>();
+};
+// New modules called (module frames on): the Python side names their path.
+const StackTable::InternModules intern_modules = [](py::list called) {
+  Paused paused;
+  return C->host.attr("module_index")(called).cast<int>();
+};
+const StackTable::Failed interning_failed = [](py::error_already_set& e) {
+  e.discard_as_unraisable("nanscope: interning a stack for check_numerics");
+};
+
+// The running Python stack's id and, with module frames on, its module.
+Place capture_place() {
+  return C->stacks.place(intern_stack, module_frames_on() ? &intern_modules : nullptr, interning_failed);
+}
+
+// With module frames on: an op inside modules other than those running when
+// backward() returned begins a forward pass (the hooks say so otherwise), which
+// the run context is told of (it ends an update made by hand).
+void forward_began_here() {
+  if (tl_between < 0 || tl_optimizer > 0 || !module_frames_on() || torch::autograd::get_current_node()) {
+    return;
+  }
+  const uint64_t modules = modules_here_hash();
+  if (modules == 0 || modules == tl_between_modules) return;
+  Paused paused;
+  py::gil_scoped_acquire gil;
+  try {
+    C->host.attr("forward_began")();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("nanscope: a forward pass began (check_numerics)");
+  }
 }
 
 using Args = c10::SmallVector<c10::IValue, 8>;
@@ -229,7 +260,8 @@ void remember_forward(const CheckOp& op, const Args& args) {
   bool grad = false;
   for (const auto& t : ins) grad = grad || t.requires_grad();
   if (!grad) return;
-  Link link{op.index, capture_stack(), tl_module};
+  const Place place = capture_place();
+  Link link{op.index, place.stack, module_frames_on() ? place.module : tl_module};
   std::lock_guard<std::mutex> g(C->links_mu);
   if (C->links.size() > kLinksMax) C->links.clear();
   C->links[cur - 1] = link;
@@ -363,6 +395,7 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
       default: break;
     }
   }
+  if (tl_between >= 0) forward_began_here();
   if (torch::autograd::get_current_node() == nullptr && c10::GradMode::is_enabled()) {
     remember_forward(op, args);
   }
@@ -435,6 +468,20 @@ void add_checker(py::module_& m) {
   m.def("check_pause", [](int delta) { tl_paused += delta; });
   m.def("check_suspend", [](int depth) { tl_suspended = depth; });
   m.def("check_set_module", [](int module) { tl_module = module; });
+  m.def("check_set_optimizer", [](int n, int64_t between) {
+    tl_optimizer = n;
+    if (between >= 0 && tl_between < 0) tl_between_modules = modules_here_hash();
+    tl_between = between;
+  });
+  m.def("check_forget_modules", []() {
+    if (C != nullptr) C->stacks.forget_modules();
+  });
+  // The calling thread's module path index (with module frames on).
+  m.def("check_current_module", []() -> int {
+    if (C == nullptr || !module_frames_on()) return 0;
+    static const StackTable::Failed raise = [](py::error_already_set&) { throw; };
+    return std::max(0, C->stacks.modules_here(intern_modules, raise).module);
+  });
   m.def("check_link", &link);
 }
 

@@ -30,11 +30,19 @@ namespace nanscope {
 
 namespace {
 std::atomic<PyObject*> g_module_code{nullptr};
+int g_module_code_users = 0;  // the recorder and the checker may follow frames at once (GIL)
 }  // namespace
 
 bool set_module_code(PyObject* code) {
 #ifdef NANSCOPE_LOCKFREE_FRAMES
-  Py_XINCREF(code);
+  if (code == nullptr) {
+    if (g_module_code_users > 0 && --g_module_code_users == 0) {
+      g_module_code.store(nullptr, std::memory_order_release);
+    }
+    return true;
+  }
+  ++g_module_code_users;
+  Py_INCREF(code);
   // The old one is not let go: a thread may be comparing against it (a code
   // object of the process's lifetime, nn.Module's __call__).
   g_module_code.store(code, std::memory_order_release);

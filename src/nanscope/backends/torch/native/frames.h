@@ -18,8 +18,9 @@ int walk_frames(RawFrame* out, int limit);
 
 // Module paths from frames instead of forward hooks: the code object of
 // nn.Module's __call__ (_wrapped_call_impl), whose first local is the module
-// called. Set with the GIL (nullptr: none); held until replaced. False where
-// frames cannot be read without the GIL (Python other than 3.11): hooks then.
+// called. Set with the GIL; each set is undone by a set of nullptr (the
+// recorder and the checker each set it). False where frames cannot be read
+// without the GIL (Python other than 3.11): hooks then.
 bool set_module_code(PyObject* code);
 bool module_frames_on();
 
