@@ -1,13 +1,14 @@
 """What was running when an op ran: the nn.Module path, the phase, the training step.
 
 Global module hooks keep a per-thread stack of the modules whose forward is
-running, each with its path (:class:`ModuleNames`). The native recorder reads
-the modules off the thread's frames of ``nn.Module.__call__`` instead, and asks
-for a path once per list of modules (:meth:`RunContext.follow_frames`). The
-phase and the step follow the training loop (see :class:`RunContext`): global optimizer hooks,
-and while recording ``torch.autograd.backward``, ``GradScaler.step`` and
-``GradScaler.update`` wrapped (restored when recording stops). Backward ops
-are recognised by the autograd node that the engine is running.
+running, each with its path (:class:`ModuleNames`). The native recorder and
+checker read the modules off the thread's frames of ``nn.Module.__call__``
+instead, and ask for a path once per list of modules
+(:meth:`RunContext.follow_frames`). The phase and the step follow the training
+loop (see :class:`RunContext`): global optimizer hooks, and while recording
+``torch.autograd.backward``, ``GradScaler.step`` and ``GradScaler.update``
+wrapped (restored when recording stops). Backward ops are recognised by the
+autograd node that the engine is running.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -111,10 +110,10 @@ thread_local int tl_module = 0;
 thread_local int64_t tl_last_seq = -1;
 // The run context's phase, with module frames on (check_set_optimizer): optimizer
 // calls running, and after backward() returned its sequence number (-1 otherwise)
-// and the modules running then (hash_modules).
+// and the modules running then.
 thread_local int tl_optimizer = 0;
 thread_local int64_t tl_between = -1;
-thread_local uint64_t tl_between_modules = 0;
+thread_local ModulesAtBackward tl_at_backward;
 
 struct Paused {
   Paused() { ++tl_paused; }
@@ -205,8 +204,7 @@ void forward_began_here() {
   if (tl_between < 0 || tl_optimizer > 0 || !module_frames_on() || torch::autograd::get_current_node()) {
     return;
   }
-  const uint64_t modules = modules_here_hash();
-  if (modules == 0 || modules == tl_between_modules) return;
+  if (!tl_at_backward.left_by(modules_here_hash())) return;
   Paused paused;
   py::gil_scoped_acquire gil;
   try {
@@ -470,18 +468,14 @@ void add_checker(py::module_& m) {
   m.def("check_set_module", [](int module) { tl_module = module; });
   m.def("check_set_optimizer", [](int n, int64_t between) {
     tl_optimizer = n;
-    if (between >= 0 && tl_between < 0) tl_between_modules = modules_here_hash();
+    tl_at_backward.note(tl_between, between);
     tl_between = between;
   });
   m.def("check_forget_modules", []() {
     if (C != nullptr) C->stacks.forget_modules();
   });
   // The calling thread's module path index (with module frames on).
-  m.def("check_current_module", []() -> int {
-    if (C == nullptr || !module_frames_on()) return 0;
-    static const StackTable::Failed raise = [](py::error_already_set&) { throw; };
-    return std::max(0, C->stacks.modules_here(intern_modules, raise).module);
-  });
+  m.def("check_current_module", []() { return C == nullptr ? 0 : C->stacks.module_here(intern_modules); });
   m.def("check_link", &link);
 }
 

@@ -44,6 +44,20 @@ inline uint64_t hash_modules(PyObject* const* mods, int n) {
 // hash_modules of the calling thread's modules.
 uint64_t modules_here_hash();
 
+// With module frames on, where hooks would see a module entered: the modules running
+// when backward() returned on a thread (its recorder's or checker's copy). An op inside
+// other modules since began a forward pass.
+struct ModulesAtBackward {
+  uint64_t modules = 0;
+  // The thread's phase moves from `was` to `between` (>= 0: backward() returned, with
+  // that sequence number; -1 otherwise): noted as it leaves -1. With the GIL.
+  void note(int64_t was, int64_t between) {
+    if (between >= 0 && was < 0) modules = modules_here_hash();
+  }
+  // Whether an op inside `here` (hash_modules) is inside other modules.
+  bool left_by(uint64_t here) const { return here != 0 && here != modules; }
+};
+
 // What tells the calling thread's stack apart, cheaper than its frames: a hash of
 // each frame's code object and instruction address (the innermost kMaxStackFrames)
 // and of the modules called (see set_module_code), the number of frames hashed and

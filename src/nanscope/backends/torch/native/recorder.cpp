@@ -282,9 +282,7 @@ struct Local {
   // After backward() returned: the autograd sequence number then, until the step
   // ends or a forward pass begins (-1 otherwise); see context.py's RunContext.
   int64_t between = -1;
-  // With module frames on: the modules running when backward() returned (their
-  // hash_modules); an op inside other ones began a forward pass.
-  uint64_t between_modules = 0;
+  ModulesAtBackward at_backward;  // with module frames on
   int64_t last_seq = -1;
   uint64_t ops_gen = 0;
   std::array<OpSlot, kOpSlots> ops{};
@@ -1337,7 +1335,7 @@ void record(c10::ArrayRef<c10::IValue> returned_values, Ctx& c) {
   const Place place = (g_cut.load(std::memory_order_relaxed) & kCutStack) ? Place{} : capture_place();
   if (tl.between >= 0 && !tl.optimizer && !node &&
       (static_cast<int64_t>(at::sequence_number::peek()) != tl.between ||
-       (place.modules != 0 && place.modules != tl.between_modules))) {
+       tl.at_backward.left_by(place.modules))) {
     // The first op that autograd recorded since backward() returned, or the first
     // inside a module called since (with module frames on; the hooks say so
     // otherwise): a forward pass began. Python ends the update phase (and the
@@ -1908,7 +1906,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_module", [](int m) { tl.module = m; });
   m.def("set_optimizer", [](int n, int64_t between) {
     tl.optimizer = n;
-    if (between >= 0 && tl.between < 0) tl.between_modules = modules_here_hash();
+    tl.at_backward.note(tl.between, between);
     tl.between = between;
   });
   // Module paths from the frames of nn.Module's __call__ (its code object), not
@@ -1920,11 +1918,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (S != nullptr) S->stacks.forget_modules();
   });
   // The calling thread's module path index (with module frames on).
-  m.def("current_module", []() -> int {
-    if (S == nullptr || !module_frames_on()) return 0;
-    static const StackTable::Failed raise = [](py::error_already_set&) { throw; };
-    return std::max(0, S->stacks.modules_here(intern_modules, raise).module);
-  });
+  m.def("current_module", []() { return S == nullptr ? 0 : S->stacks.module_here(intern_modules); });
   m.def("set_step", [](int64_t s) {
     if (S != nullptr) S->step = s;
   });

@@ -143,6 +143,12 @@ Place StackTable::modules_here(const InternModules& intern, const Failed& failed
   return p;
 }
 
+int StackTable::module_here(const InternModules& modules) {
+  if (!module_frames_on()) return 0;
+  static const Failed raise = [](py::error_already_set&) { throw; };
+  return std::max(0, modules_here(modules, raise).module);
+}
+
 void StackTable::forget_modules() {
   std::lock_guard<std::mutex> g(mu_);
   generation_.fetch_add(1, std::memory_order_acq_rel);

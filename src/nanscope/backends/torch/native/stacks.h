@@ -49,6 +49,10 @@ class StackTable {
   // The calling thread's modules' hash and path index (0, 0 outside every module).
   Place modules_here(const InternModules& modules, const Failed& failed);
 
+  // The calling thread's module path index (0 outside every module, or with module
+  // frames off); a Python error naming the modules is raised. With the GIL.
+  int module_here(const InternModules& modules);
+
   // Forgets the modules' path indices (a module died: its address may name
   // another); with or without the GIL.
   void forget_modules();
