@@ -308,3 +308,23 @@ def test_the_kernel_tells_extreme_finite_values_from_inf_and_nan(
                 layout.clone().mul(0).sum().backward()
             birth = info.value.birth
             assert birth is not None and birth.op_type == "aten.clone.default", info.value
+
+
+def test_ops_registered_and_removed_are_named_as_themselves(
+    checking: TorchCheckNumerics,
+) -> None:
+    """Ops are known by their registration's address, which an op registered after
+    another was removed may take: each error names the op that made the NaN."""
+    x = torch.ones(4)
+    for i in range(40):
+        lib = torch.library.Library(f"nscck{i}", "DEF")
+        lib.define("op(Tensor x) -> Tensor")
+        if i % 2:
+            lib.impl("op", lambda t: t * float("nan"), "CPU")
+            with pytest.raises(nanscope.NonFiniteError) as info:
+                getattr(torch.ops, f"nscck{i}").op(x)
+            assert f"nscck{i}.op.default produced NaN" in str(info.value)
+        else:
+            lib.impl("op", lambda t: t + 1, "CPU")
+            getattr(torch.ops, f"nscck{i}").op(x)  # finite: nothing raised
+        del lib

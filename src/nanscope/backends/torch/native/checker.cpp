@@ -67,8 +67,9 @@ constexpr int kWatchReads = 2;    // ops reading a storage whose Inf/NaN wait to
 constexpr int kWatchInplace = 4;  // in-place ops writing into a storage that holds Inf/NaN
 
 struct CheckOp {
-  std::string name, overload;  // to tell a reused address from the op it named
+  std::string name, overload;
   int index = -1;              // the Python side's op index
+  size_t nargs = 0, nrets = 0;  // its schema's, read off the stack for every call
   bool composite = false;      // looked through: its decomposition comes here
   bool pass = true;            // run it, look at nothing (views, allocations, skipped)
   bool special = false;        // Python sees every call (GradScaler's ops)
@@ -88,7 +89,9 @@ struct Checker {
   py::object host;  // check_numerics.NativeHost: describe, new_stack, op
 
   std::mutex ops_mu;
-  std::unordered_map<const c10::OperatorName*, CheckOp*> ops;
+  // By the op's registration (op_key); emptied, with a new generation, when an op
+  // leaves the dispatcher (OpsForgetter), as its address may then name another op.
+  std::unordered_map<const void*, CheckOp*> ops;
   // Never emptied: a kernel on another thread may still hold an entry when
   // checking starts again (a new session gets new entries, and a new generation).
   std::deque<CheckOp> op_store;
@@ -122,36 +125,40 @@ struct Paused {
 
 // Each thread's last ops, without the table's lock.
 struct CacheSlot {
-  const c10::OperatorName* key = nullptr;
+  const void* key = nullptr;
   const CheckOp* op = nullptr;
   uint64_t generation = 0;
 };
 thread_local CacheSlot tl_cache[64];
 
-bool names(const CheckOp& op, const c10::OperatorName& name) {
-  return op.name == name.name && op.overload == name.overload_name;
+// An op's key: the address of its registration, which the handle holds (std::hash
+// gives it), so that a known op is found without reading its entry (a cache line the
+// dispatcher did not touch).
+const void* op_key(const c10::OperatorHandle& op) {
+  return reinterpret_cast<const void*>(std::hash<c10::OperatorHandle>{}(op));
 }
 
 const CheckOp* lookup(const c10::OperatorHandle& op) {
-  const c10::OperatorName& name = op.operator_name();
-  CacheSlot& slot = tl_cache[(reinterpret_cast<uintptr_t>(&name) >> 4) & 63];
+  const void* key = op_key(op);
+  CacheSlot& slot = tl_cache[(reinterpret_cast<uintptr_t>(key) >> 4) & 63];
   const uint64_t generation = C->generation.load(std::memory_order_acquire);
-  if (slot.key == &name && slot.generation == generation && names(*slot.op, name)) {
-    return slot.op;
-  }
+  if (slot.key == key && slot.generation == generation) return slot.op;
   slot.op = nullptr;
   {
     std::lock_guard<std::mutex> g(C->ops_mu);
-    auto it = C->ops.find(&name);
-    if (it != C->ops.end() && names(*it->second, name)) {
-      slot = {&name, it->second, generation};
+    auto it = C->ops.find(key);
+    if (it != C->ops.end()) {
+      slot = {key, it->second, generation};
       return it->second;
     }
   }
+  const c10::OperatorName& name = op.operator_name();
   CheckOp f;
   f.name = name.name;
   f.overload = name.overload_name;
   f.composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  f.nargs = op.schema().arguments().size();
+  f.nrets = op.schema().returns().size();
   const auto& args = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* alias = args[i].alias_info();
@@ -173,8 +180,8 @@ const CheckOp* lookup(const c10::OperatorHandle& op) {
   std::lock_guard<std::mutex> g(C->ops_mu);
   C->op_store.push_back(std::move(f));
   CheckOp* p = &C->op_store.back();
-  C->ops[&name] = p;
-  slot = {&name, p, generation};
+  C->ops[key] = p;
+  slot = {key, p, generation};
   return p;
 }
 
@@ -358,13 +365,13 @@ void check_kernel(const c10::OperatorHandle& handle, c10::DispatchKeySet ks,
     handle.redispatchBoxed(below, stack);
     return;
   }
-  const size_t nargs = handle.schema().arguments().size();
+  const size_t nargs = op.nargs;
   Args args(stack->end() - static_cast<ptrdiff_t>(nargs), stack->end());
   {
     c10::impl::ExcludeDispatchKeyGuard off(kKey);
     handle.redispatchBoxed(below, stack);
   }
-  const size_t nrets = handle.schema().returns().size();
+  const size_t nrets = op.nrets;
   Tensors outs;
   for (auto it = stack->end() - static_cast<ptrdiff_t>(nrets); it != stack->end(); ++it) {
     tensors_of(*it, outs);
@@ -405,8 +412,26 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&check_kernel>());
 }
 
+// Empties the ops table when an op leaves the dispatcher (a torch.library Library
+// destroyed): its registration's address may then be another op's.
+struct OpsForgetter : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    if (C == nullptr) return;
+    std::lock_guard<std::mutex> g(C->ops_mu);
+    C->ops.clear();
+    C->generation.fetch_add(1, std::memory_order_release);
+  }
+};
+
 void start(py::object host) {
-  if (C == nullptr) C = new Checker();
+  if (C == nullptr) {
+    C = new Checker();
+    // Leaked on purpose, as the recorder's: unregistering at exit would run after the
+    // dispatcher is gone.
+    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+        std::make_unique<OpsForgetter>()));
+  }
   C->active = false;
   {
     std::lock_guard<std::mutex> g(C->ops_mu);

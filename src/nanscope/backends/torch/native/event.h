@@ -33,8 +33,10 @@ constexpr int kFullSlots = 11, kFullRecorded = 13, kFullStatistics = 17, kWidest
 // latest autograd nodes instead: recorder.cpp's kLinksWindow.)
 constexpr size_t kLinksMax = 1 << 20;
 
-// What the recorder knows of an op, from the Python side's description.
-struct OpFlags {
+// What the recorder knows of an op, from the Python side's description. Every op
+// reads it: what an op reads (up to `written`'s begin and end) lies in its first cache
+// line, one line to fetch per op.
+struct alignas(64) OpFlags {
   int index = -1;  // the Python side's op index (name, OpInfo)
   bool not_op = false;
   bool composite = false;
@@ -44,16 +46,16 @@ struct OpFlags {
   bool collective = false;  // a torch.distributed operation: the Python side tags it
   bool uninitialised = false;
   bool view = false;
+  // Its schema's numbers of arguments and returns (the dispatch key's kernel reads
+  // them off the stack for every call).
+  bool sized = false;  // nargs and nrets known (described with the op's handle)
+  uint32_t nargs = 0;
+  uint32_t nrets = 0;
   std::vector<int> value_args;
   // Argument positions it writes into (its schema's `Tensor(a!)`): what it does not
   // return among them (_foreach_mul_'s list, _fused_adamw_'s) are outputs too.
   std::vector<int> written;
   std::string name;  // "aten.log.default"
-  // Its schema's numbers of arguments and returns (the dispatch key's kernel reads
-  // them off the stack for every call).
-  bool sized = false;  // nargs and nrets known (described with the op's handle)
-  size_t nargs = 0;
-  size_t nrets = 0;
 };
 
 // FULL_TENSOR: one output's value as its record holds it (see encoder.cpp).

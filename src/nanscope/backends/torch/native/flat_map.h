@@ -119,4 +119,63 @@ class FlatMap {
   size_t used_ = 0;
 };
 
+// A FlatMap for values of a cache line or more (the recorded layouts): its slots hold
+// the key and the index of the value in a dense array, in the order they were put. A
+// put then touches a slot of 16 bytes at random and the array's end, not a random slot
+// of the value's size: the table the probes run over is a fifth of the size, in cache
+// longer. A rebuild moves the values kept to the front of a second array.
+template <typename V>
+class DenseMap {
+ public:
+  explicit DenseMap(std::pmr::memory_resource* mem) : index_(mem), values_(mem), moved_(mem) {}
+
+  size_t size() const { return index_.size(); }
+
+  V* find(uint64_t key) {
+    uint32_t* i = index_.find(key);
+    return i == nullptr ? nullptr : &values_[*i];
+  }
+
+  // As FlatMap::put: `keep(key, value)` decides which entries a rebuild keeps.
+  template <typename Keep>
+  V& put(uint64_t key, bool* fresh, Keep&& keep) {
+    bool rebuilt = false;
+    auto keep_moved = [&](uint64_t k, uint32_t& i) {
+      if (!rebuilt) {
+        rebuilt = true;
+        moved_.clear();
+      }
+      if (!keep(k, values_[i])) return false;
+      moved_.push_back(std::move(values_[i]));
+      i = static_cast<uint32_t>(moved_.size() - 1);
+      return true;
+    };
+    uint32_t& i = index_.put(key, fresh, keep_moved);
+    if (rebuilt) {
+      values_.swap(moved_);
+      moved_.clear();
+    }
+    if (*fresh) {
+      i = static_cast<uint32_t>(values_.size());
+      values_.emplace_back();
+    }
+    return values_[i];
+  }
+
+  template <typename Drop>
+  void clear(Drop&& drop) {
+    index_.clear([&](uint64_t k, uint32_t& i) { drop(k, values_[i]); });
+    values_.clear();
+    moved_.clear();
+    if (values_.capacity() > kKeepCapacity) std::pmr::vector<V>(values_.get_allocator()).swap(values_);
+    if (moved_.capacity() > kKeepCapacity) std::pmr::vector<V>(moved_.get_allocator()).swap(moved_);
+  }
+
+ private:
+  static constexpr size_t kKeepCapacity = 4096;  // values kept allocated across a clear
+  FlatMap<uint32_t> index_;
+  std::pmr::vector<V> values_;
+  std::pmr::vector<V> moved_;  // a rebuild's survivors; its memory kept between rebuilds
+};
+
 }  // namespace nanscope

@@ -198,7 +198,7 @@ struct State {
   std::mutex ids_mu;
   FlatMap<int64_t> ids{pool()};
   int64_t next_id = 0;
-  FlatMap<ViewEntry> by_view{pool()};
+  DenseMap<ViewEntry> by_view{pool()};
 
   StackTable stacks;
 
@@ -402,9 +402,12 @@ const OpFlags kNotOp = [] {
   return f;
 }();
 
+// The first (even) slot of the key's pair: a key is looked for in both of its pair's
+// slots, and a new one evicts the pair's older op only. (An odd home slot would make
+// two ops of a pair evict each other in turn, each going to the table's lock.)
 inline size_t op_slot(const char* key) {
   uint64_t h = reinterpret_cast<uintptr_t>(key) * 0x9E3779B97F4A7C15ULL;
-  return static_cast<size_t>(h >> 55) & (kOpSlots - 1);
+  return static_cast<size_t>(h >> 55) & (kOpSlots - 2);
 }
 
 // The other slot of a slot's pair (slots 2k and 2k + 1).
@@ -438,9 +441,10 @@ NANSCOPE_COLD const OpFlags* lookup_missed(const char* key, OpSlot& slot, Resolv
   return p;
 }
 
-// The op's flags, by the address of its schema's name (what RecordFunction::name()
-// gives, and the same for the dispatch key's kernel); `resolve` is called only the
-// first time, for the op's name and handle (none: a named range, not an op).
+// The op's flags, by an address that names it: its schema's name (what
+// RecordFunction::name() gives) or its registration (entry_key, the dispatch key's
+// kernel); `resolve` is called only the first time, for the op's name and handle
+// (none: a named range, not an op).
 template <typename Resolve>
 const OpFlags* lookup(const char* key, Resolve&& resolve) {
   const uint64_t gen = g_ops_gen.load(std::memory_order_acquire);
@@ -463,8 +467,16 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
   });
 }
 
+// The kernel's key: the address of the op's registration, which the handle holds
+// (std::hash<OperatorHandle> gives it). RecordFunction's key, the schema's name, is
+// read from the op's entry: a cache line the dispatcher did not touch, missed at
+// every op. lookup_locked_path files an op under both.
+const char* entry_key(const c10::OperatorHandle& op) {
+  return reinterpret_cast<const char*>(std::hash<c10::OperatorHandle>{}(op));
+}
+
 const OpFlags* lookup(const c10::OperatorHandle& op) {
-  return lookup(op.schema().name().c_str(), [&](std::optional<c10::OperatorName>& name,
+  return lookup(entry_key(op), [&](std::optional<c10::OperatorName>& name,
                                                 std::optional<c10::OperatorHandle>& handle) {
     name = op.operator_name();
     handle = op;
@@ -473,11 +485,26 @@ const OpFlags* lookup(const c10::OperatorHandle& op) {
 
 const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name,
                                   const std::optional<c10::OperatorHandle>& handle) {
+  // An op described already under its other key (a thread that records by RecordFunction
+  // met it first, or one that records by the kernel): the same flags under this one too.
+  const char* keys[2] = {nullptr, nullptr};
+  if (handle.has_value()) {
+    keys[0] = handle->schema().name().c_str();
+    keys[1] = entry_key(*handle);
+    std::lock_guard<std::mutex> g(S->ops_mu);
+    for (const char* k : keys) {
+      auto it = S->ops.find(k);
+      if (it != S->ops.end()) {
+        S->ops.emplace(key, it->second);
+        return it->second;
+      }
+    }
+  }
   OpFlags f;
   if (handle.has_value()) {
     f.sized = true;
-    f.nargs = handle->schema().arguments().size();
-    f.nrets = handle->schema().returns().size();
+    f.nargs = static_cast<uint32_t>(handle->schema().arguments().size());
+    f.nrets = static_cast<uint32_t>(handle->schema().returns().size());
   }
   f.composite = handle.has_value() &&
       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
@@ -507,6 +534,9 @@ const OpFlags* lookup_locked_path(const char* key, const c10::OperatorName& name
   S->op_store.push_back(std::move(f));
   const OpFlags* p = &S->op_store.back();
   S->ops.emplace(key, p);
+  for (const char* k : keys) {
+    if (k != nullptr) S->ops.emplace(k, p);
+  }
   if (p->index >= 0) {  // under ops_mu, which encode() takes to read it
     if (S->op_by_index.size() <= static_cast<size_t>(p->index)) S->op_by_index.resize(p->index + 1);
     S->op_by_index[static_cast<size_t>(p->index)] = p;
@@ -572,7 +602,7 @@ ViewKeys view_keys(const at::Tensor& t) {
     mix(static_cast<uint64_t>(d) + 0x9e3779b9ULL);
     l = (l ^ static_cast<uint64_t>(d)) * 0x9E3779B97F4A7C15ULL + 1;
   }
-  return {h == FlatMap<ViewEntry>::kEmpty ? 1 : h, l ^ static_cast<uint64_t>(t.dim())};
+  return {h == FlatMap<uint32_t>::kEmpty ? 1 : h, l ^ static_cast<uint64_t>(t.dim())};
 }
 
 void remember_view_locked(const at::Tensor& t, int64_t id) {
@@ -1566,7 +1596,7 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
 // -- the Python interface -------------------------------------------------------------------
 
 // Empties the ops map when an op leaves the dispatcher (a torch.library
-// Library destroyed): its name's address, the map's key, may then be reused
+// Library destroyed): its addresses, the map's keys, may then be reused
 // by another op. Registered once, for the process.
 struct OpsForgetter : c10::OpRegistrationListener {
   void onOperatorRegistered(const c10::OperatorHandle&) override {}
