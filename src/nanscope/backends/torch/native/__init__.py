@@ -41,6 +41,7 @@ SOURCES = (
     "flat_map.h",
     "recent_table.h",
     "inline_vec.h",
+    "op_keys.h",
 )
 # NDEBUG as PyTorch is built: without it, its headers assert on their own internals.
 CFLAGS = ["-O3", "-DNDEBUG"]

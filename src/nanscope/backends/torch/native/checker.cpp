@@ -52,6 +52,7 @@
 #include "checker.h"
 #include "counts.h"
 #include "ivalues.h"
+#include "op_keys.h"
 #include "stacks.h"
 
 namespace py = pybind11;
@@ -89,8 +90,8 @@ struct Checker {
   py::object host;  // check_numerics.NativeHost: describe, new_stack, op
 
   std::mutex ops_mu;
-  // By the op's registration (op_key); emptied, with a new generation, when an op
-  // leaves the dispatcher (OpsForgetter), as its address may then name another op.
+  // By the op's registration (op_keys.h); emptied, with a new generation, when an op
+  // leaves the dispatcher (forget_ops), as its address may then name another op.
   std::unordered_map<const void*, CheckOp*> ops;
   // Never emptied: a kernel on another thread may still hold an entry when
   // checking starts again (a new session gets new entries, and a new generation).
@@ -131,15 +132,8 @@ struct CacheSlot {
 };
 thread_local CacheSlot tl_cache[64];
 
-// An op's key: the address of its registration, which the handle holds (std::hash
-// gives it), so that a known op is found without reading its entry (a cache line the
-// dispatcher did not touch).
-const void* op_key(const c10::OperatorHandle& op) {
-  return reinterpret_cast<const void*>(std::hash<c10::OperatorHandle>{}(op));
-}
-
 const CheckOp* lookup(const c10::OperatorHandle& op) {
-  const void* key = op_key(op);
+  const void* key = registration_of(op);
   CacheSlot& slot = tl_cache[(reinterpret_cast<uintptr_t>(key) >> 4) & 63];
   const uint64_t generation = C->generation.load(std::memory_order_acquire);
   if (slot.key == key && slot.generation == generation) return slot.op;
@@ -412,25 +406,18 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&check_kernel>());
 }
 
-// Empties the ops table when an op leaves the dispatcher (a torch.library Library
-// destroyed): its registration's address may then be another op's.
-struct OpsForgetter : c10::OpRegistrationListener {
-  void onOperatorRegistered(const c10::OperatorHandle&) override {}
-  void onOperatorDeregistered(const c10::OperatorHandle&) override {
-    if (C == nullptr) return;
-    std::lock_guard<std::mutex> g(C->ops_mu);
-    C->ops.clear();
-    C->generation.fetch_add(1, std::memory_order_release);
-  }
-};
+// An op left the dispatcher: its registration's address may then be another op's.
+void forget_ops() {
+  if (C == nullptr) return;
+  std::lock_guard<std::mutex> g(C->ops_mu);
+  C->ops.clear();
+  C->generation.fetch_add(1, std::memory_order_release);
+}
 
 void start(py::object host) {
   if (C == nullptr) {
     C = new Checker();
-    // Leaked on purpose, as the recorder's: unregistering at exit would run after the
-    // dispatcher is gone.
-    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
-        std::make_unique<OpsForgetter>()));
+    forget_ops_when_removed(&forget_ops);
   }
   C->active = false;
   {

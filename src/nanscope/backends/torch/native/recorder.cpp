@@ -62,6 +62,7 @@
 #include "flat_map.h"
 #include "frames.h"
 #include "ivalues.h"
+#include "op_keys.h"
 #include "pool.h"
 #include "recent_table.h"
 #include "stacks.h"
@@ -182,7 +183,7 @@ struct State {
   std::array<bool, 64> dtype_float{};
 
   // Keyed by the address of the op's name, which the dispatcher keeps for as
-  // long as the op is registered; a listener (OpsForgetter) empties the map
+  // long as the op is registered; a listener (op_keys.h) empties the map
   // when any op is removed, as the address may then name another op.
   std::mutex ops_mu;
   std::unordered_map<const char*, const OpFlags*> ops;
@@ -467,12 +468,11 @@ const OpFlags* lookup(const at::RecordFunction& fn) {
   });
 }
 
-// The kernel's key: the address of the op's registration, which the handle holds
-// (std::hash<OperatorHandle> gives it). RecordFunction's key, the schema's name, is
-// read from the op's entry: a cache line the dispatcher did not touch, missed at
-// every op. lookup_locked_path files an op under both.
+// The kernel's key: the op's registration (op_keys.h). RecordFunction's key, the
+// schema's name, is read from the op's entry: a cache line the dispatcher did not
+// touch, missed at every op. lookup_locked_path files an op under both.
 const char* entry_key(const c10::OperatorHandle& op) {
-  return reinterpret_cast<const char*>(std::hash<c10::OperatorHandle>{}(op));
+  return static_cast<const char*>(registration_of(op));
 }
 
 const OpFlags* lookup(const c10::OperatorHandle& op) {
@@ -1595,18 +1595,13 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) {
 
 // -- the Python interface -------------------------------------------------------------------
 
-// Empties the ops map when an op leaves the dispatcher (a torch.library
-// Library destroyed): its addresses, the map's keys, may then be reused
-// by another op. Registered once, for the process.
-struct OpsForgetter : c10::OpRegistrationListener {
-  void onOperatorRegistered(const c10::OperatorHandle&) override {}
-  void onOperatorDeregistered(const c10::OperatorHandle&) override {
-    if (S == nullptr) return;
-    std::lock_guard<std::mutex> g(S->ops_mu);
-    S->ops.clear();
-    g_ops_gen.fetch_add(1, std::memory_order_acq_rel);
-  }
-};
+// Empties the ops map when an op leaves the dispatcher (op_keys.h).
+void forget_ops() {
+  if (S == nullptr) return;
+  std::lock_guard<std::mutex> g(S->ops_mu);
+  S->ops.clear();
+  g_ops_gen.fetch_add(1, std::memory_order_acq_rel);
+}
 
 // Drops the Python objects the recorder holds (with the GIL, none of its
 // callbacks running).
@@ -1621,9 +1616,7 @@ void start(py::object host, int mode, std::vector<std::tuple<at::Tensor, int, bo
            bool statistics) {
   if (S == nullptr) {
     S = new State();  // lives for the process: callbacks may still be running
-    // Leaked on purpose too: unregistering at exit would run after the dispatcher is gone.
-    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
-        std::make_unique<OpsForgetter>()));
+    forget_ops_when_removed(&forget_ops);
   }
   State* s = S;
   if (s->active.load()) throw std::runtime_error("the native recorder is already on");
