@@ -182,9 +182,9 @@ struct State {
   std::array<bool, 64> dtype_ok{};
   std::array<bool, 64> dtype_float{};
 
-  // Keyed by the address of the op's name, which the dispatcher keeps for as
-  // long as the op is registered; a listener (op_keys.h) empties the map
-  // when any op is removed, as the address may then name another op.
+  // Keyed by addresses the dispatcher keeps for as long as the op is registered
+  // (its schema's name, its registration: op_keys.h); a listener empties the map
+  // when any op is removed, as an address may then name another op.
   std::mutex ops_mu;
   std::unordered_map<const char*, const OpFlags*> ops;
   std::deque<OpFlags> op_store;
