@@ -44,7 +44,6 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
-#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -68,7 +67,6 @@ constexpr int kWatchReads = 2;    // ops reading a storage whose Inf/NaN wait to
 constexpr int kWatchInplace = 4;  // in-place ops writing into a storage that holds Inf/NaN
 
 struct CheckOp {
-  std::string name, overload;
   int index = -1;              // the Python side's op index
   size_t nargs = 0, nrets = 0;  // its schema's, read off the stack for every call
   bool composite = false;      // looked through: its decomposition comes here
@@ -148,12 +146,10 @@ const CheckOp* lookup(const c10::OperatorHandle& op) {
   }
   const c10::OperatorName& name = op.operator_name();
   CheckOp f;
-  f.name = name.name;
-  f.overload = name.overload_name;
   f.composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-  f.nargs = op.schema().arguments().size();
-  f.nrets = op.schema().returns().size();
   const auto& args = op.schema().arguments();
+  f.nargs = args.size();
+  f.nrets = op.schema().returns().size();
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* alias = args[i].alias_info();
     if (alias != nullptr && alias->isWrite()) f.written.push_back(static_cast<int>(i));
